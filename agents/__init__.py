@@ -1,0 +1,1 @@
+"""Lightrail agents: the per-host agent, the job-side library and trace replay."""

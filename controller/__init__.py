@@ -1,0 +1,1 @@
+"""Lightrail controller: planning core, phase coordinator, reconciler, store and services."""

@@ -1,0 +1,677 @@
+"""Phase coordinator: the EnterPhase / ReleasePhase protocol. Pure: takes ``now``, returns
+decisions; the async shell (``controller.phase_service``) carries them out.
+
+Safety invariant (DESIGN.md): a cross-connect may change only after every rank whose traffic
+uses it has released it, and a rank is admitted into a phase only when every cross-connect the
+phase needs is confirmed by the switch. Here a rank admitted into a phase *holds every
+cross-connect of the phase's plan* (conservative: a ring collective's traffic crosses every hop)
+until it releases. A timeout is an explicit ``Reject`` with ``DEADLINE_EXCEEDED``.
+
+Protocol, per phase instance (job, phase key):
+
+1. ``enter``: when the plan's cross-connects are confirmed and none of its ports is being
+   switched, the rank is admitted at once (no-op). Otherwise it waits.
+2. ``_schedule`` (after every event): waiting phases, oldest first, start a reconfiguration as
+   soon as no cross-connect they must break is held and none of their ports is being switched
+   or claimed by an older waiting phase. The reconfiguration is a ``Reconfigure`` decision.
+3. ``reconfigured``: on confirmation every waiting rank of the phase is admitted; on failure
+   each gets ``DEVICE_FAILURE`` and the switch's view is dropped until it is read back.
+4. ``release``: the rank's holds are dropped; the last release lets waiting phases switch.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from controller.fabric import Fabric
+from controller.model import Collective, PhaseKey, ProcessGroup
+from controller.planner import (
+    JobLayout,
+    Plan,
+    PlanError,
+    RankPlacement,
+    SwitchTarget,
+    all_to_all_steps,
+    layout_job,
+    plan_phase,
+)
+from drivers.base import CrossConnect
+
+
+class ErrorCode(enum.Enum):
+    """Why an EnterPhase was refused (mirrors ``lightrail.v1.PhaseErrorCode``)."""
+
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    UNKNOWN_JOB = "unknown_job"
+    INVALID_RANK = "invalid_rank"
+    INVALID_PHASE = "invalid_phase"
+    RANK_BUSY = "rank_busy"
+    DEVICE_FAILURE = "device_failure"
+    PLACEMENT_CHANGED = "placement_changed"
+    NOT_LEADER = "not_leader"
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    """Admit ``rank`` into ``phase``. ``noop``: the circuits were already there.
+    ``waited_s``: from the rank's enter to this decision, in seconds; ``device_s``: how long the
+    switches took to confirm the reconfiguration that admitted it (0 for a no-op)."""
+
+    job_id: str
+    rank: int
+    request_id: int
+    phase: PhaseKey
+    noop: bool
+    waited_s: float
+    device_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """Refuse an EnterPhase with an explicit reason."""
+
+    job_id: str
+    rank: int
+    request_id: int
+    code: ErrorCode
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reconfigure:
+    """Make the switches match ``targets``: on each ``SwitchTarget.ports`` exactly
+    ``SwitchTarget.cross_connects``. Report back with ``PhaseCoordinator.reconfigured(op_id)``."""
+
+    op_id: int
+    job_id: str
+    phase: PhaseKey
+    targets: tuple[SwitchTarget, ...]
+
+
+Decision = Admit | Reject | Reconfigure
+
+
+class DuplicateJob(ValueError):
+    """A job id is registered already."""
+
+
+class UnknownJob(KeyError):
+    """No job with that id is registered."""
+
+    def __str__(self) -> str:
+        return f"unknown job {self.args[0]!r}"
+
+
+class ReleaseError(ValueError):
+    """A ReleasePhase that does not match what the rank holds; ``code`` says why."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _RankState(enum.Enum):
+    IDLE = 0
+    WAITING = 1
+    HOLDING = 2
+
+
+@dataclass(slots=True)
+class _Waiter:
+    rank: int
+    request_id: int
+    arrived_s: float
+    deadline_s: float
+
+
+@dataclass(slots=True, eq=False)
+class _Instance:
+    job_id: str
+    phase: PhaseKey
+    plan: Plan
+    waiters: dict[int, _Waiter] = field(default_factory=dict)
+    holders: set[int] = field(default_factory=set)
+    op_id: int | None = None
+    queued: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class _Rank:
+    state: _RankState = _RankState.IDLE
+    instance: _Instance | None = None
+    request_id: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class JobStats:
+    """Counters of one job, for OperatorService and the replay summary."""
+
+    admitted: int
+    admitted_noop: int
+    reconfigurations: int
+    current_phase: str
+
+
+@dataclass(slots=True, eq=False)
+class _Job:
+    layout: JobLayout
+    tenant: str
+    declared: tuple[PhaseKey, ...]
+    ranks: list[_Rank]
+    plans: dict[tuple[ProcessGroup, Collective, int], Plan] = field(default_factory=dict)
+    instances: dict[PhaseKey, _Instance] = field(default_factory=dict)
+    admitted: int = 0
+    admitted_noop: int = 0
+    reconfigurations: int = 0
+    last_phase: str = ""
+
+
+@dataclass(slots=True)
+class _Op:
+    instance: _Instance
+    ports: dict[str, frozenset[int]]
+
+
+class PhaseCoordinator:
+    """The phase protocol over all jobs of one fabric. Not thread-safe; one event loop owns it.
+
+    ``default_timeout_s`` applies when an EnterPhase gives none (``timeout_s <= 0``).
+    """
+
+    def __init__(self, fabric: Fabric, *, default_timeout_s: float = 30.0) -> None:
+        self.fabric = fabric
+        self.default_timeout_s = default_timeout_s
+        self._jobs: dict[str, _Job] = {}
+        self._gpus: dict[tuple[str, int], str] = {}
+        self._confirmed: dict[str, dict[int, CrossConnect]] = {s: {} for s in fabric.switches}
+        self._held: dict[tuple[str, CrossConnect], int] = {}
+        self._inflight: dict[str, set[int]] = {s: set() for s in fabric.switches}
+        self._queue: list[_Instance] = []
+        self._ops: dict[int, _Op] = {}
+        self._next_op = 1
+        self._deadlines: list[tuple[float, int, str, int, int]] = []
+        self._deadline_seq = 0
+
+    # --- jobs -------------------------------------------------------------------------------
+
+    def register_job(
+        self,
+        job_id: str,
+        tenant: str,
+        placements: Sequence[RankPlacement],
+        declared_phases: Sequence[PhaseKey] = (),
+    ) -> JobLayout:
+        """Add a job. Raises ``DuplicateJob``, ``PlacementError`` (naming rank and field) or
+        ``PlanError`` for a declared phase that cannot be planned; nothing is stored then."""
+        if not job_id:
+            raise ValueError("job_id: empty")
+        if job_id in self._jobs:
+            raise DuplicateJob(f"job_id: {job_id!r} is registered already")
+        layout = layout_job(self.fabric, job_id, placements, self._gpus)
+        job = _Job(
+            layout=layout,
+            tenant=tenant,
+            declared=tuple(declared_phases),
+            ranks=[_Rank() for _ in range(layout.world_size)],
+        )
+        for i, ph in enumerate(job.declared):
+            try:
+                self._plan(job, ph)
+            except PlanError as exc:
+                raise PlanError(f"declared_phases[{i}]: {exc}") from exc
+        self._jobs[job_id] = job
+        for p in layout.placements:
+            self._gpus[(p.host, p.gpu)] = job_id
+        return layout
+
+    def unregister_job(self, job_id: str) -> list[Decision]:
+        """Remove a job: its waiting ranks get ``CANCELLED``, its holds are dropped.
+        Raises ``UnknownJob``."""
+        job = self._jobs.pop(job_id, None)
+        if job is None:
+            raise UnknownJob(job_id)
+        out: list[Decision] = []
+        for inst in job.instances.values():
+            for w in inst.waiters.values():
+                out.append(
+                    Reject(job_id, w.rank, w.request_id, ErrorCode.CANCELLED, "job unregistered")
+                )
+            inst.waiters.clear()
+            for _ in inst.holders:
+                self._unhold(inst.plan)
+            inst.holders.clear()
+        self._queue = [i for i in self._queue if i.job_id != job_id]
+        for p in job.layout.placements:
+            self._gpus.pop((p.host, p.gpu), None)
+        return out
+
+    def job(self, job_id: str) -> JobLayout:
+        """The layout of a registered job; raises ``UnknownJob``."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise UnknownJob(job_id)
+        return job.layout
+
+    def job_ids(self) -> list[str]:
+        """Registered job ids, sorted."""
+        return sorted(self._jobs)
+
+    def tenant(self, job_id: str) -> str:
+        """The tenant of a job; raises ``UnknownJob``."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise UnknownJob(job_id)
+        return job.tenant
+
+    def steps(self, job_id: str, phase: PhaseKey) -> int:
+        """How many sub-phases ``phase`` takes (all-to-all permutations; 1 otherwise).
+        Raises ``UnknownJob``."""
+        if phase.collective is not Collective.ALL_TO_ALL:
+            return 1
+        return all_to_all_steps(self.job(job_id), phase.group)
+
+    def declared_phases(self, job_id: str) -> tuple[PhaseKey, ...]:
+        """The declared schedule of a job (possibly empty); raises ``UnknownJob``."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise UnknownJob(job_id)
+        return job.declared
+
+    def stats(self, job_id: str) -> JobStats:
+        """Counters of a job; raises ``UnknownJob``."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise UnknownJob(job_id)
+        return JobStats(job.admitted, job.admitted_noop, job.reconfigurations, job.last_phase)
+
+    def owner_of_port(self, switch_id: str, port: int) -> str | None:
+        """The job whose ranks own ``port`` on ``switch_id``, or None."""
+        for job_id, job in self._jobs.items():
+            if port in job.layout.owned_ports.get(switch_id, frozenset()):
+                return job_id
+        return None
+
+    # --- switch state -----------------------------------------------------------------------
+
+    def set_confirmed(self, switch_id: str, cross_connects: Iterable[CrossConnect]) -> None:
+        """Replace the view of ``switch_id`` with what the device reported (read-back)."""
+        view: dict[int, CrossConnect] = {}
+        for xc in cross_connects:
+            view[xc.ingress] = xc
+            view[xc.egress] = xc
+        self._confirmed[switch_id] = view
+
+    def confirmed(self, switch_id: str) -> frozenset[CrossConnect]:
+        """The cross-connects the coordinator believes are confirmed on ``switch_id``."""
+        return frozenset(self._confirmed.get(switch_id, {}).values())
+
+    def held_by_job(self, job_id: str) -> int:
+        """How many ranks of ``job_id`` hold a phase now (0 for an unknown job)."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            return 0
+        return sum(1 for r in job.ranks if r.state is _RankState.HOLDING)
+
+    # --- protocol ---------------------------------------------------------------------------
+
+    def enter(
+        self,
+        job_id: str,
+        rank: int,
+        phase: PhaseKey,
+        request_id: int,
+        now: float,
+        timeout_s: float = 0.0,
+    ) -> list[Decision]:
+        """A rank asks to enter ``phase``. Returns the decisions this causes (an ``Admit`` or
+        ``Reject`` for this rank at once, or ``Reconfigure`` and later decisions)."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            return [Reject(job_id, rank, request_id, ErrorCode.UNKNOWN_JOB,
+                           f"job_id: unknown job {job_id!r}")]
+        if not 0 <= rank < len(job.ranks):
+            return [Reject(job_id, rank, request_id, ErrorCode.INVALID_RANK,
+                           f"rank: {rank} out of range 0..{len(job.ranks) - 1}")]
+        if rank not in phase.group.ranks:
+            return [Reject(job_id, rank, request_id, ErrorCode.INVALID_PHASE,
+                           f"phase.group_ranks: rank {rank} is not in group {phase.group.ranks}")]
+        rs = job.ranks[rank]
+        if rs.state is not _RankState.IDLE and rs.instance is not None \
+                and rs.instance.phase == phase:
+            # The same request again, after the agent's stream broke: re-attach, never twice.
+            if rs.state is _RankState.HOLDING:
+                return [Admit(job_id, rank, request_id, phase, True, 0.0)]
+            w0 = rs.instance.waiters[rank]
+            w0.request_id = request_id
+            rs.request_id = request_id
+            self._deadline_seq += 1
+            heapq.heappush(self._deadlines, (w0.deadline_s, self._deadline_seq, job_id, rank,
+                                             request_id))
+            return []
+        if rs.state is not _RankState.IDLE:
+            held = rs.instance.phase if rs.instance is not None else None
+            what = "holds" if rs.state is _RankState.HOLDING else "waits for"
+            return [Reject(job_id, rank, request_id, ErrorCode.RANK_BUSY,
+                           f"rank {rank} {what} phase {held}; release it first")]
+        try:
+            plan = self._plan(job, phase)
+        except PlanError as exc:
+            return [Reject(job_id, rank, request_id, ErrorCode.INVALID_PHASE, str(exc))]
+        inst = job.instances.get(phase)
+        if inst is None:
+            inst = _Instance(job_id, phase, plan)
+            job.instances[phase] = inst
+        if inst.op_id is None and not inst.waiters and self._ready(plan):
+            self._admit_rank(job, rs, rank, inst)
+            job.admitted_noop += 1
+            return [Admit(job_id, rank, request_id, phase, True, 0.0)]
+        timeout = timeout_s if timeout_s > 0 else self.default_timeout_s
+        w = _Waiter(rank, request_id, now, now + timeout)
+        inst.waiters[rank] = w
+        rs.state = _RankState.WAITING
+        rs.instance = inst
+        rs.request_id = request_id
+        self._deadline_seq += 1
+        heapq.heappush(self._deadlines, (w.deadline_s, self._deadline_seq, job_id, rank,
+                                         request_id))
+        if not inst.queued:
+            inst.queued = True
+            self._queue.append(inst)
+        return self._schedule(now)
+
+    def resume_held(self, job_id: str, rank: int, phase: PhaseKey) -> None:
+        """After a controller restart, a rank reports it still holds ``phase``: record its holds
+        again. Raises ``ReleaseError`` when the job, rank or phase is not valid."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise ReleaseError(ErrorCode.UNKNOWN_JOB, f"job_id: unknown job {job_id!r}")
+        if not 0 <= rank < len(job.ranks):
+            raise ReleaseError(ErrorCode.INVALID_RANK, f"rank: {rank} out of range")
+        rs = job.ranks[rank]
+        if rs.state is _RankState.HOLDING and rs.instance is not None \
+                and rs.instance.phase == phase:
+            return
+        if rs.state is not _RankState.IDLE:
+            raise ReleaseError(ErrorCode.RANK_BUSY, f"rank {rank} is not idle")
+        try:
+            plan = self._plan(job, phase)
+        except PlanError as exc:
+            raise ReleaseError(ErrorCode.INVALID_PHASE, str(exc)) from exc
+        inst = job.instances.get(phase)
+        if inst is None:
+            inst = _Instance(job_id, phase, plan)
+            job.instances[phase] = inst
+        self._hold(plan)
+        inst.holders.add(rank)
+        rs.state = _RankState.HOLDING
+        rs.instance = inst
+
+    def release(self, job_id: str, rank: int, phase: PhaseKey, now: float) -> list[Decision]:
+        """A rank leaves ``phase``. Raises ``ReleaseError`` when it does not hold it."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise ReleaseError(ErrorCode.UNKNOWN_JOB, f"job_id: unknown job {job_id!r}")
+        if not 0 <= rank < len(job.ranks):
+            raise ReleaseError(ErrorCode.INVALID_RANK,
+                               f"rank: {rank} out of range 0..{len(job.ranks) - 1}")
+        rs = job.ranks[rank]
+        inst = rs.instance
+        if rs.state is not _RankState.HOLDING or inst is None or inst.phase != phase:
+            raise ReleaseError(
+                ErrorCode.INVALID_PHASE,
+                f"rank {rank} does not hold phase {phase}"
+                + (f" (it {'waits for' if rs.state is _RankState.WAITING else 'holds'} "
+                   f"{inst.phase})" if inst is not None else ""),
+            )
+        inst.holders.discard(rank)
+        self._unhold(inst.plan)
+        rs.state = _RankState.IDLE
+        rs.instance = None
+        self._maybe_drop(job, inst)
+        return self._schedule(now)
+
+    def reconfigured(
+        self, op_id: int, now: float, error: str | None = None, device_s: float = 0.0
+    ) -> list[Decision]:
+        """The shell reports that reconfiguration ``op_id`` was confirmed by every switch
+        (``error`` None) or failed (``error`` says why: the waiting ranks get
+        ``DEVICE_FAILURE`` and the affected switches must be read back with
+        ``set_confirmed``)."""
+        op = self._ops.pop(op_id, None)
+        if op is None:
+            return []
+        for sid, ports in op.ports.items():
+            self._inflight[sid].difference_update(ports)
+        inst = op.instance
+        inst.op_id = None
+        job = self._jobs.get(inst.job_id)
+        out: list[Decision] = []
+        if error is None:
+            for target in inst.plan.targets:
+                view = self._confirmed[target.switch_id]
+                for p in op.ports[target.switch_id]:
+                    view.pop(p, None)
+                for xc in target.cross_connects:
+                    view[xc.ingress] = xc
+                    view[xc.egress] = xc
+            if job is not None:
+                job.reconfigurations += 1
+                for w in inst.waiters.values():
+                    rs = job.ranks[w.rank]
+                    self._admit_rank(job, rs, w.rank, inst)
+                    out.append(Admit(inst.job_id, w.rank, w.request_id, inst.phase, False,
+                                     now - w.arrived_s, device_s))
+        else:
+            for sid, ports in op.ports.items():
+                view = self._confirmed[sid]
+                for p in ports:
+                    view.pop(p, None)
+            if job is not None:
+                for w in inst.waiters.values():
+                    job.ranks[w.rank].state = _RankState.IDLE
+                    job.ranks[w.rank].instance = None
+                    out.append(Reject(inst.job_id, w.rank, w.request_id,
+                                      ErrorCode.DEVICE_FAILURE,
+                                      f"reconfiguration for phase {inst.phase} failed: {error}"))
+        inst.waiters.clear()
+        self._dequeue(inst)
+        if job is not None:
+            self._maybe_drop(job, inst)
+        out.extend(self._schedule(now))
+        return out
+
+    def next_deadline(self) -> float | None:
+        """The earliest deadline of a waiting rank, or None."""
+        while self._deadlines:
+            deadline, _, job_id, rank, request_id = self._deadlines[0]
+            if self._waiter_live(job_id, rank, request_id):
+                return deadline
+            heapq.heappop(self._deadlines)
+        return None
+
+    def expire(self, now: float) -> list[Decision]:
+        """Refuse every waiting rank whose deadline has passed with ``DEADLINE_EXCEEDED``;
+        the message says what the phase was waiting for."""
+        out: list[Decision] = []
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, _, job_id, rank, request_id = heapq.heappop(self._deadlines)
+            if not self._waiter_live(job_id, rank, request_id):
+                continue
+            job = self._jobs[job_id]
+            rs = job.ranks[rank]
+            inst = rs.instance
+            assert inst is not None
+            reason = self._blocking_reason(inst)
+            w = inst.waiters.pop(rank)
+            rs.state = _RankState.IDLE
+            rs.instance = None
+            out.append(Reject(job_id, rank, request_id, ErrorCode.DEADLINE_EXCEEDED,
+                              f"circuits for phase {inst.phase} not confirmed within "
+                              f"{w.deadline_s - w.arrived_s:.3f} s: {reason}"))
+            if not inst.waiters and inst.op_id is None:
+                self._dequeue(inst)
+                self._maybe_drop(job, inst)
+        if out:
+            out.extend(self._schedule(now))
+        return out
+
+    # --- internals --------------------------------------------------------------------------
+
+    def _plan(self, job: _Job, phase: PhaseKey) -> Plan:
+        key = (phase.group, phase.collective, phase.step)
+        plan = job.plans.get(key)
+        if plan is None:
+            plan = plan_phase(job.layout, phase)
+            job.plans[key] = plan
+        return plan
+
+    def _waiter_live(self, job_id: str, rank: int, request_id: int) -> bool:
+        job = self._jobs.get(job_id)
+        if job is None:
+            return False
+        rs = job.ranks[rank]
+        return rs.state is _RankState.WAITING and rs.request_id == request_id
+
+    def _ready(self, plan: Plan) -> bool:
+        for t in plan.targets:
+            view = self._confirmed[t.switch_id]
+            inflight = self._inflight[t.switch_id]
+            for xc in t.cross_connects:
+                if view.get(xc.ingress) != xc or view.get(xc.egress) != xc:
+                    return False
+                if xc.ingress in inflight or xc.egress in inflight:
+                    return False
+        return True
+
+    def _hold(self, plan: Plan) -> None:
+        held = self._held
+        for t in plan.targets:
+            sid = t.switch_id
+            for xc in t.cross_connects:
+                key = (sid, xc)
+                held[key] = held.get(key, 0) + 1
+
+    def _unhold(self, plan: Plan) -> None:
+        held = self._held
+        for t in plan.targets:
+            sid = t.switch_id
+            for xc in t.cross_connects:
+                key = (sid, xc)
+                n = held[key] - 1
+                if n:
+                    held[key] = n
+                else:
+                    del held[key]
+
+    def _admit_rank(self, job: _Job, rs: _Rank, rank: int, inst: _Instance) -> None:
+        self._hold(inst.plan)
+        inst.holders.add(rank)
+        rs.state = _RankState.HOLDING
+        rs.instance = inst
+        job.admitted += 1
+        job.last_phase = str(inst.phase)
+
+    def _maybe_drop(self, job: _Job, inst: _Instance) -> None:
+        if not inst.holders and not inst.waiters and inst.op_id is None and not inst.queued:
+            job.instances.pop(inst.phase, None)
+
+    def _dequeue(self, inst: _Instance) -> None:
+        if inst.queued:
+            inst.queued = False
+            self._queue.remove(inst)
+
+    def _conflicts(self, target: SwitchTarget) -> set[CrossConnect]:
+        view = self._confirmed[target.switch_id]
+        out: set[CrossConnect] = set()
+        for p in target.ports:
+            xc = view.get(p)
+            if xc is not None and xc not in target.cross_connects:
+                out.add(xc)
+        return out
+
+    def _blocking_reason(self, inst: _Instance) -> str:
+        if inst.op_id is not None:
+            return "the switches have not confirmed the reconfiguration yet"
+        held_by: set[str] = set()
+        for t in inst.plan.targets:
+            for xc in self._conflicts(t):
+                if self._held.get((t.switch_id, xc)):
+                    for job in self._jobs.values():
+                        for other in job.instances.values():
+                            if other.holders and any(
+                                ot.switch_id == t.switch_id and xc in ot.cross_connects
+                                for ot in other.plan.targets
+                            ):
+                                ranks = sorted(other.holders)[:8]
+                                held_by.add(f"{other.job_id} ranks {ranks} in {other.phase}")
+        if held_by:
+            return "cross-connects still held by " + "; ".join(sorted(held_by))
+        return "ports claimed by an earlier waiting phase or being switched"
+
+    def _schedule(self, now: float) -> list[Decision]:
+        out: list[Decision] = []
+        if not self._queue:
+            return out
+        claimed: dict[str, set[int]] = {}
+        for inst in list(self._queue):
+            job = self._jobs.get(inst.job_id)
+            if job is None:
+                self._dequeue(inst)
+                continue
+            if inst.op_id is not None:
+                for t in inst.plan.targets:
+                    claimed.setdefault(t.switch_id, set()).update(t.ports)
+                continue
+            if not inst.waiters:
+                self._dequeue(inst)
+                self._maybe_drop(job, inst)
+                continue
+            if self._ready(inst.plan):
+                for w in inst.waiters.values():
+                    self._admit_rank(job, job.ranks[w.rank], w.rank, inst)
+                    job.admitted_noop += 1
+                    out.append(Admit(inst.job_id, w.rank, w.request_id, inst.phase, True,
+                                     now - w.arrived_s))
+                inst.waiters.clear()
+                self._dequeue(inst)
+                continue
+            ok = True
+            op_ports: dict[str, frozenset[int]] = {}
+            for t in inst.plan.targets:
+                conflicts = self._conflicts(t)
+                ports = set(t.ports)
+                for xc in conflicts:
+                    ports.update(xc.ports())
+                    if self._held.get((t.switch_id, xc)):
+                        ok = False
+                fports = frozenset(ports)
+                op_ports[t.switch_id] = fports
+                if not fports.isdisjoint(self._inflight[t.switch_id]):
+                    ok = False
+                c = claimed.setdefault(t.switch_id, set())
+                if not fports.isdisjoint(c):
+                    ok = False
+                c.update(fports)
+            if not ok:
+                continue
+            op_id = self._next_op
+            self._next_op += 1
+            inst.op_id = op_id
+            self._ops[op_id] = _Op(inst, op_ports)
+            for sid, ports_ in op_ports.items():
+                self._inflight[sid].update(ports_)
+            targets = tuple(
+                SwitchTarget(t.switch_id, t.cross_connects, op_ports[t.switch_id])
+                for t in inst.plan.targets
+            )
+            out.append(Reconfigure(op_id, inst.job_id, inst.phase, targets))
+        return out
+
+
+def confirmed_snapshot(coordinator: PhaseCoordinator) -> Mapping[str, frozenset[CrossConnect]]:
+    """Every switch's confirmed cross-connects, for status displays."""
+    return {sid: coordinator.confirmed(sid) for sid in coordinator.fabric.switches}

@@ -1,0 +1,82 @@
+"""Every Prometheus metric of the controller, declared once (DESIGN.md, "Observability").
+
+Prefix ``lightrail_``; label sets stay small: ``switch``, ``job``, ``phase`` (collective name).
+All metrics live in ``REGISTRY`` so several controllers in one test process do not collide
+with the process-wide default registry.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+_LATENCY_BUCKETS_S = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+)
+
+RECONFIGURATIONS = Counter(
+    "lightrail_reconfigurations_total",
+    "Reconfigurations applied to a switch (one per apply that changed cross-connects).",
+    ["switch"],
+    registry=REGISTRY,
+)
+CROSS_CONNECT_CHANGES = Counter(
+    "lightrail_cross_connect_changes_total",
+    "Cross-connects made or broken on a switch.",
+    ["switch", "change"],
+    registry=REGISTRY,
+)
+DEVICE_APPLY_SECONDS = Histogram(
+    "lightrail_device_apply_seconds",
+    "Time from issuing an apply to the device's confirmation (read-back included), in seconds.",
+    ["switch"],
+    buckets=_LATENCY_BUCKETS_S,
+    registry=REGISTRY,
+)
+DEVICE_ERRORS = Counter(
+    "lightrail_device_errors_total",
+    "Driver errors by switch and error class.",
+    ["switch", "error"],
+    registry=REGISTRY,
+)
+PHASE_ADMISSION_SECONDS = Histogram(
+    "lightrail_phase_admission_seconds",
+    "Time from a rank's EnterPhase reaching the controller to its admission, in seconds.",
+    ["job", "phase"],
+    buckets=_LATENCY_BUCKETS_S,
+    registry=REGISTRY,
+)
+PHASE_ADMISSIONS = Counter(
+    "lightrail_phase_admissions_total",
+    "Rank admissions by outcome (noop: circuits already there; switched: after a "
+    "reconfiguration).",
+    ["job", "outcome"],
+    registry=REGISTRY,
+)
+PHASE_ERRORS = Counter(
+    "lightrail_phase_errors_total",
+    "EnterPhase calls answered with an error, by reason.",
+    ["job", "reason"],
+    registry=REGISTRY,
+)
+STALL_SECONDS = Counter(
+    "lightrail_stall_seconds_total",
+    "Rank-seconds spent waiting in EnterPhase for circuits (sum over ranks).",
+    ["job"],
+    registry=REGISTRY,
+)
+JOBS = Gauge("lightrail_jobs", "Registered jobs.", registry=REGISTRY)
+CIRCUITS = Gauge(
+    "lightrail_cross_connects",
+    "Cross-connects currently confirmed on a switch.",
+    ["switch"],
+    registry=REGISTRY,
+)
+PHASE_STREAMS = Gauge(
+    "lightrail_phase_streams", "Open PhaseStream connections (one per host agent).",
+    registry=REGISTRY,
+)
+LEADER = Gauge(
+    "lightrail_leader", "1 while this replica holds the leader lease.", registry=REGISTRY
+)

@@ -1,0 +1,65 @@
+"""Domain vocabulary shared by the controller, the agents and the trace readers.
+
+A *phase* is one communication phase of a job: a collective on a process group. Its key is the
+process group (its rank set), the collective, and a sequence number that tells apart repeated
+collectives on the same group within an iteration (DESIGN.md, "Phase protocol"). All-to-all is
+served as a sequence of permutations; ``step`` selects one of them (a sub-phase).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+class Collective(enum.Enum):
+    """Collective operations (NCCL / torch.distributed names)."""
+
+    ALL_REDUCE = "all_reduce"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_GATHER = "all_gather"
+    ALL_TO_ALL = "all_to_all"
+    SEND_RECV = "send_recv"
+    BROADCAST = "broadcast"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ProcessGroup:
+    """A process group identified by its rank set (sorted, no duplicates).
+
+    Groups are keyed by rank set, not name: real traces reuse one name for different rank sets
+    on different ranks.
+    """
+
+    ranks: tuple[int, ...]
+
+    @staticmethod
+    def of(ranks: Iterable[int]) -> ProcessGroup:
+        """A group from any iterable of ranks; raises ``ValueError`` on an empty or negative set."""
+        rs = tuple(sorted(set(ranks)))
+        if not rs:
+            raise ValueError("process group: empty rank set")
+        if rs[0] < 0:
+            raise ValueError(f"process group: negative rank {rs[0]}")
+        return ProcessGroup(rs)
+
+    @property
+    def size(self) -> int:
+        """Number of ranks."""
+        return len(self.ranks)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class PhaseKey:
+    """One phase of a job: ``collective`` on ``group``, the ``seq``-th such phase in the
+    iteration, sub-phase ``step`` (all-to-all permutation index; 0 otherwise)."""
+
+    group: ProcessGroup
+    collective: Collective
+    seq: int = 0
+    step: int = 0
+
+    def __str__(self) -> str:
+        ranks = ",".join(map(str, self.group.ranks))
+        return f"{self.collective.value}[{ranks}]#{self.seq}.{self.step}"

@@ -1,0 +1,1 @@
+"""Switch drivers behind one ``drivers.base.Driver`` protocol, chosen by config ``model:``."""

@@ -1,0 +1,306 @@
+"""The device contract every switch driver implements (DESIGN.md, "Drivers").
+
+Vocabulary: a *port* is a canonical 1-based integer. On an N x N switch, ingress ports are
+1..N and egress ports N+1..2N (Polatis numbering); a *cross-connect* joins one ingress to one
+egress and is directed. On a duplex switch every port is bidirectional and a cross-connect joins
+two ports in both directions; it is stored with ``ingress < egress``.
+
+A switch state is a partial permutation: no ingress appears twice and no egress appears twice.
+Drivers translate canonical port ids to vendor naming at the edge.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+
+class SwitchKind(enum.Enum):
+    """How a switch's ports are organised."""
+
+    NXN = "nxn"
+    """Ingress 1..N, egress N+1..2N; a cross-connect is directed ingress -> egress."""
+    DUPLEX = "duplex"
+    """Ports 1..N are bidirectional; a cross-connect joins two ports both ways."""
+
+
+class ApplyMode(enum.Enum):
+    """How ``Driver.apply`` reaches the target state."""
+
+    MINIMAL = "minimal"
+    """Break only the cross-connects on the given ports that differ from the target, then make."""
+    REPLACE = "replace"
+    """Break every cross-connect on the given ports, then make the whole target."""
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class CrossConnect:
+    """One cross-connect on one switch: ``ingress -> egress`` (canonical port ids, 1-based)."""
+
+    ingress: int
+    egress: int
+
+    def ports(self) -> tuple[int, int]:
+        """Both ports this cross-connect occupies."""
+        return (self.ingress, self.egress)
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchCapabilities:
+    """What a device can do, as reported by ``Driver.info``.
+
+    ``port_count`` is N: an N x N switch has 2N port ids (1..2N), a duplex switch N (1..N).
+    ``settle_time_s`` is the reconfiguration delay (delta) after a cross-connect is made until
+    light passes (MEMS: milliseconds; silicon photonics: microseconds).
+    ``max_batch`` is the most cross-connects one device command may carry (None: unlimited).
+    """
+
+    kind: SwitchKind
+    port_count: int
+    atomic_bulk: bool
+    settle_time_s: float
+    max_batch: int | None = None
+    readback: bool = True
+
+    def port_ids(self) -> range:
+        """All canonical port ids of the switch."""
+        n = self.port_count * 2 if self.kind is SwitchKind.NXN else self.port_count
+        return range(1, n + 1)
+
+    def is_ingress(self, port: int) -> bool:
+        """True when ``port`` may be the ingress side of a cross-connect."""
+        if self.kind is SwitchKind.NXN:
+            return 1 <= port <= self.port_count
+        return 1 <= port <= self.port_count
+
+    def is_egress(self, port: int) -> bool:
+        """True when ``port`` may be the egress side of a cross-connect."""
+        if self.kind is SwitchKind.NXN:
+            return self.port_count < port <= 2 * self.port_count
+        return 1 <= port <= self.port_count
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    """Identity and capabilities of a connected device."""
+
+    switch_id: str
+    vendor: str
+    model: str
+    firmware: str
+    capabilities: SwitchCapabilities
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyResult:
+    """What one ``Driver.apply`` did. ``failed`` maps each cross-connect that could not be
+    made or broken to the reason the device gave."""
+
+    removed: tuple[CrossConnect, ...] = ()
+    added: tuple[CrossConnect, ...] = ()
+    failed: Mapping[CrossConnect, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing failed."""
+        return not self.failed
+
+
+class PortAdmin(enum.Enum):
+    """Administrative state of a port."""
+
+    ENABLED = "enabled"
+    DISABLED = "disabled"
+
+
+class PortOper(enum.Enum):
+    """Operational state of a port as the device reports it."""
+
+    UP = "up"
+    DOWN = "down"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class PortStatus:
+    """One port's state."""
+
+    port: int
+    admin: PortAdmin
+    oper: PortOper
+
+
+class AlarmSeverity(enum.Enum):
+    """Severity of a device alarm (ITU-T X.733 levels used by TL1 and RESTCONF devices)."""
+
+    CRITICAL = "critical"
+    MAJOR = "major"
+    MINOR = "minor"
+    WARNING = "warning"
+    CLEARED = "cleared"
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceAlarm:
+    """An autonomous alarm raised by a device (e.g. loss of signal on a port)."""
+
+    switch_id: str
+    port: int | None
+    condition: str
+    severity: AlarmSeverity
+    at_s: float
+    description: str = ""
+
+
+# --- errors ------------------------------------------------------------------------------------
+
+
+class DriverError(Exception):
+    """Base of every driver error. ``retryable`` says whether the same call may succeed later."""
+
+    retryable: bool = False
+
+    def __init__(self, switch_id: str, message: str) -> None:
+        super().__init__(f"switch {switch_id!r}: {message}")
+        self.switch_id = switch_id
+
+
+class DeviceUnreachable(DriverError):
+    """The device did not accept a connection or the connection dropped."""
+
+    retryable = True
+
+
+class DeviceTimeout(DriverError):
+    """The device did not answer within the deadline."""
+
+    retryable = True
+
+
+class AuthenticationFailed(DriverError):
+    """The device rejected the credentials."""
+
+
+class InvalidPort(DriverError):
+    """A port id does not exist on the device or is on the wrong side (ingress/egress)."""
+
+    def __init__(self, switch_id: str, port: int, reason: str) -> None:
+        super().__init__(switch_id, f"port {port}: {reason}")
+        self.port = port
+
+
+class CrossConnectConflict(DriverError):
+    """A cross-connect would reuse an ingress or egress port already in use."""
+
+    def __init__(self, switch_id: str, wanted: CrossConnect, existing: CrossConnect) -> None:
+        super().__init__(
+            switch_id,
+            f"cross-connect {wanted.ingress}->{wanted.egress} conflicts with "
+            f"{existing.ingress}->{existing.egress}",
+        )
+        self.wanted = wanted
+        self.existing = existing
+
+
+class PartialApply(DriverError):
+    """Some cross-connects of a bulk apply were made and some were not; ``result`` says which."""
+
+    retryable = True
+
+    def __init__(self, switch_id: str, result: ApplyResult) -> None:
+        super().__init__(switch_id, f"partial apply: {len(result.failed)} failed")
+        self.result = result
+
+
+class VerificationMismatch(DriverError):
+    """Read-back after apply differs from the target."""
+
+    retryable = True
+
+    def __init__(
+        self,
+        switch_id: str,
+        missing: Iterable[CrossConnect],
+        unexpected: Iterable[CrossConnect],
+    ) -> None:
+        self.missing = tuple(sorted(missing))
+        self.unexpected = tuple(sorted(unexpected))
+        super().__init__(
+            switch_id,
+            f"read-back mismatch: missing {list(self.missing)}, unexpected {list(self.unexpected)}",
+        )
+
+
+class HardwareFault(DriverError):
+    """The device reports a hardware fault (failed port, mirror, heater, over-current)."""
+
+
+class ProtocolError(DriverError):
+    """The device answered something the driver cannot parse."""
+
+    retryable = True
+
+
+# --- the protocol ------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class Driver(Protocol):
+    """An asynchronous switch driver. All methods raise ``DriverError`` subclasses only.
+
+    ``apply(target, ports, mode)``: make the cross-connects on ``ports`` equal ``target``
+    (every cross-connect in ``target`` must lie within ``ports``). Cross-connects on ports outside
+    ``ports`` are never touched: this is how jobs on disjoint ports stay independent.
+    Breaks are issued before makes. Returns what was removed and added; raises ``PartialApply``
+    when the device made only part of it.
+    """
+
+    @property
+    def switch_id(self) -> str: ...
+
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def info(self) -> DeviceInfo: ...
+
+    async def get_cross_connects(self) -> frozenset[CrossConnect]: ...
+
+    async def apply(
+        self,
+        target: frozenset[CrossConnect],
+        ports: frozenset[int],
+        mode: ApplyMode = ApplyMode.MINIMAL,
+    ) -> ApplyResult: ...
+
+    async def set_port_admin(self, port: int, admin: PortAdmin) -> None: ...
+
+    async def get_port_status(self, ports: Iterable[int] | None = None) -> list[PortStatus]: ...
+
+    async def get_power(self, ports: Iterable[int] | None = None) -> dict[int, float]:
+        """Optical power per port in dBm."""
+        ...
+
+    def events(self) -> AsyncIterator[DeviceAlarm]: ...
+
+
+def check_partial_permutation(
+    switch_id: str, caps: SwitchCapabilities, xcs: Iterable[CrossConnect]
+) -> None:
+    """Raise ``InvalidPort`` or ``CrossConnectConflict`` unless ``xcs`` is a valid partial
+    permutation for a switch with ``caps``."""
+    by_port: dict[int, CrossConnect] = {}
+    for xc in xcs:
+        if not caps.is_ingress(xc.ingress):
+            raise InvalidPort(switch_id, xc.ingress, "not an ingress port")
+        if not caps.is_egress(xc.egress):
+            raise InvalidPort(switch_id, xc.egress, "not an egress port")
+        if caps.kind is SwitchKind.DUPLEX and xc.ingress >= xc.egress:
+            raise InvalidPort(switch_id, xc.ingress, "duplex cross-connect needs ingress < egress")
+        for port in xc.ports():
+            other = by_port.get(port)
+            if other is not None and other != xc:
+                raise CrossConnectConflict(switch_id, xc, other)
+            by_port[port] = xc

@@ -1,0 +1,205 @@
+"""Phase coordinator: the protocol and the safety invariant, with an injected clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.coordinator import (
+    Admit,
+    Decision,
+    DuplicateJob,
+    ErrorCode,
+    PhaseCoordinator,
+    Reconfigure,
+    Reject,
+    ReleaseError,
+)
+from controller.fabric import rail_fabric
+from controller.model import Collective, PhaseKey, ProcessGroup
+from controller.planner import PlacementError, RankPlacement
+from drivers.base import CrossConnect
+
+N = 4
+WORLD = list(range(8))
+RING = PhaseKey(ProcessGroup.of(WORLD), Collective.ALL_REDUCE, 0)
+PP01 = PhaseKey(ProcessGroup.of([0, 2]), Collective.SEND_RECV, 0)  # host0 <-> host1, rail 0
+
+
+def place(n: int = 8, first_host: int = 0) -> list[RankPlacement]:
+    return [RankPlacement(r, f"host{first_host + r // 2}", r % 2) for r in range(n)]
+
+
+@pytest.fixture
+def coord() -> PhaseCoordinator:
+    c = PhaseCoordinator(rail_fabric("t", 4, 2, delay_s=0.01), default_timeout_s=5.0)
+    c.register_job("job", "tenant", place())
+    return c
+
+
+def only(decisions: list[Decision], kind: type) -> list[Decision]:
+    return [d for d in decisions if isinstance(d, kind)]
+
+
+def enter_all(c: PhaseCoordinator, ph: PhaseKey, ranks: list[int], now: float) -> list[Decision]:
+    out: list[Decision] = []
+    for r in ranks:
+        out += c.enter("job", r, ph, request_id=100 + r, now=now)
+    return out
+
+
+def test_first_phase_reconfigures_then_admits_everyone(coord: PhaseCoordinator) -> None:
+    out = enter_all(coord, RING, WORLD, now=1.0)
+    recs = only(out, Reconfigure)
+    assert len(recs) == 1 and not only(out, Admit)
+    rec = recs[0]
+    assert isinstance(rec, Reconfigure)
+    assert {t.switch_id for t in rec.targets} == {"ocs-rail0", "ocs-rail1"}
+    admitted = coord.reconfigured(rec.op_id, now=1.5)
+    assert sorted(d.rank for d in admitted if isinstance(d, Admit)) == WORLD
+    a = admitted[0]
+    assert isinstance(a, Admit) and not a.noop and a.waited_s == pytest.approx(0.5)
+
+
+def test_noop_admission_when_circuits_match(coord: PhaseCoordinator) -> None:
+    rec = only(enter_all(coord, RING, WORLD, 0.0), Reconfigure)[0]
+    assert isinstance(rec, Reconfigure)
+    coord.reconfigured(rec.op_id, 0.1)
+    for r in WORLD:
+        coord.release("job", r, RING, 0.2)
+    again = PhaseKey(RING.group, RING.collective, seq=1)
+    out = coord.enter("job", 0, again, request_id=7, now=0.3)
+    assert out == [Admit("job", 0, 7, again, True, 0.0)]
+
+
+def test_no_switch_while_a_rank_holds_a_conflicting_cross_connect(
+    coord: PhaseCoordinator,
+) -> None:
+    rec = only(enter_all(coord, RING, WORLD, 0.0), Reconfigure)[0]
+    assert isinstance(rec, Reconfigure)
+    coord.reconfigured(rec.op_id, 0.1)
+    # ranks 0 and 2 finish the ring and enter the PP pair; the others still hold the ring
+    coord.release("job", 0, RING, 0.2)
+    coord.release("job", 2, RING, 0.2)
+    out = coord.enter("job", 0, PP01, 10, 0.3) + coord.enter("job", 2, PP01, 12, 0.3)
+    assert out == []  # waiting: ring cross-connect host1->host2 conflicts and is held
+    for r in [1, 3, 4, 5, 6]:
+        assert only(coord.release("job", r, RING, 0.4), Reconfigure) == []
+    out = coord.release("job", 7, RING, 0.5)  # last user released: switch now
+    recs = only(out, Reconfigure)
+    assert len(recs) == 1
+    rec2 = recs[0]
+    assert isinstance(rec2, Reconfigure)
+    (t,) = rec2.targets
+    assert t.switch_id == "ocs-rail0"
+    assert t.cross_connects == {CrossConnect(1, N + 2), CrossConnect(2, N + 1)}
+    # breaks host1->host2 (ports 2, 7) and host3->host0 (ports 4, 5); host2->host3 untouched
+    assert t.ports == frozenset({1, 2, 4, 5, 6, 7})
+    adm = coord.reconfigured(rec2.op_id, 0.6)
+    assert sorted(d.rank for d in adm if isinstance(d, Admit)) == [0, 2]
+
+
+def test_timeout_is_an_explicit_error_naming_the_holders(coord: PhaseCoordinator) -> None:
+    rec = only(enter_all(coord, RING, WORLD, 0.0), Reconfigure)[0]
+    assert isinstance(rec, Reconfigure)
+    coord.reconfigured(rec.op_id, 0.1)
+    coord.release("job", 0, RING, 0.2)
+    coord.release("job", 2, RING, 0.2)
+    assert coord.enter("job", 0, PP01, 10, 1.0, timeout_s=2.0) == []
+    assert coord.next_deadline() == pytest.approx(3.0)
+    assert coord.expire(2.9) == []
+    out = coord.expire(3.0)
+    assert len(out) == 1
+    rej = out[0]
+    assert isinstance(rej, Reject) and rej.code is ErrorCode.DEADLINE_EXCEEDED
+    assert "held by job ranks [1, 3, 4, 5, 6, 7]" in rej.message
+    assert coord.next_deadline() is None
+    # the rank may try again
+    assert coord.enter("job", 0, PP01, 11, 3.1, timeout_s=2.0) == []
+
+
+def test_device_failure_rejects_waiters_and_drops_the_view(coord: PhaseCoordinator) -> None:
+    rec = only(enter_all(coord, RING, [0, 1], 0.0), Reconfigure)[0]
+    assert isinstance(rec, Reconfigure)
+    out = coord.reconfigured(rec.op_id, 0.1, error="port 3 failed")
+    assert {(d.rank, d.code) for d in out if isinstance(d, Reject)} == {
+        (0, ErrorCode.DEVICE_FAILURE), (1, ErrorCode.DEVICE_FAILURE)}
+    assert coord.confirmed("ocs-rail0") == frozenset()
+
+
+def test_validation_errors(coord: PhaseCoordinator) -> None:
+    (r,) = coord.enter("nope", 0, RING, 1, 0.0)
+    assert isinstance(r, Reject) and r.code is ErrorCode.UNKNOWN_JOB
+    (r,) = coord.enter("job", 9, RING, 1, 0.0)
+    assert isinstance(r, Reject) and r.code is ErrorCode.INVALID_RANK
+    (r,) = coord.enter("job", 1, PP01, 1, 0.0)
+    assert isinstance(r, Reject) and r.code is ErrorCode.INVALID_PHASE
+    assert "rank 1 is not in group (0, 2)" in r.message
+    coord.enter("job", 0, RING, 1, 0.0)
+    (r,) = coord.enter("job", 0, PP01, 2, 0.0)
+    assert isinstance(r, Reject) and r.code is ErrorCode.RANK_BUSY
+    with pytest.raises(ReleaseError, match="does not hold"):
+        coord.release("job", 0, RING, 0.0)
+
+
+def test_duplicate_and_overlapping_registration_leave_state_unchanged(
+    coord: PhaseCoordinator,
+) -> None:
+    with pytest.raises(DuplicateJob):
+        coord.register_job("job", "t", place(2, first_host=2))
+    with pytest.raises(PlacementError, match="used by job 'job'"):
+        coord.register_job("other", "t", place(2))
+    assert coord.job_ids() == ["job"]
+    assert coord.job("job").world_size == 8
+
+
+def test_jobs_on_disjoint_ports_never_touch_each_other() -> None:
+    c = PhaseCoordinator(rail_fabric("t", 4, 2, delay_s=0.0))
+    c.register_job("a", "t1", place(4, first_host=0))  # host0, host1
+    c.register_job("b", "t2", place(4, first_host=2))  # host2, host3
+    ring_a = PhaseKey(ProcessGroup.of([0, 1, 2, 3]), Collective.ALL_REDUCE)
+    out_a = [d for r in range(4) for d in c.enter("a", r, ring_a, r, 0.0)]
+    out_b = [d for r in range(4) for d in c.enter("b", r, ring_a, r, 0.0)]
+    ra, rb = only(out_a, Reconfigure)[0], only(out_b, Reconfigure)[0]
+    assert isinstance(ra, Reconfigure) and isinstance(rb, Reconfigure)
+    ports_a = {(t.switch_id, p) for t in ra.targets for p in t.ports}
+    ports_b = {(t.switch_id, p) for t in rb.targets for p in t.ports}
+    assert ports_a and ports_b and not ports_a & ports_b
+    assert c.owner_of_port("ocs-rail0", 1) == "a" and c.owner_of_port("ocs-rail0", 3) == "b"
+
+
+def test_unregister_cancels_waiters_and_frees_gpus(coord: PhaseCoordinator) -> None:
+    coord.enter("job", 0, RING, 5, 0.0)
+    out = coord.unregister_job("job")
+    assert out == [Reject("job", 0, 5, ErrorCode.CANCELLED, "job unregistered")]
+    coord.register_job("again", "t", place())
+
+
+def test_older_waiting_phase_keeps_its_ports(coord: PhaseCoordinator) -> None:
+    """FIFO: a later phase on overlapping ports does not jump the queue."""
+    rec = only(enter_all(coord, RING, WORLD, 0.0), Reconfigure)[0]
+    assert isinstance(rec, Reconfigure)
+    coord.reconfigured(rec.op_id, 0.1)
+    for r in [0, 2]:
+        coord.release("job", r, RING, 0.2)
+        coord.enter("job", r, PP01, r, 0.2)
+    pp23 = PhaseKey(ProcessGroup.of([2, 4]), Collective.SEND_RECV)  # host1 <-> host2
+    coord.release("job", 4, RING, 0.3)
+    assert coord.enter("job", 4, pp23, 4, 0.3) == []
+    out: list[Decision] = []
+    for r in [1, 3, 5, 6, 7]:
+        out += coord.release("job", r, RING, 0.4)
+    recs = [d for d in out if isinstance(d, Reconfigure)]
+    assert [d.phase for d in recs] == [PP01]
+
+
+def test_repeated_enter_reattaches_instead_of_failing(coord: PhaseCoordinator) -> None:
+    """An agent whose stream broke sends its pending EnterPhase again with a new request id."""
+    rec = only(coord.enter("job", 0, RING, 1, 0.0), Reconfigure)[0]
+    assert isinstance(rec, Reconfigure)
+    assert coord.enter("job", 0, RING, 2, 0.1) == []
+    out = coord.reconfigured(rec.op_id, 0.2)
+    assert [(d.rank, d.request_id) for d in out if isinstance(d, Admit)] == [(0, 2)]
+    # admitted already: the same enter again is answered at once, with no second hold
+    assert coord.enter("job", 0, RING, 3, 0.3) == [Admit("job", 0, 3, RING, True, 0.0)]
+    coord.release("job", 0, RING, 0.4)
+    assert coord.held_by_job("job") == 0
