@@ -1,0 +1,579 @@
+"""An in-memory optical circuit switch (OCS) for unit tests and the in-process demo.
+
+``EmulatedOcs`` models one switch: its capabilities (N x N with Polatis numbering, ingress
+1..N and egress N+1..2N, or duplex with ports 1..N), its state as a partial permutation of
+cross-connects (``drivers.base.check_partial_permutation``), the reconfiguration delay
+(``SwitchCapabilities.settle_time_s``), per-port optical power in dBm, alarms and fault
+injection. It does not speak a wire protocol; ``drivers.emulated.EmulatedDriver`` calls it
+in-process. ``EmulatedFabricDevices`` keeps the devices of a fabric by switch id so their state
+outlives any driver or controller instance.
+
+Timing of one bulk command (``apply_bulk``): breaks take effect when issued (light stops at
+once), then every make is issued and the whole batch settles once; a make takes effect (light
+passes) when the settle ends. Every change is recorded in ``change_log`` with the time it took
+effect, read from the injectable ``clock``; waiting goes through the injectable ``sleep`` so
+tests can run on a manual clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
+from dataclasses import dataclass
+
+import structlog
+
+from drivers.base import (
+    AlarmSeverity,
+    ApplyResult,
+    CrossConnect,
+    CrossConnectConflict,
+    DeviceAlarm,
+    DeviceInfo,
+    DeviceUnreachable,
+    DriverError,
+    HardwareFault,
+    InvalidPort,
+    PartialApply,
+    PortAdmin,
+    PortOper,
+    PortStatus,
+    SwitchCapabilities,
+    SwitchKind,
+    check_partial_permutation,
+)
+
+Clock = Callable[[], float]
+"""Returns the current time in seconds (monotonic)."""
+Sleep = Callable[[float], Awaitable[None]]
+"""Waits the given number of seconds."""
+
+CONNECTED_POWER_DBM = -3.0
+"""Optical power reported on both ports of a settled, lit cross-connect, in dBm."""
+NO_LIGHT_DBM = -40.0
+"""Power floor reported on a dark port ("no light"), in dBm."""
+
+_ALARM_QUEUE_SIZE = 1024
+
+_log = structlog.get_logger(__name__)
+
+
+class ChangeAction(enum.Enum):
+    """What happened to a cross-connect."""
+
+    MAKE = "make"
+    BREAK = "break"
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeRecord:
+    """One cross-connect change on one switch, stamped with the time ``at_s`` (device clock,
+    seconds) it took effect: a break when issued, a make when its settle ended."""
+
+    at_s: float
+    switch_id: str
+    action: ChangeAction
+    cross_connect: CrossConnect
+
+
+class DenialKind(enum.Enum):
+    """Which error a denied port raises when a make uses it."""
+
+    HARDWARE_FAULT = "hardware_fault"
+    INVALID_PORT = "invalid_port"
+
+
+@dataclass(frozen=True, slots=True)
+class _Denial:
+    kind: DenialKind
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class _MakeFailure:
+    nth: int
+    reason: str
+
+
+class AlarmSubscription(AsyncIterator[DeviceAlarm]):
+    """Alarms of one device from the moment of subscription, in order.
+
+    Backed by a bounded ``asyncio.Queue``; when a slow reader lets it fill up the oldest alarm
+    is dropped and counted in ``dropped``. ``aclose`` ends the iteration.
+    """
+
+    def __init__(self, device: EmulatedOcs) -> None:
+        self._device = device
+        self._queue: asyncio.Queue[DeviceAlarm | None] = asyncio.Queue(_ALARM_QUEUE_SIZE)
+        self._closed = False
+        self.dropped = 0
+
+    def __aiter__(self) -> AlarmSubscription:
+        return self
+
+    async def __anext__(self) -> DeviceAlarm:
+        if self._closed and self._queue.empty():
+            raise StopAsyncIteration
+        alarm = await self._queue.get()
+        if alarm is None:
+            raise StopAsyncIteration
+        return alarm
+
+    def _offer(self, alarm: DeviceAlarm | None) -> None:
+        if self._queue.full():
+            self._queue.get_nowait()
+            self.dropped += 1
+        self._queue.put_nowait(alarm)
+
+    async def aclose(self) -> None:
+        """Unsubscribe; a pending ``__anext__`` ends with ``StopAsyncIteration``."""
+        if not self._closed:
+            self._closed = True
+            self._device._unsubscribe(self)
+            self._offer(None)
+
+
+class EmulatedOcs:
+    """One emulated optical circuit switch.
+
+    ``capabilities`` gives the port layout and the reconfiguration delay (``settle_time_s``);
+    ``cross_connects`` is the state at power-on (validated, not recorded in the change log).
+
+    Device commands (``info``, ``get_cross_connects``, ``apply_bulk``, ``set_port_admin``,
+    ``get_port_status``, ``get_power``) are coroutines that honour the injected faults: they
+    raise ``DeviceUnreachable`` while the device is unreachable or rebooting, and wait the extra
+    delay of a slow device first. Bulk commands run one at a time. Fault controls and the
+    inspection properties (``cross_connects``, ``change_log``, ``command_count``) are plain
+    methods that never fail.
+    """
+
+    def __init__(
+        self,
+        switch_id: str,
+        capabilities: SwitchCapabilities,
+        *,
+        cross_connects: Iterable[CrossConnect] = (),
+        clock: Clock = time.monotonic,
+        sleep: Sleep = asyncio.sleep,
+        connected_power_dbm: float = CONNECTED_POWER_DBM,
+        vendor: str = "Lightrail",
+        model: str = "emulated-ocs",
+        firmware: str = "1.0",
+    ) -> None:
+        initial = frozenset(cross_connects)
+        check_partial_permutation(switch_id, capabilities, initial)
+        self._info = DeviceInfo(switch_id, vendor, model, firmware, capabilities)
+        self._caps = capabilities
+        self._ports = capabilities.port_ids()
+        self._clock = clock
+        self._sleep = sleep
+        self._connected_power_dbm = connected_power_dbm
+        self._log = _log.bind(switch=switch_id)
+        self._by_port: dict[int, CrossConnect] = {}
+        for xc in initial:
+            self._by_port[xc.ingress] = xc
+            self._by_port[xc.egress] = xc
+        self._xcs: set[CrossConnect] = set(initial)
+        self._settling: dict[CrossConnect, float] = {}
+        self._changes: list[ChangeRecord] = []
+        self._admin: dict[int, PortAdmin] = {}
+        self._failed: dict[int, str] = {}
+        self._subscribers: set[AlarmSubscription] = set()
+        self._lock = asyncio.Lock()
+        self._commands = 0
+        # faults
+        self._unreachable = False
+        self._rebooting = False
+        self._drop_calls = 0
+        self._extra_delay_s = 0.0
+        self._denied: dict[int, _Denial] = {}
+        self._make_failure: _MakeFailure | None = None
+        self._silent_ports: set[int] = set()
+
+    # --- inspection ----------------------------------------------------------------------------
+
+    @property
+    def switch_id(self) -> str:
+        """The switch id this device answers to."""
+        return self._info.switch_id
+
+    @property
+    def capabilities(self) -> SwitchCapabilities:
+        """The device's capabilities."""
+        return self._caps
+
+    @property
+    def cross_connects(self) -> frozenset[CrossConnect]:
+        """The configured cross-connects now (settling ones included); never fails."""
+        return frozenset(self._xcs)
+
+    @property
+    def change_log(self) -> list[ChangeRecord]:
+        """Every change since power-on (or ``clear_change_log``), oldest first (a copy)."""
+        return list(self._changes)
+
+    @property
+    def command_count(self) -> int:
+        """Device commands received, failed ones included."""
+        return self._commands
+
+    def clear_change_log(self) -> None:
+        """Forget the recorded changes."""
+        self._changes.clear()
+
+    # --- fault injection -----------------------------------------------------------------------
+
+    def set_unreachable(self, unreachable: bool) -> None:
+        """While set, every device command raises ``DeviceUnreachable``."""
+        self._unreachable = unreachable
+
+    def drop_next_calls(self, count: int) -> None:
+        """The next ``count`` device commands raise ``DeviceUnreachable`` (a transient fault)."""
+        if count < 0:
+            raise ValueError(f"drop_next_calls: count must be >= 0, got {count}")
+        self._drop_calls = count
+
+    def set_extra_delay(self, delay_s: float) -> None:
+        """Every device command first waits ``delay_s`` seconds (a slow device)."""
+        if delay_s < 0:
+            raise ValueError(f"set_extra_delay: delay_s must be >= 0, got {delay_s}")
+        self._extra_delay_s = delay_s
+
+    def deny_port(
+        self, port: int, kind: DenialKind = DenialKind.HARDWARE_FAULT, reason: str = "denied"
+    ) -> None:
+        """A bulk command making a cross-connect on ``port`` is rejected as a whole (nothing
+        changes) with ``HardwareFault`` or ``InvalidPort`` carrying ``reason``."""
+        self._check_port(port)
+        self._denied[port] = _Denial(kind, reason)
+
+    def allow_port(self, port: int) -> None:
+        """Undo ``deny_port``."""
+        self._denied.pop(port, None)
+
+    def fail_make(self, nth: int, reason: str = "mirror did not latch") -> None:
+        """In the next bulk command with at least ``nth`` makes, the ``nth`` make (1-based, in
+        issue order) fails: the breaks and the makes before it take effect, it and the makes
+        after it do not (the device stops at the first failure), and the command raises
+        ``PartialApply`` whose result says so. One-shot."""
+        if nth < 1:
+            raise ValueError(f"fail_make: nth is 1-based, got {nth}")
+        self._make_failure = _MakeFailure(nth, reason)
+
+    def drop_makes_silently(self, port: int) -> None:
+        """Makes on ``port`` are acknowledged but never take effect (a device that lies; only a
+        read-back shows it)."""
+        self._check_port(port)
+        self._silent_ports.add(port)
+
+    def fail_port(self, port: int, condition: str = "LOS") -> None:
+        """Mark ``port`` failed: it goes dark (and so does its cross-connect), makes on it raise
+        ``HardwareFault``, and a MAJOR alarm with ``condition`` is raised."""
+        self._check_port(port)
+        self._failed[port] = condition
+        self._raise_alarm(port, condition, AlarmSeverity.MAJOR, f"port {port} failed")
+
+    def repair_port(self, port: int) -> None:
+        """Undo ``fail_port``; raises a CLEARED alarm."""
+        condition = self._failed.pop(port, None)
+        if condition is not None:
+            self._raise_alarm(port, condition, AlarmSeverity.CLEARED, f"port {port} repaired")
+
+    def clear_faults(self) -> None:
+        """Remove every injected fault (failed ports are repaired with a CLEARED alarm)."""
+        self._unreachable = False
+        self._drop_calls = 0
+        self._extra_delay_s = 0.0
+        self._denied.clear()
+        self._make_failure = None
+        self._silent_ports.clear()
+        for port in sorted(self._failed):
+            self.repair_port(port)
+
+    async def reboot(self, *, keep_cross_connects: bool, down_s: float = 0.0) -> None:
+        """Reboot: waits for a running command, then the device is unreachable for ``down_s``
+        seconds. Cross-connects survive only with ``keep_cross_connects`` (latching MEMS);
+        otherwise each is broken (and logged) when the reboot starts. Raises a WARNING alarm
+        ``REBOOT`` at the start and a CLEARED one when the device is back."""
+        async with self._lock:
+            self._rebooting = True
+            try:
+                self._raise_alarm(None, "REBOOT", AlarmSeverity.WARNING, "device rebooting")
+                self._settling.clear()
+                if not keep_cross_connects:
+                    now = self._clock()
+                    for xc in sorted(self._xcs):
+                        self._break(xc, now)
+                await self._sleep(down_s)
+            finally:
+                self._rebooting = False
+            self._raise_alarm(None, "REBOOT", AlarmSeverity.CLEARED, "device up")
+
+    # --- alarms --------------------------------------------------------------------------------
+
+    def alarms(self) -> AlarmSubscription:
+        """Subscribe to this device's alarms from now on."""
+        sub = AlarmSubscription(self)
+        self._subscribers.add(sub)
+        return sub
+
+    def _unsubscribe(self, sub: AlarmSubscription) -> None:
+        self._subscribers.discard(sub)
+
+    def _raise_alarm(
+        self, port: int | None, condition: str, severity: AlarmSeverity, description: str
+    ) -> None:
+        alarm = DeviceAlarm(
+            self.switch_id, port, condition, severity, self._clock(), description
+        )
+        self._log.info(
+            "alarm", port=port, condition=condition, severity=severity.value
+        )
+        for sub in self._subscribers:
+            sub._offer(alarm)
+
+    # --- device commands -----------------------------------------------------------------------
+
+    async def info(self) -> DeviceInfo:
+        """Identity and capabilities. Raises ``DeviceUnreachable``."""
+        await self._enter()
+        return self._info
+
+    async def get_cross_connects(self) -> frozenset[CrossConnect]:
+        """The configured cross-connects (read-back). Raises ``DeviceUnreachable``."""
+        await self._enter()
+        return frozenset(self._xcs)
+
+    async def apply_bulk(
+        self, breaks: Sequence[CrossConnect], makes: Sequence[CrossConnect]
+    ) -> ApplyResult:
+        """One bulk command: break every cross-connect of ``breaks`` (each must exist), then
+        make every one of ``makes`` in order, then wait one settle (``settle_time_s``, only when
+        something is made).
+
+        The batch is validated first and rejected as a whole, nothing changed, with
+        ``InvalidPort`` (unknown port, wrong side, duplex ingress >= egress, a break that does
+        not exist, a port denied as INVALID_PORT), ``CrossConnectConflict`` (a make reuses a
+        port that stays or becomes used), ``HardwareFault`` (failed port, port denied as
+        HARDWARE_FAULT) or ``DriverError`` (more than ``max_batch`` entries). Raises
+        ``PartialApply`` when ``fail_make`` is armed; ``DeviceUnreachable`` while unreachable.
+        """
+        await self._enter()
+        async with self._lock:
+            self._validate(breaks, makes)
+            now = self._clock()
+            for xc in breaks:
+                self._break(xc, now)
+            failure = self._make_failure
+            if failure is not None and len(makes) >= failure.nth:
+                self._make_failure = None
+            else:
+                failure = None
+            failed: dict[CrossConnect, str] = {}
+            made: list[CrossConnect] = []  # acknowledged
+            effective: list[CrossConnect] = []  # acknowledged and real
+            deadline_s = now + self._caps.settle_time_s
+            for i, xc in enumerate(makes, start=1):
+                if failure is not None and i >= failure.nth:
+                    failed[xc] = (
+                        failure.reason
+                        if i == failure.nth
+                        else f"not attempted: make #{failure.nth} failed"
+                    )
+                    continue
+                made.append(xc)
+                if xc.ingress in self._silent_ports or xc.egress in self._silent_ports:
+                    continue
+                effective.append(xc)
+                self._xcs.add(xc)
+                self._by_port[xc.ingress] = xc
+                self._by_port[xc.egress] = xc
+                self._settling[xc] = deadline_s
+            if made:
+                await self._settle(effective, deadline_s)
+            result = ApplyResult(removed=tuple(breaks), added=tuple(made), failed=failed)
+            self._log.debug("applied", breaks=len(breaks), makes=len(made), failed=len(failed))
+            if failed:
+                raise PartialApply(self.switch_id, result)
+            return result
+
+    async def set_port_admin(self, port: int, admin: PortAdmin) -> None:
+        """Enable or disable a port; a disabled port is dark. Raises ``InvalidPort``,
+        ``DeviceUnreachable``."""
+        await self._enter()
+        self._check_port(port)
+        self._admin[port] = admin
+
+    async def get_port_status(self, ports: Iterable[int] | None = None) -> list[PortStatus]:
+        """Status of ``ports`` (default: all) in the order given. ``oper`` is FAILED on a failed
+        port, UP when light passes through its cross-connect, DOWN otherwise. Raises
+        ``InvalidPort``, ``DeviceUnreachable``."""
+        await self._enter()
+        out: list[PortStatus] = []
+        for port in self._ports if ports is None else ports:
+            self._check_port(port)
+            if port in self._failed:
+                oper = PortOper.FAILED
+            elif self._port_lit(port):
+                oper = PortOper.UP
+            else:
+                oper = PortOper.DOWN
+            out.append(PortStatus(port, self._admin.get(port, PortAdmin.ENABLED), oper))
+        return out
+
+    async def get_power(self, ports: Iterable[int] | None = None) -> dict[int, float]:
+        """Optical power in dBm of ``ports`` (default: all): ``connected_power_dbm`` while light
+        passes through the port's cross-connect (settled, both ports enabled and not failed),
+        ``NO_LIGHT_DBM`` otherwise (unconnected, switching, disabled or failed). Raises
+        ``InvalidPort``, ``DeviceUnreachable``."""
+        await self._enter()
+        out: dict[int, float] = {}
+        for port in self._ports if ports is None else ports:
+            self._check_port(port)
+            out[port] = self._connected_power_dbm if self._port_lit(port) else NO_LIGHT_DBM
+        return out
+
+    # --- internals -----------------------------------------------------------------------------
+
+    async def _enter(self) -> None:
+        self._commands += 1
+        if self._unreachable or self._rebooting:
+            raise DeviceUnreachable(self.switch_id, "no answer (emulated fault)")
+        if self._drop_calls:
+            self._drop_calls -= 1
+            raise DeviceUnreachable(self.switch_id, "connection dropped (emulated fault)")
+        if self._extra_delay_s:
+            await self._sleep(self._extra_delay_s)
+
+    def _check_port(self, port: int) -> None:
+        if port not in self._ports:
+            raise InvalidPort(self.switch_id, port, "no such port")
+
+    def _validate(self, breaks: Sequence[CrossConnect], makes: Sequence[CrossConnect]) -> None:
+        sid = self.switch_id
+        limit = self._caps.max_batch
+        if limit is not None and len(breaks) + len(makes) > limit:
+            raise DriverError(
+                sid, f"batch of {len(breaks) + len(makes)} exceeds max_batch {limit}"
+            )
+        occupied = dict(self._by_port)
+        for xc in breaks:
+            if occupied.get(xc.ingress) != xc:
+                raise InvalidPort(
+                    sid, xc.ingress, f"no cross-connect {xc.ingress}->{xc.egress} to break"
+                )
+            del occupied[xc.ingress]
+            del occupied[xc.egress]
+        for xc in makes:
+            if not self._caps.is_ingress(xc.ingress):
+                raise InvalidPort(sid, xc.ingress, "not an ingress port")
+            if not self._caps.is_egress(xc.egress):
+                raise InvalidPort(sid, xc.egress, "not an egress port")
+            if self._caps.kind is SwitchKind.DUPLEX and xc.ingress >= xc.egress:
+                raise InvalidPort(sid, xc.ingress, "duplex cross-connect needs ingress < egress")
+            for port in xc.ports():
+                denial = self._denied.get(port)
+                if denial is not None:
+                    if denial.kind is DenialKind.INVALID_PORT:
+                        raise InvalidPort(sid, port, denial.reason)
+                    raise HardwareFault(sid, f"port {port}: {denial.reason}")
+                condition = self._failed.get(port)
+                if condition is not None:
+                    raise HardwareFault(sid, f"port {port} failed ({condition})")
+                other = occupied.get(port)
+                if other is not None:
+                    raise CrossConnectConflict(sid, xc, other)
+                occupied[port] = xc
+
+    def _break(self, xc: CrossConnect, now_s: float) -> None:
+        self._xcs.discard(xc)
+        self._settling.pop(xc, None)
+        if self._by_port.get(xc.ingress) == xc:
+            del self._by_port[xc.ingress]
+        if self._by_port.get(xc.egress) == xc:
+            del self._by_port[xc.egress]
+        self._changes.append(ChangeRecord(now_s, self.switch_id, ChangeAction.BREAK, xc))
+
+    async def _settle(self, made: list[CrossConnect], deadline_s: float) -> None:
+        """Wait the settle time, then record the makes at the time light passes. When the wait
+        is cancelled the mirrors still move: the makes are recorded at ``deadline_s`` and stay
+        dark (``_settling``) until the clock reaches it."""
+        try:
+            await self._sleep(self._caps.settle_time_s)
+        except BaseException:
+            for xc in made:
+                self._changes.append(
+                    ChangeRecord(deadline_s, self.switch_id, ChangeAction.MAKE, xc)
+                )
+            raise
+        at_s = max(self._clock(), deadline_s)
+        for xc in made:
+            self._settling.pop(xc, None)
+            self._changes.append(ChangeRecord(at_s, self.switch_id, ChangeAction.MAKE, xc))
+
+    def _port_lit(self, port: int) -> bool:
+        xc = self._by_port.get(port)
+        if xc is None:
+            return False
+        deadline_s = self._settling.get(xc)
+        if deadline_s is not None:
+            if self._clock() < deadline_s:
+                return False
+            del self._settling[xc]
+        for p in xc.ports():
+            if p in self._failed or self._admin.get(p, PortAdmin.ENABLED) is PortAdmin.DISABLED:
+                return False
+        return True
+
+
+class EmulatedFabricDevices(Mapping[str, EmulatedOcs]):
+    """The emulated devices of a fabric by switch id. Outlives drivers and controllers, so a
+    controller restarted in a test reconnects to the same devices and finds their state.
+
+    New devices created by ``ensure`` share the registry's ``clock`` and ``sleep``.
+    """
+
+    def __init__(self, *, clock: Clock = time.monotonic, sleep: Sleep = asyncio.sleep) -> None:
+        self._clock = clock
+        self._sleep = sleep
+        self._devices: dict[str, EmulatedOcs] = {}
+
+    def __getitem__(self, switch_id: str) -> EmulatedOcs:
+        return self._devices[switch_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._devices)
+
+    def __len__(self) -> int:
+        return len(self._devices)
+
+    def add(self, device: EmulatedOcs) -> EmulatedOcs:
+        """Register ``device``; raises ``ValueError`` when its switch id is taken."""
+        if device.switch_id in self._devices:
+            raise ValueError(f"emulated device {device.switch_id!r} already registered")
+        self._devices[device.switch_id] = device
+        return device
+
+    def ensure(self, switch_id: str, capabilities: SwitchCapabilities) -> EmulatedOcs:
+        """The device ``switch_id``, created empty with ``capabilities`` when missing. Raises
+        ``ValueError`` when an existing device has other capabilities."""
+        device = self._devices.get(switch_id)
+        if device is None:
+            device = EmulatedOcs(switch_id, capabilities, clock=self._clock, sleep=self._sleep)
+            self._devices[switch_id] = device
+        elif device.capabilities != capabilities:
+            raise ValueError(
+                f"emulated device {switch_id!r} has capabilities {device.capabilities}, "
+                f"not {capabilities}"
+            )
+        return device

@@ -1,0 +1,527 @@
+"""The emulated OCS and its in-process driver: partial-permutation rules, the reconfiguration
+delay on an injected clock, the change log, power, alarms and fault injection."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from controller.fabric import Switch
+from drivers.base import (
+    AlarmSeverity,
+    ApplyMode,
+    CrossConnect,
+    CrossConnectConflict,
+    DeviceAlarm,
+    DeviceUnreachable,
+    Driver,
+    HardwareFault,
+    InvalidPort,
+    PartialApply,
+    PortAdmin,
+    PortOper,
+    SwitchCapabilities,
+    SwitchKind,
+)
+from drivers.emulated import EmulatedDriver, make_driver
+from drivers.registry import DriverConfigError, DriverContext, create_driver
+from emulator.ocs import (
+    CONNECTED_POWER_DBM,
+    NO_LIGHT_DBM,
+    ChangeAction,
+    ChangeRecord,
+    DenialKind,
+    EmulatedFabricDevices,
+    EmulatedOcs,
+)
+
+DELAY_S = 0.025
+NXN8 = SwitchCapabilities(
+    kind=SwitchKind.NXN, port_count=8, atomic_bulk=True, settle_time_s=DELAY_S
+)
+DUPLEX8 = SwitchCapabilities(
+    kind=SwitchKind.DUPLEX, port_count=8, atomic_bulk=True, settle_time_s=DELAY_S
+)
+
+
+def xc(ingress: int, egress: int) -> CrossConnect:
+    return CrossConnect(ingress, egress)
+
+
+class ManualTime:
+    """A manual clock. With ``auto`` every sleep advances the clock at once; otherwise a sleep
+    blocks until ``advance`` moves the clock past its deadline."""
+
+    def __init__(self, start_s: float = 100.0, *, auto: bool = True) -> None:
+        self.now_s = start_s
+        self.auto = auto
+        self.sleeps: list[float] = []
+        self.waiting = 0
+        self._cond = asyncio.Condition()
+
+    def clock(self) -> float:
+        return self.now_s
+
+    async def sleep(self, delay_s: float) -> None:
+        self.sleeps.append(delay_s)
+        if self.auto:
+            self.now_s += delay_s
+            await asyncio.sleep(0)
+            return
+        deadline_s = self.now_s + delay_s
+        async with self._cond:
+            self.waiting += 1
+            self._cond.notify_all()
+            try:
+                await self._cond.wait_for(lambda: self.now_s >= deadline_s)
+            finally:
+                self.waiting -= 1
+
+    async def advance(self, delta_s: float) -> None:
+        async with self._cond:
+            self.now_s += delta_s
+            self._cond.notify_all()
+
+    async def wait_sleepers(self, count: int, timeout_s: float = 2.0) -> None:
+        async with asyncio.timeout(timeout_s), self._cond:
+            await self._cond.wait_for(lambda: self.waiting >= count)
+
+
+def world(
+    t: ManualTime,
+    caps: SwitchCapabilities = NXN8,
+    initial: frozenset[CrossConnect] = frozenset(),
+    switch_id: str = "ocs-a",
+) -> tuple[EmulatedFabricDevices, EmulatedOcs]:
+    devices = EmulatedFabricDevices(clock=t.clock, sleep=t.sleep)
+    ocs = devices.add(
+        EmulatedOcs(switch_id, caps, cross_connects=initial, clock=t.clock, sleep=t.sleep)
+    )
+    return devices, ocs
+
+
+async def opened(devices: EmulatedFabricDevices, switch_id: str = "ocs-a") -> EmulatedDriver:
+    driver = EmulatedDriver(switch_id, devices)
+    await driver.open()
+    return driver
+
+
+# --- rules ---------------------------------------------------------------------------------------
+
+
+async def test_driver_satisfies_protocol() -> None:
+    devices, _ = world(ManualTime())
+    driver = await opened(devices)
+    assert isinstance(driver, Driver)
+    info = await driver.info()
+    assert info.switch_id == "ocs-a"
+    assert info.capabilities == NXN8
+
+
+@pytest.mark.parametrize(
+    ("caps", "bad", "port"),
+    [
+        (NXN8, xc(9, 10), 9),  # ingress on the egress side (Polatis: egress is N+1..2N)
+        (NXN8, xc(1, 2), 2),  # egress on the ingress side
+        (NXN8, xc(1, 17), 17),  # no such port
+        (DUPLEX8, xc(3, 2), 3),  # duplex stored with ingress < egress
+        (DUPLEX8, xc(1, 9), 9),
+    ],
+)
+async def test_wrong_side_or_unknown_port_is_invalid(
+    caps: SwitchCapabilities, bad: CrossConnect, port: int
+) -> None:
+    _, ocs = world(ManualTime(), caps)
+    with pytest.raises(InvalidPort) as info:
+        await ocs.apply_bulk((), [bad])
+    assert info.value.port == port
+    assert ocs.cross_connects == frozenset()
+    assert ocs.change_log == []
+
+
+async def test_conflict_rejected_and_nothing_changed() -> None:
+    t = ManualTime()
+    _, ocs = world(t, initial=frozenset({xc(1, 9), xc(2, 10)}))
+    # a valid break in the same batch is not applied either: the batch is atomic on rejection
+    with pytest.raises(CrossConnectConflict) as info:
+        await ocs.apply_bulk([xc(2, 10)], [xc(3, 9)])
+    assert info.value.wanted == xc(3, 9)
+    assert info.value.existing == xc(1, 9)
+    with pytest.raises(CrossConnectConflict):
+        await ocs.apply_bulk((), [xc(3, 11), xc(4, 11)])  # two makes on one egress
+    with pytest.raises(InvalidPort):
+        await ocs.apply_bulk([xc(3, 11)], ())  # nothing to break
+    assert ocs.cross_connects == {xc(1, 9), xc(2, 10)}
+    assert ocs.change_log == []
+    assert t.sleeps == []
+
+
+async def test_driver_rejects_a_target_that_is_not_a_partial_permutation() -> None:
+    devices, ocs = world(ManualTime(), initial=frozenset({xc(1, 9)}))
+    driver = await opened(devices)
+    with pytest.raises(CrossConnectConflict):
+        await driver.apply(frozenset({xc(1, 9), xc(2, 9)}), frozenset({1, 2, 9}))
+    assert ocs.cross_connects == {xc(1, 9)}
+    assert ocs.change_log == []
+
+
+async def test_swap_in_one_batch_breaks_before_making() -> None:
+    t = ManualTime()
+    devices, ocs = world(t, initial=frozenset({xc(1, 9), xc(2, 10)}))
+    driver = await opened(devices)
+    result = await driver.apply(frozenset({xc(1, 10), xc(2, 9)}), frozenset({1, 2, 9, 10}))
+    assert result.ok
+    assert set(result.removed) == {xc(1, 9), xc(2, 10)}
+    assert set(result.added) == {xc(1, 10), xc(2, 9)}
+    assert ocs.cross_connects == {xc(1, 10), xc(2, 9)}
+
+
+# --- delay, change log, power --------------------------------------------------------------------
+
+
+async def test_delay_honoured_and_change_log_stamped() -> None:
+    t = ManualTime(start_s=100.0)
+    devices, ocs = world(t, initial=frozenset({xc(1, 9)}))
+    driver = await opened(devices)
+    result = await driver.apply(frozenset({xc(1, 10), xc(2, 9)}), frozenset({1, 2, 9, 10}))
+    assert result.removed == (xc(1, 9),)
+    assert result.added == (xc(1, 10), xc(2, 9))
+    assert t.sleeps == [DELAY_S]  # one settle per batch
+    assert ocs.change_log == [
+        ChangeRecord(100.0, "ocs-a", ChangeAction.BREAK, xc(1, 9)),
+        ChangeRecord(100.0 + DELAY_S, "ocs-a", ChangeAction.MAKE, xc(1, 10)),
+        ChangeRecord(100.0 + DELAY_S, "ocs-a", ChangeAction.MAKE, xc(2, 9)),
+    ]
+
+
+async def test_power_drops_while_switching() -> None:
+    t = ManualTime(auto=False)
+    devices, ocs = world(t, initial=frozenset({xc(1, 9), xc(3, 11)}))
+    driver = await opened(devices)
+    before = await driver.get_power([1, 9, 3, 11, 2])
+    assert before == {
+        1: CONNECTED_POWER_DBM, 9: CONNECTED_POWER_DBM,
+        3: CONNECTED_POWER_DBM, 11: CONNECTED_POWER_DBM,
+        2: NO_LIGHT_DBM,
+    }
+    task = asyncio.create_task(driver.apply(frozenset({xc(2, 9)}), frozenset({1, 2, 9})))
+    await t.wait_sleepers(1)  # the batch is settling
+    during = await driver.get_power([1, 2, 9, 3, 11])
+    assert during == {
+        1: NO_LIGHT_DBM, 2: NO_LIGHT_DBM, 9: NO_LIGHT_DBM,
+        3: CONNECTED_POWER_DBM, 11: CONNECTED_POWER_DBM,
+    }
+    assert ocs.change_log[-1].action is ChangeAction.BREAK
+    await t.advance(DELAY_S)
+    await asyncio.wait_for(task, timeout=2.0)
+    after = await driver.get_power([1, 2, 9])
+    assert after == {1: NO_LIGHT_DBM, 2: CONNECTED_POWER_DBM, 9: CONNECTED_POWER_DBM}
+    status = {s.port: s for s in await driver.get_port_status([1, 2, 9])}
+    assert status[2].oper is PortOper.UP
+    assert status[1].oper is PortOper.DOWN
+
+
+async def test_disabled_port_is_dark() -> None:
+    devices, _ = world(ManualTime(), initial=frozenset({xc(1, 9)}))
+    driver = await opened(devices)
+    await driver.set_port_admin(9, PortAdmin.DISABLED)
+    assert await driver.get_power([1, 9]) == {1: NO_LIGHT_DBM, 9: NO_LIGHT_DBM}
+    [status] = await driver.get_port_status([9])
+    assert status.admin is PortAdmin.DISABLED
+    with pytest.raises(InvalidPort):
+        await driver.get_power([99])
+
+
+# --- the driver's port scope ---------------------------------------------------------------------
+
+
+async def test_ports_outside_the_given_ports_are_untouched() -> None:
+    t = ManualTime()
+    devices, ocs = world(t, initial=frozenset({xc(1, 9), xc(2, 10), xc(4, 12)}))
+    driver = await opened(devices)
+    result = await driver.apply(frozenset({xc(1, 10)}), frozenset({1, 2, 9, 10}))
+    assert set(result.removed) == {xc(1, 9), xc(2, 10)}
+    assert result.added == (xc(1, 10),)
+    assert xc(4, 12) in ocs.cross_connects
+    assert all(r.cross_connect != xc(4, 12) for r in ocs.change_log)
+
+
+async def test_target_outside_ports_or_straddling_cross_connect_is_invalid() -> None:
+    devices, ocs = world(ManualTime(), initial=frozenset({xc(3, 11)}))
+    driver = await opened(devices)
+    with pytest.raises(InvalidPort) as info:
+        await driver.apply(frozenset({xc(1, 10)}), frozenset({1, 9}))
+    assert info.value.port == 10
+    # 3->11 uses port 3 (given) and 11 (not given): breaking it would touch port 11
+    with pytest.raises(InvalidPort) as info:
+        await driver.apply(frozenset(), frozenset({3}))
+    assert info.value.port == 11
+    with pytest.raises(InvalidPort):
+        await driver.apply(frozenset(), frozenset({42}))
+    assert ocs.cross_connects == {xc(3, 11)}
+
+
+async def test_nothing_to_do_issues_no_device_command() -> None:
+    devices, ocs = world(ManualTime(), initial=frozenset({xc(1, 9)}))
+    driver = await opened(devices)
+    count = ocs.command_count
+    result = await driver.apply(frozenset({xc(1, 9)}), frozenset({1, 9}))
+    assert result.ok and not result.added and not result.removed
+    assert ocs.command_count == count
+
+
+async def test_replace_breaks_and_remakes_everything_on_the_ports() -> None:
+    devices, ocs = world(ManualTime(), initial=frozenset({xc(1, 9), xc(2, 10)}))
+    driver = await opened(devices)
+    result = await driver.apply(
+        frozenset({xc(1, 9)}), frozenset({1, 2, 9, 10}), ApplyMode.REPLACE
+    )
+    assert set(result.removed) == {xc(1, 9), xc(2, 10)}
+    assert result.added == (xc(1, 9),)
+    assert ocs.cross_connects == {xc(1, 9)}
+
+
+async def test_duplex_minimal_diff() -> None:
+    devices, ocs = world(ManualTime(), DUPLEX8, frozenset({xc(1, 2), xc(3, 4), xc(7, 8)}))
+    driver = await opened(devices)
+    result = await driver.apply(
+        frozenset({xc(1, 2), xc(3, 5), xc(4, 6)}), frozenset({1, 2, 3, 4, 5, 6})
+    )
+    assert result.removed == (xc(3, 4),)
+    assert result.added == (xc(3, 5), xc(4, 6))
+    assert ocs.cross_connects == {xc(1, 2), xc(3, 5), xc(4, 6), xc(7, 8)}
+
+
+async def test_max_batch_splits_breaks_then_makes() -> None:
+    t = ManualTime()
+    caps = SwitchCapabilities(
+        kind=SwitchKind.NXN, port_count=8, atomic_bulk=False, settle_time_s=DELAY_S, max_batch=2
+    )
+    devices, ocs = world(t, caps, frozenset({xc(1, 9), xc(2, 10)}))
+    driver = await opened(devices)
+    result = await driver.apply(
+        frozenset({xc(1, 10), xc(2, 9), xc(3, 11)}), frozenset({1, 2, 3, 9, 10, 11})
+    )
+    assert result.ok
+    assert set(result.added) == {xc(1, 10), xc(2, 9), xc(3, 11)}
+    actions = [r.action for r in ocs.change_log]
+    assert actions == [ChangeAction.BREAK] * 2 + [ChangeAction.MAKE] * 3
+    assert t.sleeps == [DELAY_S, DELAY_S]  # two make chunks, each settles
+
+
+async def test_max_batch_partial_failure_reports_later_chunks_not_attempted() -> None:
+    caps = SwitchCapabilities(
+        kind=SwitchKind.NXN, port_count=8, atomic_bulk=False, settle_time_s=DELAY_S, max_batch=2
+    )
+    devices, ocs = world(ManualTime(), caps, frozenset({xc(1, 9)}))
+    driver = await opened(devices)
+    ocs.fail_make(2)  # the first chunk of makes is 1->10, 2->11: its second make fails
+    target = frozenset({xc(1, 10), xc(2, 11), xc(3, 12), xc(4, 13)})
+    with pytest.raises(PartialApply) as info:
+        await driver.apply(target, frozenset({1, 2, 3, 4, 9, 10, 11, 12, 13}))
+    result = info.value.result
+    assert result.removed == (xc(1, 9),)
+    assert result.added == (xc(1, 10),)
+    assert set(result.failed) == {xc(2, 11), xc(3, 12), xc(4, 13)}
+    assert ocs.cross_connects == {xc(1, 10)}
+
+
+async def test_duplicate_break_is_rejected() -> None:
+    _, ocs = world(ManualTime(), initial=frozenset({xc(1, 9)}))
+    with pytest.raises(InvalidPort):
+        await ocs.apply_bulk([xc(1, 9), xc(1, 9)], ())
+    assert ocs.cross_connects == {xc(1, 9)}
+
+
+# --- faults --------------------------------------------------------------------------------------
+
+
+async def test_unreachable_device_fails_every_call() -> None:
+    devices, ocs = world(ManualTime(), initial=frozenset({xc(1, 9)}))
+    driver = await opened(devices)
+    ocs.set_unreachable(True)
+    with pytest.raises(DeviceUnreachable):
+        await driver.info()
+    with pytest.raises(DeviceUnreachable):
+        await driver.get_cross_connects()
+    with pytest.raises(DeviceUnreachable):
+        await driver.apply(frozenset(), frozenset({1, 9}))
+    with pytest.raises(DeviceUnreachable):
+        await driver.get_power()
+    with pytest.raises(DeviceUnreachable):
+        await driver.get_port_status()
+    with pytest.raises(DeviceUnreachable):
+        await driver.set_port_admin(1, PortAdmin.DISABLED)
+    with pytest.raises(DeviceUnreachable):
+        await EmulatedDriver("ocs-a", devices).open()
+    assert ocs.cross_connects == {xc(1, 9)}
+    ocs.set_unreachable(False)
+    assert await driver.get_cross_connects() == {xc(1, 9)}
+
+
+async def test_transient_drop_and_unknown_device() -> None:
+    devices, ocs = world(ManualTime())
+    driver = await opened(devices)
+    ocs.drop_next_calls(1)
+    with pytest.raises(DeviceUnreachable) as info:
+        await driver.get_cross_connects()
+    assert info.value.retryable
+    assert await driver.get_cross_connects() == frozenset()
+    with pytest.raises(DeviceUnreachable):
+        await EmulatedDriver("nope", devices).open()
+    with pytest.raises(DeviceUnreachable):
+        await EmulatedDriver("ocs-a", devices).get_cross_connects()  # not opened
+
+
+async def test_slow_device_adds_delay() -> None:
+    t = ManualTime(start_s=0.0)
+    devices, ocs = world(t)
+    driver = await opened(devices)
+    ocs.set_extra_delay(0.5)
+    await driver.apply(frozenset({xc(1, 9)}), frozenset({1, 9}))
+    assert t.sleeps == [0.5, DELAY_S]
+    assert ocs.change_log == [ChangeRecord(0.5 + DELAY_S, "ocs-a", ChangeAction.MAKE, xc(1, 9))]
+
+
+@pytest.mark.parametrize(
+    ("kind", "error"),
+    [(DenialKind.HARDWARE_FAULT, HardwareFault), (DenialKind.INVALID_PORT, InvalidPort)],
+)
+async def test_denied_port_rejects_the_batch(
+    kind: DenialKind, error: type[Exception]
+) -> None:
+    devices, ocs = world(ManualTime(), initial=frozenset({xc(1, 9)}))
+    driver = await opened(devices)
+    ocs.deny_port(10, kind, "laser safety lockout")
+    with pytest.raises(error, match="laser safety lockout"):
+        await driver.apply(frozenset({xc(1, 10)}), frozenset({1, 9, 10}))
+    assert ocs.cross_connects == {xc(1, 9)}
+    assert ocs.change_log == []
+    ocs.allow_port(10)
+    await driver.apply(frozenset({xc(1, 10)}), frozenset({1, 9, 10}))
+    assert ocs.cross_connects == {xc(1, 10)}
+
+
+async def test_partial_apply_reports_what_did_and_did_not_apply() -> None:
+    t = ManualTime(start_s=0.0)
+    devices, ocs = world(t, initial=frozenset({xc(1, 9), xc(5, 13)}))
+    driver = await opened(devices)
+    ocs.fail_make(2, "mirror did not latch")
+    target = frozenset({xc(1, 10), xc(2, 11), xc(3, 12)})
+    with pytest.raises(PartialApply) as info:
+        await driver.apply(target, frozenset({1, 2, 3, 9, 10, 11, 12}))
+    result = info.value.result
+    assert info.value.retryable
+    assert result.removed == (xc(1, 9),)
+    assert result.added == (xc(1, 10),)
+    assert set(result.failed) == {xc(2, 11), xc(3, 12)}
+    assert result.failed[xc(2, 11)] == "mirror did not latch"
+    assert result.failed[xc(3, 12)].startswith("not attempted")
+    assert ocs.cross_connects == {xc(1, 10), xc(5, 13)}
+    assert ocs.change_log == [
+        ChangeRecord(0.0, "ocs-a", ChangeAction.BREAK, xc(1, 9)),
+        ChangeRecord(DELAY_S, "ocs-a", ChangeAction.MAKE, xc(1, 10)),
+    ]
+    # one-shot: the retry finishes the job
+    retry = await driver.apply(target, frozenset({1, 2, 3, 9, 10, 11, 12}))
+    assert retry.added == (xc(2, 11), xc(3, 12))
+    assert ocs.cross_connects == target | {xc(5, 13)}
+
+
+async def test_silent_make_only_shows_on_read_back() -> None:
+    devices, ocs = world(ManualTime())
+    driver = await opened(devices)
+    ocs.drop_makes_silently(10)
+    result = await driver.apply(frozenset({xc(1, 9), xc(2, 10)}), frozenset({1, 2, 9, 10}))
+    assert set(result.added) == {xc(1, 9), xc(2, 10)}  # acknowledged ...
+    assert await driver.get_cross_connects() == {xc(1, 9)}  # ... but not made
+    assert [r.cross_connect for r in ocs.change_log] == [xc(1, 9)]
+
+
+async def next_alarm(alarms: AsyncIterator[DeviceAlarm]) -> DeviceAlarm:
+    return await asyncio.wait_for(anext(alarms), timeout=2.0)
+
+
+async def test_port_failure_raises_alarm_and_blocks_makes() -> None:
+    t = ManualTime(start_s=7.0)
+    devices, ocs = world(t, initial=frozenset({xc(1, 9)}))
+    driver = await opened(devices)
+    alarms = driver.events()
+    ocs.fail_port(9, "LOS")
+    alarm = await next_alarm(alarms)
+    assert alarm == DeviceAlarm("ocs-a", 9, "LOS", AlarmSeverity.MAJOR, 7.0, "port 9 failed")
+    assert await driver.get_power([1, 9]) == {1: NO_LIGHT_DBM, 9: NO_LIGHT_DBM}
+    [status] = await driver.get_port_status([9])
+    assert status.oper is PortOper.FAILED
+    with pytest.raises(HardwareFault):
+        await driver.apply(frozenset({xc(2, 9)}), frozenset({1, 2, 9}))
+    assert ocs.cross_connects == {xc(1, 9)}
+    ocs.repair_port(9)
+    cleared = await next_alarm(alarms)
+    assert cleared.severity is AlarmSeverity.CLEARED
+    assert cleared.port == 9
+    await driver.close()
+    with pytest.raises(StopAsyncIteration):
+        await next_alarm(alarms)
+
+
+@pytest.mark.parametrize("keep", [True, False])
+async def test_reboot_keeps_or_loses_cross_connects(keep: bool) -> None:
+    t = ManualTime(start_s=0.0, auto=False)
+    devices, ocs = world(t, initial=frozenset({xc(1, 9), xc(2, 10)}))
+    driver = await opened(devices)
+    alarms = driver.events()
+    reboot = asyncio.create_task(ocs.reboot(keep_cross_connects=keep, down_s=30.0))
+    await t.wait_sleepers(1)
+    with pytest.raises(DeviceUnreachable):
+        await driver.get_cross_connects()
+    await t.advance(30.0)
+    await asyncio.wait_for(reboot, timeout=2.0)
+    start = await next_alarm(alarms)
+    assert (start.condition, start.severity) == ("REBOOT", AlarmSeverity.WARNING)
+    up = await next_alarm(alarms)
+    assert (up.condition, up.severity) == ("REBOOT", AlarmSeverity.CLEARED)
+    state = await driver.get_cross_connects()
+    if keep:
+        assert state == {xc(1, 9), xc(2, 10)}
+        assert ocs.change_log == []
+    else:
+        assert state == frozenset()
+        assert ocs.change_log == [
+            ChangeRecord(0.0, "ocs-a", ChangeAction.BREAK, xc(1, 9)),
+            ChangeRecord(0.0, "ocs-a", ChangeAction.BREAK, xc(2, 10)),
+        ]
+
+
+# --- registry and device lifetime ----------------------------------------------------------------
+
+
+def emulated_switch(switch_id: str, model: str = "emulated") -> Switch:
+    return Switch(switch_id=switch_id, model=model, capabilities=NXN8, rail=0)
+
+
+async def test_device_state_outlives_the_driver() -> None:
+    t = ManualTime()
+    devices = EmulatedFabricDevices(clock=t.clock, sleep=t.sleep)
+    context = DriverContext(emulated_devices=devices)
+    first = create_driver(emulated_switch("ocs-r0"), context=context)
+    await first.open()
+    await first.apply(frozenset({xc(1, 9)}), frozenset({1, 9}))
+    await first.close()
+    second = make_driver(emulated_switch("ocs-r0"), devices)
+    await second.open()
+    assert await second.get_cross_connects() == {xc(1, 9)}
+    assert list(devices) == ["ocs-r0"]
+
+
+def test_registry_errors_name_switch_and_model() -> None:
+    with pytest.raises(DriverConfigError, match=r"ocs-x.*'tl1-polatis'.*unknown driver model"):
+        create_driver(emulated_switch("ocs-x", "tl1-polatis"), context=DriverContext())
+    with pytest.raises(DriverConfigError, match="emulated_devices"):
+        create_driver(emulated_switch("ocs-y"), context=DriverContext())
+    devices = EmulatedFabricDevices()
+    devices.ensure("ocs-z", NXN8)
+    with pytest.raises(ValueError, match="capabilities"):
+        devices.ensure("ocs-z", DUPLEX8)

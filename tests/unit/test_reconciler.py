@@ -1,0 +1,460 @@
+"""The reconciler against emulated switches: minimal diff, no-op without a device command,
+per-switch order, switches in parallel, retries, error propagation, read-back verification and
+metrics. Time is a manual clock shared by the devices and the reconciler."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+
+import pytest
+
+from controller.metrics import REGISTRY
+from controller.reconciler import (
+    NOOP,
+    Reconciler,
+    ReconcilerStopped,
+    ReconfigurationRecord,
+    RetryPolicy,
+    UnknownSwitch,
+)
+from drivers.base import (
+    CrossConnect,
+    DeviceUnreachable,
+    Driver,
+    HardwareFault,
+    InvalidPort,
+    SwitchCapabilities,
+    SwitchKind,
+    VerificationMismatch,
+)
+from drivers.emulated import EmulatedDriver
+from emulator.ocs import ChangeAction, ChangeRecord, DenialKind, EmulatedFabricDevices, EmulatedOcs
+
+DELAY_S = 0.025
+NXN40 = SwitchCapabilities(
+    kind=SwitchKind.NXN, port_count=40, atomic_bulk=True, settle_time_s=DELAY_S
+)
+DUPLEX8 = SwitchCapabilities(
+    kind=SwitchKind.DUPLEX, port_count=8, atomic_bulk=True, settle_time_s=DELAY_S
+)
+RETRY = RetryPolicy(max_attempts=3, backoff_s=0.05, backoff_max_s=1.0)
+_ids = itertools.count()
+
+
+def xc(ingress: int, egress: int) -> CrossConnect:
+    return CrossConnect(ingress, egress)
+
+
+def unique(name: str) -> str:
+    """Switch ids unique across tests: metrics live in one process-wide registry."""
+    return f"{name}-{next(_ids)}"
+
+
+class ManualTime:
+    """A manual clock. With ``auto`` every sleep advances the clock at once; otherwise a sleep
+    blocks until ``advance`` moves the clock past its deadline. ``backoff`` is a second sleep
+    on the same clock for the reconciler, recorded apart."""
+
+    def __init__(self, start_s: float = 100.0, *, auto: bool = True) -> None:
+        self.now_s = start_s
+        self.auto = auto
+        self.sleeps: list[float] = []
+        self.backoffs: list[float] = []
+        self.waiting = 0
+        self._cond = asyncio.Condition()
+
+    def clock(self) -> float:
+        return self.now_s
+
+    async def sleep(self, delay_s: float) -> None:
+        self.sleeps.append(delay_s)
+        if self.auto:
+            self.now_s += delay_s
+            await asyncio.sleep(0)
+            return
+        deadline_s = self.now_s + delay_s
+        async with self._cond:
+            self.waiting += 1
+            self._cond.notify_all()
+            try:
+                await self._cond.wait_for(lambda: self.now_s >= deadline_s)
+            finally:
+                self.waiting -= 1
+
+    async def backoff(self, delay_s: float) -> None:
+        self.backoffs.append(delay_s)
+        self.now_s += delay_s
+        await asyncio.sleep(0)
+
+    async def advance(self, delta_s: float) -> None:
+        async with self._cond:
+            self.now_s += delta_s
+            self._cond.notify_all()
+
+    async def wait_sleepers(self, count: int, timeout_s: float = 2.0) -> None:
+        async with asyncio.timeout(timeout_s), self._cond:
+            await self._cond.wait_for(lambda: self.waiting >= count)
+
+
+class World:
+    """Emulated devices, open drivers and a reconciler on one manual clock."""
+
+    def __init__(
+        self,
+        t: ManualTime,
+        switches: Mapping[str, SwitchCapabilities],
+        initial: Mapping[str, frozenset[CrossConnect]] | None = None,
+    ) -> None:
+        self.t = t
+        self.devices = EmulatedFabricDevices(clock=t.clock, sleep=t.sleep)
+        for sid, caps in switches.items():
+            self.devices.add(
+                EmulatedOcs(
+                    sid, caps, cross_connects=(initial or {}).get(sid, frozenset()),
+                    clock=t.clock, sleep=t.sleep,
+                )
+            )
+        self.records: list[ReconfigurationRecord] = []
+
+    def ocs(self, switch_id: str) -> EmulatedOcs:
+        return self.devices[switch_id]
+
+    async def reconciler(self) -> Reconciler:
+        drivers: dict[str, Driver] = {}
+        for sid in self.devices:
+            driver = EmulatedDriver(sid, self.devices)
+            await driver.open()
+            drivers[sid] = driver
+        return Reconciler(
+            drivers, retry=RETRY, clock=self.t.clock, sleep=self.t.backoff,
+            on_reconfigured=self.records.append,
+        )
+
+
+@asynccontextmanager
+async def running(reconciler: Reconciler) -> AsyncIterator[Reconciler]:
+    async with asyncio.TaskGroup() as tg:
+        reconciler.start(tg)
+        try:
+            yield reconciler
+        finally:
+            await reconciler.stop(timeout_s=2.0)
+
+
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+# --- minimal diff and no-op ----------------------------------------------------------------------
+
+
+async def test_minimal_diff_nxn_touches_only_what_changes() -> None:
+    sid = unique("ocs")
+    t = ManualTime(start_s=100.0)
+    w = World(t, {sid: NXN40}, {sid: frozenset({xc(1, 41), xc(3, 43), xc(5, 45)})})
+    ports = frozenset({1, 2, 3, 41, 42, 43})  # one job's ports; 5->45 belongs to another
+    target = frozenset({xc(1, 42), xc(2, 41), xc(3, 43)})
+    async with running(await w.reconciler()) as rec:
+        outcome = await rec.reconcile(sid, ports, target)
+        assert outcome.removed == {xc(1, 41)}
+        assert outcome.added == {xc(1, 42), xc(2, 41)}
+        assert not outcome.noop
+        assert outcome.device_s == pytest.approx(DELAY_S)
+        ocs = w.ocs(sid)
+        assert ocs.change_log == [
+            ChangeRecord(100.0, sid, ChangeAction.BREAK, xc(1, 41)),
+            ChangeRecord(100.0 + DELAY_S, sid, ChangeAction.MAKE, xc(1, 42)),
+            ChangeRecord(100.0 + DELAY_S, sid, ChangeAction.MAKE, xc(2, 41)),
+        ]
+        assert ocs.cross_connects == {xc(1, 42), xc(2, 41), xc(3, 43), xc(5, 45)}
+        assert rec.confirmed(sid) == ocs.cross_connects
+        # the second run finds everything in place: no device command at all
+        commands = ocs.command_count
+        again = await rec.reconcile(sid, ports, target)
+        assert again is NOOP
+        assert ocs.command_count == commands
+        assert len(ocs.change_log) == 3
+
+
+async def test_minimal_diff_duplex() -> None:
+    sid = unique("ocs")
+    w = World(ManualTime(), {sid: DUPLEX8}, {sid: frozenset({xc(1, 2), xc(3, 4), xc(7, 8)})})
+    async with running(await w.reconciler()) as rec:
+        outcome = await rec.reconcile(
+            sid, frozenset(range(1, 7)), frozenset({xc(1, 2), xc(3, 5), xc(4, 6)})
+        )
+        assert outcome.removed == {xc(3, 4)}
+        assert outcome.added == {xc(3, 5), xc(4, 6)}
+        assert w.ocs(sid).cross_connects == {xc(1, 2), xc(3, 5), xc(4, 6), xc(7, 8)}
+        assert [(r.action, r.cross_connect) for r in w.ocs(sid).change_log] == [
+            (ChangeAction.BREAK, xc(3, 4)),
+            (ChangeAction.MAKE, xc(3, 5)),
+            (ChangeAction.MAKE, xc(4, 6)),
+        ]
+
+
+async def test_target_outside_ports_is_rejected_before_the_device() -> None:
+    sid = unique("ocs")
+    w = World(ManualTime(), {sid: NXN40})
+    async with running(await w.reconciler()) as rec:
+        await rec.read_back(sid)
+        commands = w.ocs(sid).command_count
+        with pytest.raises(InvalidPort):
+            await rec.reconcile(sid, frozenset({1}), frozenset({xc(1, 41)}))
+        with pytest.raises(InvalidPort):
+            await rec.reconcile(sid, frozenset({99}), frozenset())
+        with pytest.raises(UnknownSwitch):
+            await rec.reconcile("nope", frozenset(), frozenset())
+        assert w.ocs(sid).command_count == commands
+
+
+# --- ordering and parallelism --------------------------------------------------------------------
+
+
+async def test_requests_on_one_switch_run_in_submission_order() -> None:
+    sid = unique("ocs")
+    w = World(ManualTime(), {sid: NXN40})
+    ports = frozenset({1, 41, 42})
+    async with running(await w.reconciler()) as rec:
+        await rec.read_back(sid)
+        first = asyncio.create_task(rec.reconcile(sid, ports, frozenset({xc(1, 41)})))
+        second = asyncio.create_task(rec.reconcile(sid, ports, frozenset()))
+        third = asyncio.create_task(rec.reconcile(sid, ports, frozenset({xc(1, 42)})))
+        a, b, c = await asyncio.wait_for(asyncio.gather(first, second, third), timeout=2.0)
+    assert a.added == {xc(1, 41)}
+    # not answered as a no-op from the view while the first request was still queued
+    assert not b.noop and b.removed == {xc(1, 41)}
+    assert c.added == {xc(1, 42)}
+    assert [(r.action, r.cross_connect) for r in w.ocs(sid).change_log] == [
+        (ChangeAction.MAKE, xc(1, 41)),
+        (ChangeAction.BREAK, xc(1, 41)),
+        (ChangeAction.MAKE, xc(1, 42)),
+    ]
+
+
+async def test_two_switches_reconfigure_in_parallel() -> None:
+    sa, sb = unique("ocs"), unique("ocs")
+    t = ManualTime(start_s=0.0, auto=False)
+    w = World(t, {sa: NXN40, sb: NXN40})
+    async with running(await w.reconciler()) as rec:
+        await rec.read_back_all()
+        ta = asyncio.create_task(rec.reconcile(sa, frozenset({1, 41}), frozenset({xc(1, 41)})))
+        tb = asyncio.create_task(rec.reconcile(sb, frozenset({2, 42}), frozenset({xc(2, 42)})))
+        await t.wait_sleepers(2)  # both switches settle at the same time
+        await t.advance(DELAY_S)
+        oa, ob = await asyncio.wait_for(asyncio.gather(ta, tb), timeout=2.0)
+    assert oa.device_s == pytest.approx(DELAY_S)
+    assert ob.device_s == pytest.approx(DELAY_S)
+    assert w.ocs(sa).cross_connects == {xc(1, 41)}
+    assert w.ocs(sb).cross_connects == {xc(2, 42)}
+
+
+# --- faults --------------------------------------------------------------------------------------
+
+
+async def test_transient_fault_is_retried_then_succeeds() -> None:
+    sid = unique("ocs")
+    t = ManualTime()
+    w = World(t, {sid: NXN40})
+    async with running(await w.reconciler()) as rec:
+        await rec.read_back(sid)
+        errors = sample("lightrail_device_errors_total", switch=sid, error="DeviceUnreachable")
+        w.ocs(sid).drop_next_calls(1)
+        outcome = await rec.reconcile(sid, frozenset({1, 41}), frozenset({xc(1, 41)}))
+    assert outcome.added == {xc(1, 41)}
+    assert t.backoffs == [0.05]
+    assert w.ocs(sid).cross_connects == {xc(1, 41)}
+    after = sample("lightrail_device_errors_total", switch=sid, error="DeviceUnreachable")
+    assert after == errors + 1
+
+
+async def test_partial_apply_is_retried_with_the_remainder() -> None:
+    sid = unique("ocs")
+    t = ManualTime()
+    w = World(t, {sid: NXN40}, {sid: frozenset({xc(1, 41)})})
+    ports = frozenset({1, 2, 3, 41, 42, 43})
+    target = frozenset({xc(1, 42), xc(2, 43), xc(3, 41)})
+    async with running(await w.reconciler()) as rec:
+        await rec.read_back(sid)
+        w.ocs(sid).fail_make(2)
+        outcome = await rec.reconcile(sid, ports, target)
+    assert outcome.removed == {xc(1, 41)}
+    assert outcome.added == target
+    assert t.backoffs == [0.05]
+    assert [(r.action, r.cross_connect) for r in w.ocs(sid).change_log] == [
+        (ChangeAction.BREAK, xc(1, 41)),
+        (ChangeAction.MAKE, xc(1, 42)),  # first attempt: make #2 failed, #3 not attempted
+        (ChangeAction.MAKE, xc(2, 43)),  # the retry makes only the remainder
+        (ChangeAction.MAKE, xc(3, 41)),
+    ]
+    assert sample("lightrail_cross_connect_changes_total", switch=sid, change="make") == 3
+    assert sample("lightrail_cross_connect_changes_total", switch=sid, change="break") == 1
+    assert sample("lightrail_device_errors_total", switch=sid, error="PartialApply") == 1
+
+
+async def test_non_retryable_error_propagates_without_retry() -> None:
+    sid = unique("ocs")
+    t = ManualTime()
+    w = World(t, {sid: NXN40}, {sid: frozenset({xc(1, 41)})})
+    async with running(await w.reconciler()) as rec:
+        await rec.read_back(sid)
+        w.ocs(sid).deny_port(42, DenialKind.HARDWARE_FAULT, "port in fault")
+        with pytest.raises(HardwareFault, match="port in fault"):
+            await rec.reconcile(sid, frozenset({1, 41, 42}), frozenset({xc(1, 42)}))
+        assert t.backoffs == []
+        assert w.ocs(sid).cross_connects == {xc(1, 41)}
+        assert sample("lightrail_device_errors_total", switch=sid, error="HardwareFault") == 1
+        assert rec.needs_read_back(sid)
+        # the worker survives the error and serves the next request
+        w.ocs(sid).allow_port(42)
+        outcome = await rec.reconcile(sid, frozenset({1, 41, 42}), frozenset({xc(1, 42)}))
+        assert outcome.added == {xc(1, 42)}
+
+
+async def test_read_back_that_differs_fails_with_verification_mismatch() -> None:
+    sid = unique("ocs")
+    t = ManualTime()
+    w = World(t, {sid: NXN40})
+    async with running(await w.reconciler()) as rec:
+        await rec.read_back(sid)
+        w.ocs(sid).drop_makes_silently(42)  # the device acknowledges 2->42 but never makes it
+        with pytest.raises(VerificationMismatch) as info:
+            await rec.reconcile(
+                sid, frozenset({1, 2, 41, 42}), frozenset({xc(1, 41), xc(2, 42)})
+            )
+    assert info.value.missing == (xc(2, 42),)
+    assert info.value.unexpected == ()
+    assert t.backoffs == [0.05, 0.1]  # three attempts, exponential backoff
+    assert (
+        sample("lightrail_device_errors_total", switch=sid, error="VerificationMismatch") == 3
+    )
+    assert w.records == []  # never confirmed
+
+
+async def test_unreachable_switch_exhausts_retries() -> None:
+    sid = unique("ocs")
+    t = ManualTime()
+    w = World(t, {sid: NXN40})
+    async with running(await w.reconciler()) as rec:
+        await rec.read_back(sid)
+        w.ocs(sid).set_unreachable(True)
+        with pytest.raises(DeviceUnreachable):
+            await rec.reconcile(sid, frozenset({1, 41}), frozenset({xc(1, 41)}))
+    assert len(t.backoffs) == RETRY.max_attempts - 1
+
+
+# --- metrics, records, lifecycle -----------------------------------------------------------------
+
+
+async def test_metrics_and_record_of_a_reconfiguration() -> None:
+    sid = unique("ocs")
+    t = ManualTime(start_s=10.0)
+    w = World(t, {sid: NXN40}, {sid: frozenset({xc(1, 41), xc(7, 47)})})
+    async with running(await w.reconciler()) as rec:
+        await rec.read_back(sid)
+        assert sample("lightrail_cross_connects", switch=sid) == 2
+        await rec.reconcile(sid, frozenset({1, 2, 41, 42}), frozenset({xc(1, 42), xc(2, 41)}))
+        await rec.reconcile(sid, frozenset({1, 2, 41, 42}), frozenset({xc(1, 42), xc(2, 41)}))
+    assert sample("lightrail_reconfigurations_total", switch=sid) == 1
+    assert sample("lightrail_cross_connect_changes_total", switch=sid, change="make") == 2
+    assert sample("lightrail_cross_connect_changes_total", switch=sid, change="break") == 1
+    assert sample("lightrail_device_apply_seconds_count", switch=sid) == 1
+    assert sample("lightrail_device_apply_seconds_sum", switch=sid) == pytest.approx(DELAY_S)
+    assert sample("lightrail_cross_connects", switch=sid) == 3
+    assert w.records == [
+        ReconfigurationRecord(
+            switch=sid,
+            removed=frozenset({xc(1, 41)}),
+            added=frozenset({xc(1, 42), xc(2, 41)}),
+            started_s=10.0,
+            confirmed_s=pytest.approx(10.0 + DELAY_S),  # type: ignore[arg-type]
+        )
+    ]
+
+
+async def test_read_back_all_and_restart_reconnects_to_the_same_devices() -> None:
+    sa, sb = unique("ocs"), unique("ocs")
+    w = World(ManualTime(), {sa: NXN40, sb: DUPLEX8}, {sb: frozenset({xc(1, 2)})})
+    ports, target = frozenset({1, 41}), frozenset({xc(1, 41)})
+    first = await w.reconciler()
+    assert await first.read_back_all() == {sa: frozenset(), sb: {xc(1, 2)}}  # before start
+    async with running(first) as rec:
+        await rec.reconcile(sa, ports, target)
+    with pytest.raises(ReconcilerStopped):
+        await first.reconcile(sa, ports, target)
+    # a restarted controller: new drivers and reconciler, same devices
+    async with running(await w.reconciler()) as rec:
+        state = await rec.read_back_all()
+        assert state == {sa: target, sb: {xc(1, 2)}}
+        commands = w.ocs(sa).command_count
+        assert await rec.reconcile(sa, ports, target) is NOOP
+        assert w.ocs(sa).command_count == commands
+
+
+async def test_read_back_all_reports_every_failed_switch() -> None:
+    sa, sb = unique("ocs"), unique("ocs")
+    w = World(ManualTime(), {sa: NXN40, sb: NXN40})
+    async with running(await w.reconciler()) as rec:
+        w.ocs(sa).set_unreachable(True)
+        with pytest.raises(ExceptionGroup) as info:
+            await rec.read_back_all()
+        assert [type(e) for e in info.value.exceptions] == [DeviceUnreachable]
+        assert not rec.needs_read_back(sb)
+        assert rec.needs_read_back(sa)
+
+
+async def test_stop_finishes_queued_requests_and_rejects_new_ones() -> None:
+    sid = unique("ocs")
+    t = ManualTime(start_s=0.0, auto=False)
+    w = World(t, {sid: NXN40})
+    rec = await w.reconciler()
+    async with asyncio.TaskGroup() as tg:
+        rec.start(tg)
+        await rec.read_back(sid)
+        task = asyncio.create_task(rec.reconcile(sid, frozenset({1, 41}), frozenset({xc(1, 41)})))
+        await t.wait_sleepers(1)  # the request is in flight (settling)
+        stopping = asyncio.create_task(rec.stop(timeout_s=2.0))
+        await t.advance(DELAY_S)
+        outcome = await asyncio.wait_for(task, timeout=2.0)
+        await asyncio.wait_for(stopping, timeout=2.0)
+        with pytest.raises(ReconcilerStopped):
+            await rec.reconcile(sid, frozenset({2, 42}), frozenset({xc(2, 42)}))
+    assert outcome.added == {xc(1, 41)}
+    assert w.ocs(sid).cross_connects == {xc(1, 41)}
+
+
+async def test_caller_timeout_leaves_the_worker_consistent() -> None:
+    sid = unique("ocs")
+    t = ManualTime(start_s=0.0, auto=False)
+    w = World(t, {sid: NXN40})
+    async with running(await w.reconciler()) as rec:
+        await rec.read_back(sid)
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.05):
+                await rec.reconcile(sid, frozenset({1, 41}), frozenset({xc(1, 41)}))
+        # the device command already issued completes; the next request sees its result
+        await t.wait_sleepers(1)
+        nxt = asyncio.create_task(rec.reconcile(sid, frozenset({1, 41}), frozenset({xc(1, 41)})))
+        await t.advance(DELAY_S)
+        outcome = await asyncio.wait_for(nxt, timeout=2.0)
+    assert outcome.noop
+    assert w.ocs(sid).cross_connects == {xc(1, 41)}
+
+
+async def test_device_without_readback_trusts_the_apply_result() -> None:
+    sid = unique("ocs")
+    caps = SwitchCapabilities(
+        kind=SwitchKind.NXN, port_count=4, atomic_bulk=True, settle_time_s=DELAY_S,
+        readback=False,
+    )
+    w = World(ManualTime(), {sid: caps})
+    async with running(await w.reconciler()) as rec:
+        await rec.read_back(sid)
+        commands = w.ocs(sid).command_count
+        outcome = await rec.reconcile(sid, frozenset({1, 5}), frozenset({xc(1, 5)}))
+        assert outcome.added == {xc(1, 5)}
+        assert w.ocs(sid).command_count == commands + 1  # the apply, no read-back
+        assert rec.confirmed(sid) == {xc(1, 5)}
