@@ -68,7 +68,7 @@ def test_all_to_all_is_a_sequence_of_shift_permutations() -> None:
         seen |= t.cross_connects
     # every ordered host pair is served exactly once across the steps
     assert seen == {xc(i, j) for i in range(4) for j in range(4) if i != j}
-    with pytest.raises(PlanError, match="phase.step: 3 out of range"):
+    with pytest.raises(PlanError, match=r"phase\.step: 3 out of range"):
         plan_phase(layout, phase(list(range(8)), Collective.ALL_TO_ALL, 3))
 
 

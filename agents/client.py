@@ -1,0 +1,358 @@
+"""The job-side library: what a training loop calls at phase boundaries.
+
+Two transports implement ``PhaseTransport``:
+
+* ``agents.host_agent.HostAgent`` — the host's agent, in-process (one PhaseStream per host);
+* ``ControllerClient`` — unary EnterPhase/ReleasePhase straight to the controller (or to a host
+  agent's local socket, ``unix:///run/lightrail/agent.sock``), for simple clients.
+
+``RankSession`` numbers phases within an iteration (the ``seq`` of the phase key), steps a rank
+through the sub-phases of an all-to-all, and always releases. ``BlockingRankSession`` wraps it
+for synchronous training loops.
+
+Errors: every refusal is a ``agents.errors.PhaseError`` subclass; transient transport failures
+(UNAVAILABLE) are retried with backoff within ``retry_budget_s`` and then raise
+``ControllerUnavailable``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future
+from contextlib import asynccontextmanager, contextmanager
+from typing import Protocol, TypeVar
+
+import grpc
+from lightrail.v1 import agent_pb2, agent_pb2_grpc
+
+from agents.errors import Admission, ControllerUnavailable, PhaseError, error_for
+from controller.convert import ERROR_METADATA_KEY, EVENT_TO_PB, phase_key_to_pb
+from controller.coordinator import ErrorCode
+from controller.events import JobEvent, JobEventKind
+from controller.model import Collective, PhaseKey, ProcessGroup
+from controller.planner import RankPlacement
+
+T = TypeVar("T")
+
+_STATUS_TO_CODE = {
+    grpc.StatusCode.DEADLINE_EXCEEDED: ErrorCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.NOT_FOUND: ErrorCode.UNKNOWN_JOB,
+    grpc.StatusCode.INVALID_ARGUMENT: ErrorCode.INVALID_PHASE,
+    grpc.StatusCode.FAILED_PRECONDITION: ErrorCode.RANK_BUSY,
+    grpc.StatusCode.ABORTED: ErrorCode.PLACEMENT_CHANGED,
+    grpc.StatusCode.CANCELLED: ErrorCode.CANCELLED,
+    grpc.StatusCode.UNAVAILABLE: ErrorCode.NOT_LEADER,
+}
+_EVENT_FROM_PB = {v: k for k, v in EVENT_TO_PB.items()}
+
+
+def _refusal(exc: grpc.aio.AioRpcError) -> ErrorCode | None:
+    """The controller's ``ErrorCode`` when the call was refused (not a transport failure)."""
+    metadata: Sequence[tuple[str, str | bytes]] = exc.trailing_metadata() or ()  # type: ignore[assignment]
+    for key, value in metadata:
+        if key == ERROR_METADATA_KEY and isinstance(value, str):
+            try:
+                return ErrorCode(value)
+            except ValueError:
+                return None
+    return None
+
+
+def _phase_error(exc: grpc.aio.AioRpcError) -> PhaseError:
+    code = _refusal(exc) or _STATUS_TO_CODE.get(exc.code(), ErrorCode.INVALID_PHASE)
+    return error_for(code, exc.details() or exc.code().name)
+
+
+class PhaseTransport(Protocol):
+    """Carries EnterPhase / ReleasePhase for ranks."""
+
+    async def enter(
+        self, job_id: str, rank: int, phase: PhaseKey, iteration: int = 0,
+        timeout_s: float = 30.0,
+    ) -> Admission: ...
+
+    async def release_phase(
+        self, job_id: str, rank: int, phase: PhaseKey, iteration: int = 0
+    ) -> None: ...
+
+
+class JobRegistrationError(Exception):
+    """RegisterJob / UnregisterJob was refused; the message is the controller's."""
+
+    def __init__(self, status: grpc.StatusCode, message: str) -> None:
+        super().__init__(f"{status.name}: {message}")
+        self.status = status
+
+
+class ControllerClient:
+    """A gRPC client of AgentService. ``target`` is ``host:port`` or ``unix:///path``.
+
+    Use inside a running event loop (gRPC objects are created there), as an async context
+    manager.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        retry_budget_s: float = 10.0,
+        backoff_initial_s: float = 0.05,
+        backoff_max_s: float = 1.0,
+    ) -> None:
+        self.target = target
+        self._retry_budget_s = retry_budget_s
+        self._backoff_initial_s = backoff_initial_s
+        self._backoff_max_s = backoff_max_s
+        self._channel = grpc.aio.insecure_channel(target)
+        self._stub = agent_pb2_grpc.AgentServiceStub(self._channel)
+        self._ids = itertools.count(1)
+
+    async def __aenter__(self) -> ControllerClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the channel."""
+        await self._channel.close(None)
+
+    async def _retry(self, call: Callable[[], Awaitable[T]]) -> T:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        delay = self._backoff_initial_s
+        while True:
+            try:
+                return await call()
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() is not grpc.StatusCode.UNAVAILABLE or _refusal(exc) is not None:
+                    raise
+                if loop.time() - start + delay > self._retry_budget_s:
+                    raise ControllerUnavailable(
+                        ErrorCode.NOT_LEADER,
+                        f"controller {self.target} unavailable for "
+                        f"{loop.time() - start:.1f} s: {exc.details()}",
+                    ) from None
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self._backoff_max_s)
+
+    async def register_job(
+        self,
+        job_id: str,
+        placements: Sequence[RankPlacement],
+        *,
+        tenant: str = "default",
+        declared_phases: Sequence[PhaseKey] = (),
+    ) -> int:
+        """Register a job; returns its world size. Raises ``JobRegistrationError`` (invalid
+        placement, duplicate id) or ``ControllerUnavailable``."""
+        req = agent_pb2.RegisterJobRequest(
+            job_id=job_id,
+            tenant=tenant,
+            ranks=[agent_pb2.RankPlacement(rank=p.rank, host=p.host, gpu=p.gpu)
+                   for p in placements],
+            declared_phases=[phase_key_to_pb(p) for p in declared_phases],
+        )
+        try:
+            resp = await self._retry(lambda: self._stub.RegisterJob(req))
+        except grpc.aio.AioRpcError as exc:
+            raise JobRegistrationError(exc.code(), exc.details() or "") from None
+        return int(resp.world_size)
+
+    async def unregister_job(self, job_id: str) -> None:
+        """Remove a job. Raises ``JobRegistrationError`` for an unknown job."""
+        try:
+            await self._retry(
+                lambda: self._stub.UnregisterJob(agent_pb2.UnregisterJobRequest(job_id=job_id))
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise JobRegistrationError(exc.code(), exc.details() or "") from None
+
+    async def enter(
+        self, job_id: str, rank: int, phase: PhaseKey, iteration: int = 0,
+        timeout_s: float = 30.0,
+    ) -> Admission:
+        """Unary EnterPhase; blocks until admitted. Raises a ``PhaseError`` subclass."""
+        req = agent_pb2.EnterPhaseRequest(
+            job_id=job_id, rank=rank, phase=phase_key_to_pb(phase), iteration=iteration,
+            request_id=next(self._ids), timeout_s=timeout_s,
+        )
+        try:
+            resp = await self._retry(lambda: self._stub.EnterPhase(req, timeout=timeout_s + 5.0))
+        except grpc.aio.AioRpcError as exc:
+            raise _phase_error(exc) from None
+        return Admission(resp.noop, max(1, resp.steps), resp.device_s)
+
+    async def release_phase(
+        self, job_id: str, rank: int, phase: PhaseKey, iteration: int = 0
+    ) -> None:
+        """Unary ReleasePhase. Raises ``PhaseError`` when the rank does not hold ``phase``."""
+        req = agent_pb2.ReleasePhaseRequest(
+            job_id=job_id, rank=rank, phase=phase_key_to_pb(phase), iteration=iteration)
+        try:
+            await self._retry(lambda: self._stub.ReleasePhase(req))
+        except grpc.aio.AioRpcError as exc:
+            raise _phase_error(exc) from None
+
+    async def watch(self, job_id: str) -> AsyncIterator[JobEvent]:
+        """Events of ``job_id`` until it is unregistered. Raises ``PhaseError`` with
+        ``UNKNOWN_JOB`` for an unknown job."""
+        call = self._stub.WatchJob(agent_pb2.WatchJobRequest(job_id=job_id))
+        try:
+            async for ev in call:
+                yield JobEvent(
+                    job_id=ev.job_id,
+                    kind=_EVENT_FROM_PB.get(ev.kind, JobEventKind.PHASE_ERROR),
+                    message=ev.message,
+                    at_unix_s=ev.at_unix_s,
+                    fields=dict(ev.fields),
+                )
+        except grpc.aio.AioRpcError as exc:
+            code = _STATUS_TO_CODE.get(exc.code(), ErrorCode.CANCELLED)
+            raise error_for(code, exc.details() or exc.code().name) from None
+        finally:
+            call.cancel()
+
+
+class RankSession:
+    """One rank's view of the phase protocol.
+
+    Call ``start_iteration(i)`` at the top of every training step; then wrap each collective
+    in ``async with session.phase(group, collective):``. Phases of one (group, collective) get
+    sequence numbers 0, 1, ... within the iteration.
+    """
+
+    def __init__(
+        self, transport: PhaseTransport, job_id: str, rank: int, *, timeout_s: float = 30.0
+    ) -> None:
+        self.transport = transport
+        self.job_id = job_id
+        self.rank = rank
+        self.timeout_s = timeout_s
+        self.iteration = 0
+        self.current_phase: PhaseKey | None = None
+        """The phase this rank is admitted into, while inside ``phase``/``all_to_all``."""
+        self._seq: dict[tuple[ProcessGroup, Collective], int] = {}
+        self._groups: dict[tuple[int, ...], ProcessGroup] = {}
+
+    def start_iteration(self, iteration: int) -> None:
+        """Begin training step ``iteration``: phase sequence numbers restart at 0."""
+        self.iteration = iteration
+        self._seq.clear()
+
+    def _key(self, group: Iterable[int], collective: Collective, step: int) -> PhaseKey:
+        raw = tuple(group)
+        pg = self._groups.get(raw)
+        if pg is None:
+            pg = ProcessGroup.of(raw)
+            self._groups[raw] = pg
+        k = (pg, collective)
+        seq = self._seq.get(k, 0)
+        if step == 0:
+            self._seq[k] = seq + 1
+        else:
+            seq -= 1
+        return PhaseKey(pg, collective, seq, step)
+
+    @asynccontextmanager
+    async def phase(
+        self, group: Iterable[int], collective: Collective
+    ) -> AsyncIterator[Admission]:
+        """Enter the phase, yield the admission, release on exit (also on error). For an
+        all-to-all this covers sub-phase 0 only; use ``all_to_all``."""
+        key = self._key(group, collective, 0)
+        adm = await self.transport.enter(self.job_id, self.rank, key, self.iteration,
+                                         self.timeout_s)
+        self.current_phase = key
+        try:
+            yield adm
+        finally:
+            self.current_phase = None
+            await self.transport.release_phase(self.job_id, self.rank, key, self.iteration)
+
+    async def all_to_all(self, group: Iterable[int]) -> AsyncIterator[Admission]:
+        """Step through the sub-phases of an all-to-all: yields once per permutation, while
+        admitted into it; the caller exchanges with that step's peers in the loop body."""
+        ranks = tuple(group)
+        key = self._key(ranks, Collective.ALL_TO_ALL, 0)
+        step = 0
+        steps = 1
+        while step < steps:
+            k = PhaseKey(key.group, key.collective, key.seq, step)
+            adm = await self.transport.enter(self.job_id, self.rank, k, self.iteration,
+                                             self.timeout_s)
+            steps = adm.steps
+            self.current_phase = k
+            try:
+                yield adm
+            finally:
+                self.current_phase = None
+                await self.transport.release_phase(self.job_id, self.rank, k, self.iteration)
+            step += 1
+
+
+class BlockingRankSession:
+    """``RankSession`` for synchronous training loops: runs its own event loop in a daemon
+    thread. ``factory`` builds the transport inside that loop (gRPC objects must be created in
+    the loop that uses them)."""
+
+    def __init__(
+        self,
+        factory: Callable[[], PhaseTransport],
+        job_id: str,
+        rank: int,
+        *,
+        timeout_s: float = 30.0,
+    ) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever,
+                                        name=f"lightrail-rank{rank}", daemon=True)
+        self._thread.start()
+        self._timeout_s = timeout_s
+
+        async def make() -> RankSession:
+            return RankSession(factory(), job_id, rank, timeout_s=timeout_s)
+
+        self._session = self._call(make())
+
+    def _call(self, coro: Awaitable[T]) -> T:
+        async def run() -> T:
+            return await coro
+
+        fut: Future[T] = asyncio.run_coroutine_threadsafe(run(), self._loop)
+        return fut.result()
+
+    def start_iteration(self, iteration: int) -> None:
+        """See ``RankSession.start_iteration``."""
+        self._session.start_iteration(iteration)
+
+    @contextmanager
+    def phase(self, group: Iterable[int], collective: Collective) -> Iterator[Admission]:
+        """Blocking ``RankSession.phase``: raises ``PhaseError`` subclasses."""
+        s = self._session
+        key = s._key(group, collective, 0)
+        adm = self._call(s.transport.enter(s.job_id, s.rank, key, s.iteration, self._timeout_s))
+        try:
+            yield adm
+        finally:
+            self._call(s.transport.release_phase(s.job_id, s.rank, key, s.iteration))
+
+    def close(self) -> None:
+        """Stop the loop thread."""
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5.0)
+
+
+__all__ = [
+    "Admission",
+    "BlockingRankSession",
+    "ControllerClient",
+    "ControllerUnavailable",
+    "JobRegistrationError",
+    "PhaseError",
+    "PhaseTransport",
+    "RankSession",
+]

@@ -1,0 +1,279 @@
+"""The host agent: relays the phase calls of every rank on one host over ONE long-lived
+bidirectional PhaseStream to the controller (DESIGN.md "Phase protocol").
+
+Batching: requests accumulate while a write is in flight and go out together as one
+``PhaseRequestBatch``; the controller answers the same way. The controller's cost follows the
+number of streams, so one stream per host (or per rack relay) is what lets it scale.
+
+Reconnect: when the stream breaks the agent reconnects with bounded exponential backoff and
+re-sends, in one batch, a ``HeldPhase`` for every rank that holds a phase and the pending
+``EnterPhase`` of every rank still waiting (same request ids), so a restarted controller learns
+who holds which circuits before it switches anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from dataclasses import dataclass
+
+import grpc
+import structlog
+from lightrail.v1 import agent_pb2, agent_pb2_grpc
+
+from agents.errors import Admission, ControllerUnavailable, PhaseError, error_for
+from controller.convert import ERROR_FROM_PB, phase_key_to_pb
+from controller.coordinator import ErrorCode
+from controller.model import PhaseKey
+
+log = structlog.get_logger(__name__)
+
+
+class _StreamClosed(Exception):
+    """The controller ended the PhaseStream."""
+
+
+@dataclass(slots=True)
+class _Pending:
+    request_id: int
+    phase: PhaseKey
+    iteration: int
+    timeout_s: float
+    future: asyncio.Future[Admission]
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    phase: PhaseKey
+    iteration: int
+
+
+class HostAgent:
+    """Phase relay of one host. ``target`` is the controller's ``host:port``.
+
+    Use as an async context manager (or ``start()`` / ``close()``); ``enter`` and ``release``
+    are called by the host's ranks (in-process, or through ``agents.local_server``).
+    ``reconnect_budget_s`` bounds how long a pending EnterPhase waits for the controller to come
+    back before it fails with ``ControllerUnavailable``.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        target: str,
+        *,
+        backoff_initial_s: float = 0.05,
+        backoff_max_s: float = 2.0,
+        reconnect_budget_s: float = 30.0,
+    ) -> None:
+        self.host = host
+        self.target = target
+        self._backoff_initial_s = backoff_initial_s
+        self._backoff_max_s = backoff_max_s
+        self._reconnect_budget_s = reconnect_budget_s
+        self._ids = itertools.count(1)
+        self._pending: dict[tuple[str, int], _Pending] = {}
+        self._held: dict[tuple[str, int], _Held] = {}
+        self._last_release: dict[tuple[str, int], _Held] = {}
+        self._outbox: list[agent_pb2.PhaseRequest] = []
+        self._wake = asyncio.Event()
+        self._connected = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self.reconnects = 0
+
+    async def __aenter__(self) -> HostAgent:
+        self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def start(self) -> None:
+        """Start the connection task on the running loop."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"host-agent-{self.host}")
+
+    async def close(self, timeout_s: float = 5.0) -> None:
+        """Stop: pending calls fail with ``CANCELLED``; the stream is closed."""
+        self._closing = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                await asyncio.wait_for(self._task, timeout_s)
+        self._fail_pending(ErrorCode.CANCELLED, "host agent closed")
+
+    async def wait_connected(self, timeout_s: float) -> None:
+        """Wait until the stream is up; raises ``TimeoutError``."""
+        await asyncio.wait_for(self._connected.wait(), timeout_s)
+
+    # --- rank API ---------------------------------------------------------------------------
+
+    async def enter(
+        self,
+        job_id: str,
+        rank: int,
+        phase: PhaseKey,
+        iteration: int = 0,
+        timeout_s: float = 30.0,
+    ) -> Admission:
+        """Block until ``rank`` is admitted into ``phase``. Raises a ``PhaseError`` subclass:
+        ``PhaseTimeout`` after ``timeout_s`` (enforced by the controller, and locally with a
+        grace period if the controller is gone), ``PlacementChanged``, ``ControllerUnavailable``.
+        """
+        key = (job_id, rank)
+        if key in self._pending:
+            raise PhaseError(ErrorCode.RANK_BUSY, f"rank {rank} already waits for a phase")
+        fut: asyncio.Future[Admission] = asyncio.get_running_loop().create_future()
+        p = _Pending(next(self._ids), phase, iteration, timeout_s, fut)
+        self._pending[key] = p
+        self._send(self._enter_msg(job_id, rank, p))
+        try:
+            return await asyncio.wait_for(
+                asyncio.shield(fut), timeout_s + self._reconnect_budget_s
+            )
+        except TimeoutError:
+            raise error_for(ErrorCode.DEADLINE_EXCEEDED,
+                            f"no answer from the controller within {timeout_s:.3f} s "
+                            f"(+{self._reconnect_budget_s:.0f} s reconnect budget)") from None
+        finally:
+            if self._pending.get(key) is p:
+                del self._pending[key]
+
+    def release(self, job_id: str, rank: int, phase: PhaseKey, iteration: int = 0) -> None:
+        """Leave ``phase``; never blocks (the message goes out with the next batch)."""
+        key = (job_id, rank)
+        self._held.pop(key, None)
+        self._last_release[key] = _Held(phase, iteration)
+        self._send(self._release_msg(job_id, rank, phase, iteration))
+
+    async def release_phase(
+        self, job_id: str, rank: int, phase: PhaseKey, iteration: int = 0
+    ) -> None:
+        """``release`` as a coroutine, for ``agents.client.PhaseTransport``."""
+        self.release(job_id, rank, phase, iteration)
+
+    # --- connection -------------------------------------------------------------------------
+
+    def _enter_msg(self, job_id: str, rank: int, p: _Pending) -> agent_pb2.PhaseRequest:
+        return agent_pb2.PhaseRequest(enter=agent_pb2.EnterPhaseRequest(
+            job_id=job_id, rank=rank, phase=phase_key_to_pb(p.phase), iteration=p.iteration,
+            request_id=p.request_id, timeout_s=p.timeout_s))
+
+    def _release_msg(
+        self, job_id: str, rank: int, phase: PhaseKey, iteration: int
+    ) -> agent_pb2.PhaseRequest:
+        return agent_pb2.PhaseRequest(release=agent_pb2.ReleasePhaseRequest(
+            job_id=job_id, rank=rank, phase=phase_key_to_pb(phase), iteration=iteration))
+
+    def _send(self, msg: agent_pb2.PhaseRequest) -> None:
+        self._outbox.append(msg)
+        self._wake.set()
+
+    def _fail_pending(self, code: ErrorCode, message: str) -> None:
+        for p in self._pending.values():
+            if not p.future.done():
+                p.future.set_exception(error_for(code, message))
+        self._pending.clear()
+
+    async def _run(self) -> None:
+        delay = self._backoff_initial_s
+        down_since: float | None = None
+        loop = asyncio.get_running_loop()
+        while not self._closing:
+            try:
+                await self._session()
+                delay = self._backoff_initial_s
+                down_since = None
+            except (grpc.aio.AioRpcError, _StreamClosed) as exc:
+                self._connected.clear()
+                now = loop.time()
+                down_since = down_since if down_since is not None else now
+                detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+                log.warning("phase_stream_broken", host=self.host, detail=detail)
+                if now - down_since > self._reconnect_budget_s:
+                    self._fail_pending(ErrorCode.NOT_LEADER,
+                                       f"controller {self.target} unreachable for "
+                                       f"{now - down_since:.1f} s: {detail}")
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self._backoff_max_s)
+                self.reconnects += 1
+
+    async def _session(self) -> None:
+        async with grpc.aio.insecure_channel(self.target) as channel:
+            stub = agent_pb2_grpc.AgentServiceStub(channel)
+            call = stub.PhaseStream()  # type: ignore[call-arg]  # stubs predate aio
+            # Resync after (re)connect: the last release of every idle rank (it may have been
+            # lost with the old stream; a duplicate is refused harmlessly), then every hold,
+            # then every pending enter (same request ids), then releases queued since.
+            busy = self._held.keys() | self._pending.keys()
+            resync = [
+                self._release_msg(j, r, h.phase, h.iteration)
+                for (j, r), h in self._last_release.items() if (j, r) not in busy
+            ]
+            resync += [
+                agent_pb2.PhaseRequest(held=agent_pb2.HeldPhase(
+                    job_id=j, rank=r, phase=phase_key_to_pb(h.phase), iteration=h.iteration))
+                for (j, r), h in self._held.items()
+            ]
+            resync += [self._enter_msg(j, r, p) for (j, r), p in self._pending.items()]
+            self._outbox = resync + [m for m in self._outbox if m.HasField("release")]
+            self._wake.set()
+            reader = asyncio.create_task(self._read(call), name=f"agent-reader-{self.host}")
+            self._connected.set()
+            try:
+                while True:
+                    wake = asyncio.ensure_future(self._wake.wait())
+                    done, _ = await asyncio.wait({wake, reader},
+                                                 return_when=asyncio.FIRST_COMPLETED)
+                    if reader in done:
+                        wake.cancel()
+                        reader.result()
+                        raise _StreamClosed("controller closed the stream")
+                    self._wake.clear()
+                    batch, self._outbox = self._outbox, []
+                    if batch:
+                        await call.write(agent_pb2.PhaseRequestBatch(requests=batch))
+            finally:
+                self._connected.clear()
+                reader.cancel()
+                call.cancel()
+
+    async def _read(self, call: grpc.aio.StreamStreamCall) -> None:  # type: ignore[type-arg]
+        while True:
+            batch = await call.read()
+            if batch is grpc.aio.EOF:  # type: ignore[attr-defined]
+                return
+            assert isinstance(batch, agent_pb2.PhaseReplyBatch)
+            for reply in batch.replies:
+                self._on_reply(reply)
+
+    def _on_reply(self, reply: agent_pb2.PhaseReply) -> None:
+        if reply.HasField("admitted"):
+            a = reply.admitted
+            key = (a.job_id, a.rank)
+            p = self._pending.get(key)
+            if p is None or p.request_id != a.request_id:
+                return  # answer to a request given up on
+            del self._pending[key]
+            self._held[key] = _Held(p.phase, p.iteration)
+            if not p.future.done():
+                p.future.set_result(Admission(a.noop, max(1, a.steps), a.device_s))
+            return
+        e = reply.error
+        code = ERROR_FROM_PB.get(e.code, ErrorCode.INVALID_PHASE)
+        if e.request_id == 0:  # a refused release or hold: after a resync this is expected
+            log.debug("controller_refused", host=self.host, job=e.job_id, rank=e.rank,
+                        code=code.value, error=e.message)
+            return
+        key = (e.job_id, e.rank)
+        p = self._pending.get(key)
+        if p is None or p.request_id != e.request_id:
+            return
+        del self._pending[key]
+        if not p.future.done():
+            p.future.set_exception(error_for(code, e.message))
+
+
+__all__ = ["ControllerUnavailable", "HostAgent"]

@@ -1,0 +1,377 @@
+"""Trace replay: drive every rank of a recorded job through a controller, in scaled time.
+
+Each rank walks its sequence of collectives (``agents.trace``): it computes for the recorded
+compute gap (times ``time_scale``), enters the phase through its host's agent (one PhaseStream
+per host), waits like a real collective until every rank of the group is in it, "transfers"
+for ``nbytes / link_gbps`` (times ``time_scale``) and releases.
+
+Placement rule (documented, deterministic): hosts are taken in inventory order, spares skipped.
+When the job has as many ranks as the hosts' GPUs, ranks fill hosts in blocks (rank r on host
+r // G, GPU r % G: torchrun / Megatron order, so tensor parallelism stays on NVLink); when it
+has fewer, ranks are spread round-robin over hosts first (rank r on host r % H, GPU r // H), so
+that every multi-rank collective crosses hosts and uses the rails. A collective over ranks on
+several hosts becomes, on each rail, circuits among those hosts' NICs (``controller.planner``).
+
+Latency reported per phase instance (one collective of one iteration): *control-plane admission
+latency* = time from the last rank's EnterPhase to the last admission, minus the device time of
+the reconfiguration that admitted it (device delay excluded), floored at 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from agents.client import ControllerClient, RankSession
+from agents.errors import PhaseError
+from agents.host_agent import HostAgent
+from agents.trace.model import CommOp, Workload
+from controller.model import Collective, PhaseKey, ProcessGroup
+from controller.planner import RankPlacement
+
+
+class ReplayError(RuntimeError):
+    """The replay cannot run (the job does not fit the fabric, a rank failed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HostSlot:
+    """A host the replay may place ranks on, with its wired GPU indices."""
+
+    name: str
+    gpus: tuple[int, ...]
+
+
+def place_ranks(world_size: int, hosts: Sequence[HostSlot]) -> list[RankPlacement]:
+    """Place ``world_size`` ranks by the module's documented rule. Raises ``ReplayError`` when
+    they do not fit."""
+    if not hosts:
+        raise ReplayError("fabric has no hosts to place ranks on")
+    g = min(len(h.gpus) for h in hosts)
+    capacity = g * len(hosts)
+    if world_size > capacity:
+        raise ReplayError(
+            f"job has {world_size} ranks but the fabric offers {len(hosts)} hosts x {g} GPUs "
+            f"= {capacity}; use a larger fabric (e.g. --fabric rail-16x8)"
+        )
+    if world_size == capacity:
+        return [RankPlacement(r, hosts[r // g].name, hosts[r // g].gpus[r % g])
+                for r in range(world_size)]
+    n = len(hosts)
+    return [RankPlacement(r, hosts[r % n].name, hosts[r % n].gpus[r // n])
+            for r in range(world_size)]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayOp:
+    """One phase a rank goes through: ``phase`` None when the group is unknown (no circuit is
+    requested; counted as unplanned)."""
+
+    collective: Collective
+    group: ProcessGroup | None
+    nbytes: int
+    gap_s: float
+
+
+def expand_workload(workload: Workload) -> tuple[dict[int, list[ReplayOp]], list[str]]:
+    """Per-rank replay ops and the notes to print. A trace that records only some ranks of a
+    symmetric job is expanded: every rank of its groups runs the same sequence (said in the
+    notes). Send/recv with a known peer but no group becomes the pair {rank, peer}."""
+    notes = list(workload.assumptions)
+    ranks: dict[int, list[ReplayOp]] = {}
+    for r, ops in workload.ranks.items():
+        ranks[r] = [_to_replay(r, op) for op in ops]
+    missing = [r for r in range(workload.world_size) if r not in ranks]
+    if missing and ranks:
+        template_rank = min(ranks)
+        template = workload.ranks[template_rank]
+        for r in missing:
+            ranks[r] = [_to_replay(r, op) for op in template]
+        notes.append(
+            f"trace records ranks {sorted(workload.ranks)} of {workload.world_size}; ranks "
+            f"{_span(missing)} are assumed to run the same sequence as rank {template_rank}"
+        )
+    return ranks, notes
+
+
+def _to_replay(rank: int, op: CommOp) -> ReplayOp:
+    group = op.group
+    if group is None and op.collective is Collective.SEND_RECV and op.peer is not None:
+        group = ProcessGroup.of([rank, op.peer])
+    if group is not None and rank not in group.ranks:
+        group = None
+    if group is not None and group.size < 2:
+        group = None
+    return ReplayOp(op.collective, group, op.nbytes, op.compute_gap_s)
+
+
+def _span(ranks: Sequence[int]) -> str:
+    rs = sorted(ranks)
+    if rs and rs == list(range(rs[0], rs[-1] + 1)) and len(rs) > 2:
+        return f"{rs[0]}..{rs[-1]}"
+    return ", ".join(map(str, rs))
+
+
+@dataclass(slots=True)
+class _Instance:
+    """One phase instance seen by the replay: arrival and admission times per rank."""
+
+    label: str
+    expected: int
+    sends: list[float] = field(default_factory=list)
+    admits: list[float] = field(default_factory=list)
+    device_s: float = 0.0
+    switched: bool = False
+    all_in: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass(frozen=True, slots=True)
+class HoldRecord:
+    """One rank inside one phase: admitted at ``admitted_s``, released at ``released_s``
+    (``time.monotonic`` seconds). Used to check the safety invariant after a replay."""
+
+    rank: int
+    phase: PhaseKey
+    admitted_s: float
+    released_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseRow:
+    """One line of the summary: phases of one collective over groups of one size."""
+
+    phase: str
+    count: int
+    reconfigurations: int
+    p50_ms: float
+    p99_ms: float
+    device_ms: float
+    stall_ms_per_iter: float
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayReport:
+    """What a replay measured. ``stall_ms_per_iter``: mean per-rank time blocked in EnterPhase
+    per iteration, in ms."""
+
+    job_id: str
+    world_size: int
+    iterations: int
+    rows: tuple[PhaseRow, ...]
+    notes: tuple[str, ...]
+    unplanned_ops: int
+    wall_s: float
+    stall_ms_per_iter: float
+    placements: tuple[RankPlacement, ...]
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return 0.0
+    s = sorted(values)
+    k = max(0, min(len(s) - 1, math.ceil(q * len(s)) - 1))
+    return s[k]
+
+
+class Replayer:
+    """Runs one workload through a controller at ``target`` (``host:port``)."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        target: str,
+        hosts: Sequence[HostSlot],
+        *,
+        job_id: str = "replay",
+        iterations: int = 3,
+        time_scale: float = 1.0,
+        link_gbps: float = 100.0,
+        timeout_s: float = 30.0,
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        if iterations < 1:
+            raise ReplayError(f"iterations: must be >= 1, got {iterations}")
+        if time_scale < 0:
+            raise ReplayError(f"time_scale: must be >= 0, got {time_scale}")
+        self.workload = workload
+        self.target = target
+        self.job_id = job_id
+        self.iterations = iterations
+        self.time_scale = time_scale
+        self.bytes_per_s = link_gbps * 1e9 / 8
+        self.timeout_s = timeout_s
+        self.on_progress = on_progress
+        self.ops, notes = expand_workload(workload)
+        self.notes = tuple(notes)
+        self.placements = place_ranks(workload.world_size, hosts)
+        self._instances: dict[tuple[int, PhaseKey], _Instance] = {}
+        self._stall_s = 0.0
+        self._unplanned = 0
+        self._done_iters: dict[int, int] = {}
+        self.holds: list[HoldRecord] = []
+        """Every admission of the run, for invariant checks."""
+
+    async def run(self, client: ControllerClient) -> ReplayReport:
+        """Register the job through ``client``, run all ranks, unregister. Raises
+        ``ReplayError`` if any rank fails (the first error is the message) and
+        ``JobRegistrationError`` if the controller refuses the job."""
+        await client.register_job(self.job_id, self.placements, tenant="replay")
+        try:
+            return await self._run_ranks()
+        finally:
+            await client.unregister_job(self.job_id)
+
+    async def _run_ranks(self) -> ReplayReport:
+        hosts = sorted({p.host for p in self.placements})
+        agents = {h: HostAgent(h, self.target) for h in hosts}
+        start = time.monotonic()
+        try:
+            for a in agents.values():
+                a.start()
+            for a in agents.values():
+                await a.wait_connected(10.0)
+            try:
+                async with asyncio.TaskGroup() as tg:
+                    for p in self.placements:
+                        tg.create_task(self._rank(agents[p.host], p.rank), name=f"rank{p.rank}")
+            except* PhaseError as eg:
+                first = eg.exceptions[0]
+                raise ReplayError(f"replay failed: {first}") from first
+        finally:
+            for a in agents.values():
+                await a.close()
+        return self._report(time.monotonic() - start)
+
+    async def _rank(self, agent: HostAgent, rank: int) -> None:
+        session = RankSession(agent, self.job_id, rank, timeout_s=self.timeout_s)
+        ops = self.ops.get(rank, [])
+        tail = self.workload.tail_gap_s.get(rank, 0.0)
+        for it in range(self.iterations):
+            session.start_iteration(it)
+            for op in ops:
+                if op.gap_s > 0 and self.time_scale > 0:
+                    await asyncio.sleep(op.gap_s * self.time_scale)
+                if op.group is None:
+                    self._unplanned += 1
+                    continue
+                if op.collective is Collective.ALL_TO_ALL:
+                    await self._all_to_all(session, rank, it, op)
+                else:
+                    await self._collective(session, rank, it, op)
+            if tail > 0 and self.time_scale > 0:
+                await asyncio.sleep(tail * self.time_scale)
+            self._done_iters[it] = self._done_iters.get(it, 0) + 1
+            if self.on_progress is not None and self._done_iters[it] == len(self.placements):
+                self.on_progress(it + 1, self.iterations)
+
+    def _instance(self, it: int, key: PhaseKey, label: str, expected: int) -> _Instance:
+        inst = self._instances.get((it, key))
+        if inst is None:
+            inst = _Instance(label, expected)
+            self._instances[(it, key)] = inst
+        return inst
+
+    async def _transfer(self, nbytes: int) -> None:
+        if self.time_scale > 0 and nbytes > 0:
+            await asyncio.sleep(nbytes / self.bytes_per_s * self.time_scale)
+
+    async def _collective(self, session: RankSession, rank: int, it: int, op: ReplayOp) -> None:
+        assert op.group is not None
+        label = f"{op.collective.value} x{op.group.size}"
+        t0 = time.monotonic()
+        async with session.phase(op.group.ranks, op.collective) as adm:
+            t1 = time.monotonic()
+            key = session.current_phase
+            assert key is not None
+            self._record(self._instance(it, key, label, op.group.size), t0, t1, adm.noop,
+                         adm.device_s)
+            await self._barrier(it, key)
+            await self._transfer(op.nbytes)
+            self.holds.append(HoldRecord(rank, key, t1, time.monotonic()))
+
+    async def _all_to_all(self, session: RankSession, rank: int, it: int, op: ReplayOp) -> None:
+        assert op.group is not None
+        label = f"all_to_all x{op.group.size}"
+        t0 = time.monotonic()
+        async for adm in session.all_to_all(op.group.ranks):
+            t1 = time.monotonic()
+            key = session.current_phase
+            assert key is not None
+            self._record(self._instance(it, key, label, op.group.size), t0, t1, adm.noop,
+                         adm.device_s)
+            await self._barrier(it, key)
+            await self._transfer(op.nbytes // adm.steps)
+            self.holds.append(HoldRecord(rank, key, t1, time.monotonic()))
+            t0 = time.monotonic()
+
+    def _record(self, inst: _Instance, t_send: float, t_admit: float, noop: bool,
+                device_s: float) -> None:
+        inst.sends.append(t_send)
+        inst.admits.append(t_admit)
+        self._stall_s += t_admit - t_send
+        if not noop:
+            inst.switched = True
+            inst.device_s = max(inst.device_s, device_s)
+        if len(inst.admits) >= inst.expected:
+            inst.all_in.set()
+
+    async def _barrier(self, it: int, key: PhaseKey) -> None:
+        """A collective completes only when every rank of the group is in it."""
+        inst = self._instances[(it, key)]
+        await asyncio.wait_for(inst.all_in.wait(), self.timeout_s)
+
+    def _report(self, wall_s: float) -> ReplayReport:
+        by_label: dict[str, list[_Instance]] = {}
+        for inst in self._instances.values():
+            by_label.setdefault(inst.label, []).append(inst)
+        world = len(self.placements)
+        rows = []
+        for label in sorted(by_label):
+            insts = by_label[label]
+            lat = [max(0.0, max(i.admits) - max(i.sends) - i.device_s) * 1e3 for i in insts]
+            stall = sum(a - s for i in insts for s, a in zip(i.sends, i.admits, strict=True))
+            switched = [i for i in insts if i.switched]
+            rows.append(PhaseRow(
+                phase=label,
+                count=len(insts),
+                reconfigurations=len(switched),
+                p50_ms=_percentile(lat, 0.50),
+                p99_ms=_percentile(lat, 0.99),
+                device_ms=(sum(i.device_s for i in switched) / len(switched) * 1e3)
+                if switched else 0.0,
+                stall_ms_per_iter=stall / world / self.iterations * 1e3,
+            ))
+        return ReplayReport(
+            job_id=self.job_id,
+            world_size=world,
+            iterations=self.iterations,
+            rows=tuple(rows),
+            notes=self.notes,
+            unplanned_ops=self._unplanned,
+            wall_s=wall_s,
+            stall_ms_per_iter=self._stall_s / world / self.iterations * 1e3,
+            placements=tuple(self.placements),
+        )
+
+
+def report_to_json(report: ReplayReport) -> Mapping[str, object]:
+    """The report as JSON-ready data (for ``--json``)."""
+    return {
+        "job_id": report.job_id,
+        "world_size": report.world_size,
+        "iterations": report.iterations,
+        "wall_s": round(report.wall_s, 4),
+        "stall_ms_per_iter": round(report.stall_ms_per_iter, 4),
+        "unplanned_ops": report.unplanned_ops,
+        "notes": list(report.notes),
+        "phases": [
+            {"phase": r.phase, "count": r.count, "reconfigurations": r.reconfigurations,
+             "admission_p50_ms": round(r.p50_ms, 4), "admission_p99_ms": round(r.p99_ms, 4),
+             "device_ms": round(r.device_ms, 4),
+             "stall_ms_per_iter": round(r.stall_ms_per_iter, 4)}
+            for r in report.rows
+        ],
+    }

@@ -1,0 +1,228 @@
+"""The controller daemon: wires config, etcd, leader election, drivers, reconciler, coordinator,
+gRPC services and metrics into one ``asyncio.TaskGroup`` (DESIGN.md "Style").
+
+Start-up order: connect to etcd -> win the leader lease -> store the inventory -> open drivers
+-> read every switch back -> recover jobs from etcd -> serve gRPC and /metrics. On takeover or
+restart, the switches are the truth about cross-connects; etcd holds intent (jobs, plans).
+
+Self-fencing: when the leader lease cannot be renewed in time, the daemon stops answering phase
+calls and exits with ``LeadershipLost`` before another replica could take over; the supervisor
+(systemd, Kubernetes) restarts it and it campaigns again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+import structlog
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from lightrail.v1 import agent_pb2_grpc, operator_pb2_grpc
+from prometheus_client import start_http_server
+
+from controller import metrics
+from controller.config import Config, build_fabric
+from controller.coordinator import ErrorCode, PhaseCoordinator
+from controller.events import EventBus
+from controller.fabric import Fabric
+from controller.grpc_agent import AgentServicer
+from controller.grpc_operator import OperatorServicer
+from controller.jobs import CorruptJobRecord, EtcdJobRepository
+from controller.phase_service import PhaseService
+from controller.reconciler import Reconciler
+from controller.store import CoalescingWriter, EtcdStore, LeaderElection
+from drivers.base import Driver
+from drivers.registry import DriverContext, create_driver
+from emulator.ocs import EmulatedFabricDevices
+
+log = structlog.get_logger(__name__)
+
+
+class LeadershipLost(RuntimeError):
+    """The leader lease could not be renewed; the daemon fenced itself and must restart."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunningController:
+    """Handed to ``on_started``: where the running controller listens."""
+
+    replica_id: str
+    grpc_target: str
+    metrics_url: str
+    fabric: Fabric
+    service: PhaseService = field(repr=False)
+
+
+def fabric_to_json(fabric: Fabric) -> dict[str, object]:
+    """The inventory as stored under ``/lightrail/v1/inventory``."""
+    return {
+        "name": fabric.name,
+        "hosts": [
+            {"name": h.name, "failure_domain": h.failure_domain, "gpus": h.gpu_count,
+             "spare": h.spare}
+            for h in fabric.hosts.values()
+        ],
+        "switches": [
+            {"id": s.switch_id, "model": s.model, "kind": s.capabilities.kind.value,
+             "ports": s.capabilities.port_count, "rail": s.rail,
+             "reconfiguration_delay_s": s.reconfiguration_delay_s}
+            for s in fabric.switches.values()
+        ],
+        "wiring": [
+            {"host": e.endpoint_id.host, "nic": e.endpoint_id.nic, "gpu": e.gpu, "rail": e.rail,
+             "switch": e.switch_id, "tx_port": e.tx_port, "rx_port": e.rx_port}
+            for e in fabric.endpoints.values()
+        ],
+    }
+
+
+async def run_controller(
+    cfg: Config,
+    stop: asyncio.Event,
+    *,
+    devices: EmulatedFabricDevices | None = None,
+    on_started: Callable[[RunningController], None] | None = None,
+) -> None:
+    """Run the daemon until ``stop`` is set. ``devices`` are the emulated switches that
+    ``model: emulated`` drivers attach to (created here when None).
+
+    Raises ``LeadershipLost`` after self-fencing, ``StoreError`` when etcd is unreachable at
+    start, ``DriverError`` when a switch cannot be read back at start; a bug in any task
+    propagates (fail loud).
+    """
+    fabric = build_fabric(cfg.fabric)
+    ccfg = cfg.controller
+    if devices is None:
+        devices = EmulatedFabricDevices()
+    log_ = log.bind(replica=ccfg.replica_id, fabric=fabric.name)
+    store = EtcdStore.connect(cfg.etcd.endpoints[0])
+    async with store:
+        election = LeaderElection(store, ccfg.replica_id,
+                                  ttl_s=max(2, round(cfg.etcd.lease_ttl_s)))
+        log_.info("campaigning", endpoint=cfg.etcd.endpoints[0])
+        campaign = asyncio.ensure_future(election.campaign())
+        stopper = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({campaign, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        if not campaign.done():
+            campaign.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await campaign
+            return
+        stopper.cancel()
+        campaign.result()
+        metrics.LEADER.set(1)
+        log_.info("leader")
+        try:
+            await _serve(cfg, fabric, store, election, devices, stop, on_started)
+        finally:
+            metrics.LEADER.set(0)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(election.resign(), ccfg.shutdown_timeout_s)
+
+
+async def _serve(
+    cfg: Config,
+    fabric: Fabric,
+    store: EtcdStore,
+    election: LeaderElection,
+    devices: EmulatedFabricDevices,
+    stop: asyncio.Event,
+    on_started: Callable[[RunningController], None] | None,
+) -> None:
+    ccfg = cfg.controller
+    timeout = ccfg.shutdown_timeout_s
+    await store.put_json("inventory", fabric_to_json(fabric))
+    context = DriverContext(emulated_devices=devices)
+    drivers: dict[str, Driver] = {}
+    for sid, sw in fabric.switches.items():
+        drv = create_driver(sw, context=context)
+        await drv.open()
+        drivers[sid] = drv
+    metrics_server, metrics_thread = None, None
+    server: grpc.aio.Server | None = None
+    health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
+    try:
+        async with asyncio.TaskGroup() as tg:
+            writer = CoalescingWriter(store)
+            writer_task = tg.create_task(writer.run(), name="etcd-writer")
+            reconciler = Reconciler(drivers)
+            reconciler.start(tg)
+            coordinator = PhaseCoordinator(fabric, default_timeout_s=ccfg.admission_timeout_s)
+            events = EventBus()
+            service = PhaseService(coordinator, reconciler, events, state_writer=writer.put)
+            service.start(tg)
+            state = await reconciler.read_back_all()
+            for sid, xcs in state.items():
+                service.refresh_switch(sid, xcs)
+            repo = EtcdJobRepository(store)
+            await _recover_jobs(repo, coordinator)
+            metrics.JOBS.set(len(coordinator.job_ids()))
+
+            def is_leader() -> bool:
+                return election.is_leader.is_set()
+
+            server = grpc.aio.server()
+            agent_pb2_grpc.add_AgentServiceServicer_to_server(
+                AgentServicer(service, repo, events, is_leader), server)
+            operator_pb2_grpc.add_OperatorServiceServicer_to_server(
+                OperatorServicer(fabric, service, ccfg.replica_id, is_leader), server)
+            health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+            port = server.add_insecure_port(ccfg.listen)
+            host = ccfg.listen.rsplit(":", 1)[0]
+            await server.start()
+            await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+            mhost, mport = ccfg.metrics_listen.rsplit(":", 1)
+            metrics_server, metrics_thread = start_http_server(
+                int(mport), addr=mhost, registry=metrics.REGISTRY)
+            metrics_url = f"http://{mhost}:{metrics_server.server_port}/metrics"
+            running = RunningController(ccfg.replica_id, f"{host}:{port}", metrics_url, fabric,
+                                        service)
+            log.info("serving", grpc=running.grpc_target, metrics=metrics_url,
+                     jobs=len(coordinator.job_ids()),
+                     cross_connects=sum(len(x) for x in state.values()))
+            if on_started is not None:
+                on_started(running)
+            fenced = asyncio.ensure_future(election.fenced.wait())
+            stopped = asyncio.ensure_future(stop.wait())
+            await asyncio.wait({fenced, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            stopped.cancel()
+            fenced.cancel()
+            lost = election.fenced.is_set()
+            await health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+            service.cancel_all(
+                ErrorCode.NOT_LEADER if lost else ErrorCode.CANCELLED,
+                "controller lost its leader lease" if lost else "controller shutting down",
+            )
+            await server.stop(grace=min(1.0, timeout))
+            await service.drain(timeout)
+            await writer.flush(timeout)
+            writer_task.cancel()
+            await reconciler.stop(timeout)
+            if lost:
+                raise LeadershipLost("leader lease not renewed within half its TTL; fenced")
+    finally:
+        if metrics_server is not None:
+            metrics_server.shutdown()
+            metrics_server.server_close()
+        if metrics_thread is not None:
+            metrics_thread.join(timeout)
+        for drv in drivers.values():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(drv.close(), timeout)
+
+
+async def _recover_jobs(repo: EtcdJobRepository, coordinator: PhaseCoordinator) -> None:
+    try:
+        records = await repo.load_all()
+    except CorruptJobRecord as exc:
+        # Fail loud: guessing at a job's placement could rewire another tenant's circuits.
+        raise CorruptJobRecord(f"job recovery stopped: {exc}") from exc
+    for rec in records:
+        coordinator.register_job(rec.job_id, rec.tenant, rec.placements, rec.declared_phases)
+        log.info("job_recovered", job=rec.job_id, ranks=len(rec.placements))
+
+
+__all__ = ["LeadershipLost", "RunningController", "run_controller"]

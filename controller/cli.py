@@ -1,0 +1,409 @@
+"""``lightrail``: the command line of the controller, the host agent, replay and operators.
+
+Subcommands: controller, agent, replay, demo, check-config, status, switches, circuits, jobs,
+hosts. Operator commands print tables, or JSON with ``--json``. Exit codes: 0 success, 1 a
+runtime failure (message on stderr), 2 bad usage or invalid input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import Message
+from lightrail.v1 import operator_pb2, operator_pb2_grpc
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from controller.config import ConfigError, FabricSection, load_config
+from controller.logs import configure_logging
+
+DEFAULT_TARGET = os.environ.get("LIGHTRAIL_CONTROLLER", "127.0.0.1:50051")
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def shared_data_dir() -> Path:
+    """Where the recorded traces live: ``$LIGHTRAIL_DATA`` or ``../shared/data`` beside the
+    repository."""
+    env = os.environ.get("LIGHTRAIL_DATA")
+    return Path(env) if env else REPO_ROOT.parent / "shared" / "data"
+
+
+DLRM_TRACE = "traces/param-dlrm-8rank/dlrm_kineto.tar.gz"
+
+
+def _console(stderr: bool = False) -> Console:
+    """A console that does not wrap tables at 80 columns when output is not a terminal."""
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, width=None if stream.isatty() else 120)
+
+
+def _run(coro: Coroutine[Any, Any, int]) -> int:
+    import uvloop
+
+    return uvloop.run(coro)
+
+
+# --- controller / agent ------------------------------------------------------------------
+
+
+def cmd_controller(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_config(Path(args.config) if args.config else None)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    configure_logging(cfg.logging.level, cfg.logging.format)
+
+    async def main() -> int:
+        from controller.app import LeadershipLost, run_controller
+        from controller.embedded import embedded_config
+        from controller.etcd_server import EmbeddedEtcd
+
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            if cfg.etcd.embedded:
+                async with EmbeddedEtcd() as etcd:
+                    c2 = embedded_config(etcd.endpoint, cfg.fabric)
+                    c2 = c2.model_copy(update={"controller": cfg.controller})
+                    await run_controller(c2, stop)
+            else:
+                await run_controller(cfg, stop)
+        except LeadershipLost as exc:
+            print(f"lightrail controller: {exc}", file=sys.stderr)
+            return 1
+        return 0
+
+    return _run(main())
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_config(Path(args.config))
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    from controller.config import build_fabric
+
+    fabric = build_fabric(cfg.fabric)
+    print(f"{args.config}: OK: fabric {fabric.name!r}, {len(fabric.hosts)} hosts, "
+          f"{len(fabric.switches)} switches, {len(fabric.endpoints)} endpoints")
+    return 0
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    configure_logging(args.log_level, "json")
+
+    async def main() -> int:
+        from agents.host_agent import HostAgent
+        from agents.local_server import serve_local
+
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        async with HostAgent(args.host, args.controller) as agent:
+            await serve_local(agent, args.controller, args.socket, stop)
+        return 0
+
+    return _run(main())
+
+
+# --- replay / demo -------------------------------------------------------------------------
+
+
+def _print_report(console: Console, report: Any, fabric: str, delay_ms: float) -> None:
+    from agents.replay import ReplayReport
+
+    assert isinstance(report, ReplayReport)
+    hosts = sorted({p.host for p in report.placements})
+    console.print(
+        f"[bold]job {report.job_id}[/]: {report.world_size} ranks on {len(hosts)} hosts of "
+        f"fabric {fabric} (reconfiguration delay {delay_ms:g} ms), {report.iterations} "
+        f"iterations in {report.wall_s:.2f} s"
+    )
+    for note in report.notes:
+        console.print(f"  note: {note}")
+    if report.unplanned_ops:
+        console.print(f"  note: {report.unplanned_ops} rank-ops had no known process group and "
+                      "ran without circuits")
+    table = Table(title="Per-phase summary (admission latency: last arrival -> admission, "
+                        "device delay excluded)")
+    for col in ("phase", "count", "reconfig", "adm p50 ms", "adm p99 ms", "device ms",
+                "stall ms/iter"):
+        table.add_column(col, justify="left" if col == "phase" else "right")
+    for r in report.rows:
+        table.add_row(r.phase, str(r.count), str(r.reconfigurations), f"{r.p50_ms:.3f}",
+                      f"{r.p99_ms:.3f}", f"{r.device_ms:.2f}", f"{r.stall_ms_per_iter:.2f}")
+    console.print(table)
+    console.print(f"total stall per iteration (mean per rank): {report.stall_ms_per_iter:.2f} ms")
+
+
+async def _hosts(target: str) -> list[Any]:
+    from agents.replay import HostSlot
+
+    async with grpc.aio.insecure_channel(target) as ch:
+        resp = await operator_pb2_grpc.OperatorServiceStub(ch).ListHosts(
+            operator_pb2.ListHostsRequest(), timeout=10.0)
+    return [HostSlot(h.name, tuple(h.wired_gpus)) for h in resp.hosts if not h.spare]
+
+
+async def replay_main(
+    trace: Path,
+    *,
+    controller: str | None,
+    fabric: str | None,
+    delay_ms: float,
+    iterations: int,
+    time_scale: float,
+    job_id: str,
+    as_json: bool,
+    progress: bool,
+) -> int:
+    """Load ``trace``, run it through a controller (embedded when ``controller`` is None),
+    print the summary. Returns the exit code."""
+    from agents.client import ControllerClient
+    from agents.replay import Replayer, report_to_json
+    from agents.trace.loader import load_workload
+    from agents.trace.model import TraceError
+
+    err = _console(stderr=True)
+    try:
+        workload = load_workload(trace)
+    except (TraceError, OSError) as exc:
+        err.print(f"lightrail replay: {exc}")
+        return 2
+    fabric_name = fabric or ("demo-4x2" if workload.world_size <= 8 else "rail-16x8")
+
+    async def run(target: str) -> int:
+        hosts = await _hosts(target)
+        replayer = Replayer(workload, target, hosts, job_id=job_id, iterations=iterations,
+                            time_scale=time_scale)
+        bar = Progress(TextColumn("replaying {task.description}"), BarColumn(),
+                       MofNCompleteColumn(), TimeElapsedColumn(), console=err,
+                       disable=not progress or as_json)
+        with bar:
+            task = bar.add_task(trace.name, total=iterations)
+            replayer.on_progress = lambda done, _total: bar.update(task, completed=done)
+            async with ControllerClient(target) as client:
+                report = await replayer.run(client)
+        if as_json:
+            print(json.dumps(report_to_json(report), indent=2))
+        else:
+            _print_report(_console(), report, fabric_name if controller is None else target,
+                          delay_ms)
+        return 0
+
+    if controller is not None:
+        return await run(controller)
+    from controller.embedded import embedded_stack
+
+    section = FabricSection.model_validate(
+        {"builtin": fabric_name, "reconfiguration_delay_ms": delay_ms})
+    if progress and not as_json:
+        err.print(f"starting embedded etcd and controller (fabric {fabric_name}) ...")
+    async with embedded_stack(section) as rc:
+        return await run(rc.grpc_target)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    configure_logging("warning", "console")
+    return _run(replay_main(
+        Path(args.trace), controller=args.controller, fabric=args.fabric,
+        delay_ms=args.delay_ms, iterations=args.iterations, time_scale=args.time_scale,
+        job_id=args.job_id, as_json=args.json, progress=not args.no_progress,
+    ))
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    configure_logging("warning", "console")
+    trace = Path(args.trace) if args.trace else shared_data_dir() / DLRM_TRACE
+    if not trace.exists():
+        print(f"lightrail demo: trace not found: {trace} (set LIGHTRAIL_DATA to the folder "
+              "holding traces/param-dlrm-8rank)", file=sys.stderr)
+        return 2
+    console = _console(stderr=True)
+    console.print("[bold]Lightrail demo[/]: an embedded etcd, the controller with 2 emulated "
+                  "rail OCSes (4 hosts x 2 GPUs), and 4 host agents replaying the recorded "
+                  "DLRM training step of 8 ranks (PyTorch Kineto).")
+    return _run(replay_main(
+        trace, controller=None, fabric="demo-4x2", delay_ms=args.delay_ms,
+        iterations=args.iterations, time_scale=args.time_scale, job_id="dlrm-demo",
+        as_json=False, progress=True,
+    ))
+
+
+# --- operator commands ---------------------------------------------------------------------
+
+
+async def _operator_call(
+    target: str, call: Callable[[operator_pb2_grpc.OperatorServiceStub], Any]
+) -> Message:
+    async with grpc.aio.insecure_channel(target) as ch:
+        stub = operator_pb2_grpc.OperatorServiceStub(ch)
+        result: Message = await call(stub)
+        return result
+
+
+def _operator(args: argparse.Namespace, call: Callable[[Any], Any],
+              render: Callable[[Any], Table | str]) -> int:
+    async def main() -> int:
+        try:
+            resp = await _operator_call(args.controller, call)
+        except grpc.aio.AioRpcError as exc:
+            print(f"lightrail {args.cmd}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            return 1
+        if args.json:
+            print(json.dumps(MessageToDict(resp, always_print_fields_with_no_presence=True),
+                             indent=2))
+        else:
+            _console().print(render(resp))
+        return 0
+
+    return _run(main())
+
+
+def _table(title: str, cols: Sequence[str], rows: Sequence[Sequence[object]]) -> Table:
+    t = Table(title=title)
+    for c in cols:
+        t.add_column(c)
+    for r in rows:
+        t.add_row(*(str(x) for x in r))
+    return t
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    def render(r: operator_pb2.GetStatusResponse) -> Table:
+        return _table("controller", ["replica", "leader", "fabric", "jobs", "switches",
+                                     "cross-connects", "reconfigurations", "uptime s"],
+                      [[r.replica_id, r.leader, r.fabric, r.jobs, r.switches, r.cross_connects,
+                        r.reconfigurations, f"{r.uptime_s:.0f}"]])
+    return _operator(args, lambda s: s.GetStatus(operator_pb2.GetStatusRequest(), timeout=10),
+                     render)
+
+
+def cmd_switches(args: argparse.Namespace) -> int:
+    def render(r: operator_pb2.ListSwitchesResponse) -> Table:
+        return _table("switches", ["switch", "model", "kind", "ports", "rail", "delay ms",
+                                   "cross-connects", "reconfigurations"],
+                      [[s.switch_id, s.model, s.kind, s.port_count,
+                        s.rail if s.has_rail else "-", f"{s.reconfiguration_delay_s * 1e3:g}",
+                        s.cross_connects, s.reconfigurations] for s in r.switches])
+    return _operator(args, lambda s: s.ListSwitches(operator_pb2.ListSwitchesRequest(),
+                                                    timeout=10), render)
+
+
+def cmd_circuits(args: argparse.Namespace) -> int:
+    def render(r: operator_pb2.ListCircuitsResponse) -> Table:
+        return _table("cross-connects", ["switch", "ingress", "egress", "from", "to", "job"],
+                      [[c.switch_id, c.ingress, c.egress, c.from_endpoint or "-",
+                        c.to_endpoint or "-", c.job_id or "-"] for c in r.cross_connects])
+    req = operator_pb2.ListCircuitsRequest(switch_id=args.switch or "", job_id=args.job or "")
+    return _operator(args, lambda s: s.ListCircuits(req, timeout=10), render)
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    def render(r: operator_pb2.ListJobsResponse) -> Table:
+        return _table("jobs", ["job", "tenant", "ranks", "hosts", "admitted", "reconfigurations",
+                               "last phase"],
+                      [[j.job_id, j.tenant, j.world_size, len(j.hosts), j.phases_admitted,
+                        j.reconfigurations, j.current_phase or "-"] for j in r.jobs])
+    return _operator(args, lambda s: s.ListJobs(operator_pb2.ListJobsRequest(), timeout=10),
+                     render)
+
+
+def cmd_hosts(args: argparse.Namespace) -> int:
+    def render(r: operator_pb2.ListHostsResponse) -> Table:
+        return _table("hosts", ["host", "failure domain", "gpus", "spare"],
+                      [[h.name, h.failure_domain, h.gpus, h.spare] for h in r.hosts])
+    return _operator(args, lambda s: s.ListHosts(operator_pb2.ListHostsRequest(), timeout=10),
+                     render)
+
+
+# --- parser ----------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``lightrail`` argument parser."""
+    p = argparse.ArgumentParser(prog="lightrail", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    c = sub.add_parser("controller", help="run the controller daemon")
+    c.add_argument("--config", help="YAML config (default: built-in demo fabric, local etcd)")
+    c.set_defaults(func=cmd_controller)
+
+    c = sub.add_parser("check-config", help="validate a config file")
+    c.add_argument("config")
+    c.set_defaults(func=cmd_check_config)
+
+    c = sub.add_parser("agent", help="run a host agent (phase relay)")
+    c.add_argument("--controller", default=DEFAULT_TARGET, help="controller host:port")
+    c.add_argument("--host", default=os.uname().nodename, help="this host's inventory name")
+    c.add_argument("--socket", default="/run/lightrail/agent.sock",
+                   help="Unix socket for the job-side library")
+    c.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    c.set_defaults(func=cmd_agent)
+
+    def replay_opts(c: argparse.ArgumentParser, iterations: int) -> None:
+        c.add_argument("--iterations", type=int, default=iterations)
+        c.add_argument("--time-scale", type=float, default=1.0,
+                       help="multiply recorded compute gaps and transfer times (0: no waits)")
+        c.add_argument("--delay-ms", type=float, default=10.0,
+                       help="reconfiguration delay of the emulated OCSes (embedded only)")
+
+    c = sub.add_parser("replay", help="replay a recorded trace or workload through a controller")
+    c.add_argument("trace", help="Kineto dir/tarball/JSON, AICB CSV or SimAI text")
+    c.add_argument("--controller", default=None,
+                   help="controller host:port (default: start an embedded one)")
+    c.add_argument("--fabric", choices=["demo-4x2", "rail-16x8"], default=None,
+                   help="embedded fabric (default: by world size)")
+    c.add_argument("--job-id", default="replay")
+    c.add_argument("--json", action="store_true")
+    c.add_argument("--no-progress", action="store_true")
+    replay_opts(c, 3)
+    c.set_defaults(func=cmd_replay)
+
+    c = sub.add_parser("demo", help="the DLRM replay on an embedded etcd, controller and rails")
+    c.add_argument("--trace", default=None)
+    replay_opts(c, 5)
+    c.set_defaults(func=cmd_demo)
+
+    for name, func, doc in (
+        ("status", cmd_status, "controller status"),
+        ("switches", cmd_switches, "switches and their cross-connect counts"),
+        ("circuits", cmd_circuits, "confirmed cross-connects"),
+        ("jobs", cmd_jobs, "registered jobs"),
+        ("hosts", cmd_hosts, "hosts of the fabric"),
+    ):
+        c = sub.add_parser(name, help=doc)
+        c.add_argument("--controller", default=DEFAULT_TARGET)
+        c.add_argument("--json", action="store_true")
+        if name == "circuits":
+            c.add_argument("--switch")
+            c.add_argument("--job")
+        c.set_defaults(func=func)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``lightrail``."""
+    args = build_parser().parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    return func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

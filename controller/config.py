@@ -1,0 +1,226 @@
+"""Controller configuration: one schema, used by the daemon and ``lightrail check-config``.
+
+YAML in, validated by pydantic models with ``extra="forbid"``: unknown keys and wrong types are
+rejected, and ``ConfigError`` lists each problem with its field path (``fabric.switches.0.ports``)
+and the offending value. A missing file section takes its documented default, so an empty file
+(or no file) gives the embedded demo configuration.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from controller.fabric import (
+    BUILTIN_FABRICS,
+    Endpoint,
+    EndpointId,
+    Fabric,
+    FabricError,
+    Host,
+    Switch,
+    rail_fabric,
+)
+from drivers.base import SwitchCapabilities, SwitchKind
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid. ``problems`` holds one line per problem, each starting
+    with the field path."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = problems
+        super().__init__(f"{source}: invalid configuration:\n  " + "\n  ".join(problems))
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+HostPort = Annotated[str, Field(pattern=r"^[^\s:]+:\d{1,5}$")]
+
+
+class ControllerSection(_Strict):
+    """The daemon itself."""
+
+    replica_id: str = Field(default_factory=socket.gethostname, min_length=1)
+    listen: HostPort = "127.0.0.1:50051"
+    metrics_listen: HostPort = "127.0.0.1:9464"
+    admission_timeout_s: float = Field(default=30.0, gt=0)
+    shutdown_timeout_s: float = Field(default=10.0, gt=0)
+
+
+class EtcdSection(_Strict):
+    """Where state lives. ``embedded: true`` starts a private single-member etcd (demo only)."""
+
+    endpoints: list[HostPort] = Field(default_factory=lambda: ["127.0.0.1:2379"], min_length=1)
+    lease_ttl_s: float = Field(default=10.0, ge=2)
+    embedded: bool = False
+
+
+class HostConfig(_Strict):
+    name: str = Field(min_length=1)
+    failure_domain: str = "default"
+    gpus: int = Field(ge=0)
+    spare: bool = False
+
+
+OptionValue = str | int | float | bool
+
+
+class SwitchConfig(_Strict):
+    id: str = Field(min_length=1)
+    model: str = "emulated"
+    kind: Literal["nxn", "duplex"] = "nxn"
+    ports: int = Field(gt=0, description="N: an N x N switch has ingress 1..N, egress N+1..2N")
+    rail: int | None = Field(default=None, ge=0)
+    reconfiguration_delay_ms: float = Field(default=10.0, ge=0)
+    max_batch: int | None = Field(default=None, gt=0)
+    options: dict[str, OptionValue] = Field(default_factory=dict)
+
+
+class WiringConfig(_Strict):
+    host: str
+    nic: int = Field(ge=0)
+    gpu: int = Field(ge=0)
+    rail: int = Field(ge=0)
+    switch: str
+    tx_port: int = Field(gt=0)
+    rx_port: int = Field(gt=0)
+
+
+class RailFabricConfig(_Strict):
+    """A generated rail-optimised fabric (``controller.fabric.rail_fabric``): one NIC per GPU,
+    rail g = NIC g of every host, one N x N OCS per rail with N = hosts + spares."""
+
+    hosts: int = Field(gt=0)
+    gpus_per_host: int = Field(gt=0)
+    spares: int = Field(default=0, ge=0)
+    hosts_per_domain: int | None = Field(default=None, gt=0)
+    model: str = "emulated"
+
+
+class FabricSection(_Strict):
+    """Exactly one of: ``builtin`` (demo-4x2, rail-16x8), ``rail`` (generated) or an inline
+    inventory (``name``, ``hosts``, ``switches``, ``wiring``). Nothing given: demo-4x2."""
+
+    builtin: Literal["demo-4x2", "rail-16x8"] | None = None
+    rail: RailFabricConfig | None = None
+    reconfiguration_delay_ms: float = Field(default=10.0, ge=0)
+    name: str | None = None
+    hosts: list[HostConfig] = Field(default_factory=list)
+    switches: list[SwitchConfig] = Field(default_factory=list)
+    wiring: list[WiringConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> FabricSection:
+        inline = bool(self.hosts or self.switches or self.wiring)
+        given = [n for n, v in (("builtin", self.builtin is not None),
+                                ("rail", self.rail is not None),
+                                ("hosts/switches/wiring", inline)) if v]
+        if len(given) > 1:
+            raise ValueError(f"give one of builtin, rail or hosts/switches/wiring, not "
+                             f"{' and '.join(given)}")
+        if inline and not self.name:
+            raise ValueError("name: required for an inline fabric")
+        return self
+
+
+class LoggingSection(_Strict):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["json", "console"] = "json"
+
+
+class Config(_Strict):
+    """The whole file."""
+
+    controller: ControllerSection = Field(default_factory=ControllerSection)
+    etcd: EtcdSection = Field(default_factory=EtcdSection)
+    fabric: FabricSection = Field(default_factory=FabricSection)
+    logging: LoggingSection = Field(default_factory=LoggingSection)
+
+
+def _format(exc: ValidationError) -> list[str]:
+    lines = []
+    for err in exc.errors():
+        path = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        value = err.get("input")
+        shown = "" if isinstance(value, dict) else f" (got {value!r})"
+        lines.append(f"{path}: {err['msg']}{shown}")
+    return lines
+
+
+def parse_config(data: Any, source: str = "<config>") -> Config:
+    """Validate a parsed YAML document. Raises ``ConfigError`` listing every problem."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(source, [f"(top level): expected a mapping, got {type(data).__name__}"])
+    try:
+        cfg = Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(source, _format(exc)) from None
+    try:
+        build_fabric(cfg.fabric)
+    except FabricError as exc:
+        raise ConfigError(source, [f"fabric.{exc}"]) from None
+    return cfg
+
+
+def load_config(path: Path | None) -> Config:
+    """Read and validate a YAML file (None: all defaults, the embedded demo fabric).
+
+    Raises ``ConfigError`` for an unreadable file, bad YAML, unknown keys, wrong types and an
+    inconsistent fabric.
+    """
+    if path is None:
+        return parse_config({}, "<defaults>")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(str(path), [f"(file): cannot read: {exc.strerror}"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(str(path), [f"(yaml): {exc}"]) from None
+    return parse_config(data, str(path))
+
+
+def build_fabric(section: FabricSection) -> Fabric:
+    """The ``Fabric`` a validated section describes. Raises ``FabricError``."""
+    delay_s = section.reconfiguration_delay_ms / 1000.0
+    inline = bool(section.hosts or section.switches or section.wiring)
+    if section.builtin is not None or (section.rail is None and not inline):
+        return BUILTIN_FABRICS[section.builtin or "demo-4x2"](delay_s)
+    if section.rail is not None:
+        r = section.rail
+        return rail_fabric(section.name or f"rail-{r.hosts}x{r.gpus_per_host}", r.hosts,
+                           r.gpus_per_host, delay_s=delay_s, model=r.model, spares=r.spares,
+                           hosts_per_domain=r.hosts_per_domain)
+    hosts = [Host(h.name, h.failure_domain, h.gpus, h.spare) for h in section.hosts]
+    switches = [
+        Switch(
+            switch_id=s.id,
+            model=s.model,
+            capabilities=SwitchCapabilities(
+                kind=SwitchKind(s.kind),
+                port_count=s.ports,
+                atomic_bulk=True,
+                settle_time_s=s.reconfiguration_delay_ms / 1000.0,
+                max_batch=s.max_batch,
+            ),
+            rail=s.rail,
+            options=dict(s.options),
+        )
+        for s in section.switches
+    ]
+    endpoints = [
+        Endpoint(EndpointId(w.host, w.nic), w.gpu, w.rail, w.switch, w.tx_port, w.rx_port)
+        for w in section.wiring
+    ]
+    return Fabric.build(section.name or "fabric", hosts, switches, endpoints)

@@ -1,0 +1,144 @@
+"""Protobuf <-> domain conversion, at the gRPC edge only.
+
+Bad input raises ``InvalidRequest`` whose message names the field and the value; callers map it
+to ``INVALID_ARGUMENT`` (unary) or an ``INVALID_PHASE`` reply (stream).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from lightrail.v1 import agent_pb2
+
+from controller.coordinator import Admit, ErrorCode, Reject
+from controller.events import JobEvent, JobEventKind
+from controller.model import Collective, PhaseKey, ProcessGroup
+from controller.planner import RankPlacement
+
+MAX_WORLD_SIZE = 1 << 20
+
+ERROR_METADATA_KEY = "lightrail-error"
+"""Trailing metadata key of a refused unary EnterPhase/ReleasePhase: the ``ErrorCode`` value,
+so clients tell a refusal (e.g. device failure, UNAVAILABLE) from a transport failure."""
+
+
+class InvalidRequest(ValueError):
+    """A request field is missing or out of range."""
+
+
+COLLECTIVE_FROM_PB: dict[int, Collective] = {
+    agent_pb2.ALL_REDUCE: Collective.ALL_REDUCE,
+    agent_pb2.REDUCE_SCATTER: Collective.REDUCE_SCATTER,
+    agent_pb2.ALL_GATHER: Collective.ALL_GATHER,
+    agent_pb2.ALL_TO_ALL: Collective.ALL_TO_ALL,
+    agent_pb2.SEND_RECV: Collective.SEND_RECV,
+    agent_pb2.BROADCAST: Collective.BROADCAST,
+}
+COLLECTIVE_TO_PB: dict[Collective, agent_pb2.Collective.ValueType] = {
+    v: k for k, v in COLLECTIVE_FROM_PB.items()  # type: ignore[misc]
+}
+
+ERROR_TO_PB: dict[ErrorCode, agent_pb2.PhaseErrorCode.ValueType] = {
+    ErrorCode.DEADLINE_EXCEEDED: agent_pb2.DEADLINE_EXCEEDED,
+    ErrorCode.UNKNOWN_JOB: agent_pb2.UNKNOWN_JOB,
+    ErrorCode.INVALID_RANK: agent_pb2.INVALID_RANK,
+    ErrorCode.INVALID_PHASE: agent_pb2.INVALID_PHASE,
+    ErrorCode.RANK_BUSY: agent_pb2.RANK_BUSY,
+    ErrorCode.DEVICE_FAILURE: agent_pb2.DEVICE_FAILURE,
+    ErrorCode.PLACEMENT_CHANGED: agent_pb2.PLACEMENT_CHANGED,
+    ErrorCode.NOT_LEADER: agent_pb2.NOT_LEADER,
+    ErrorCode.CANCELLED: agent_pb2.CANCELLED,
+}
+ERROR_FROM_PB: dict[int, ErrorCode] = {v: k for k, v in ERROR_TO_PB.items()}
+
+EVENT_TO_PB: dict[JobEventKind, agent_pb2.JobEventKind.ValueType] = {
+    JobEventKind.REGISTERED: agent_pb2.JOB_REGISTERED,
+    JobEventKind.RECONFIGURED: agent_pb2.JOB_RECONFIGURED,
+    JobEventKind.PLACEMENT_CHANGED: agent_pb2.JOB_PLACEMENT_CHANGED,
+    JobEventKind.UNREGISTERED: agent_pb2.JOB_UNREGISTERED,
+    JobEventKind.PHASE_ERROR: agent_pb2.JOB_PHASE_ERROR,
+}
+
+
+class PhaseKeyDecoder:
+    """Decodes ``PhaseKey`` messages, interning process groups: a job has few distinct groups,
+    so the hot path does not sort and hash a rank list per call."""
+
+    def __init__(self) -> None:
+        self._groups: dict[tuple[int, ...], ProcessGroup] = {}
+
+    def decode(self, pb: agent_pb2.PhaseKey, field: str = "phase") -> PhaseKey:
+        """Raises ``InvalidRequest`` naming ``field`` for an empty group or unknown collective."""
+        raw = tuple(pb.group_ranks)
+        group = self._groups.get(raw)
+        if group is None:
+            if not raw:
+                raise InvalidRequest(f"{field}.group_ranks: empty")
+            if len(set(raw)) != len(raw):
+                raise InvalidRequest(f"{field}.group_ranks: duplicate ranks in {list(raw)}")
+            group = ProcessGroup.of(raw)
+            if len(self._groups) < 65536:
+                self._groups[raw] = group
+        coll = COLLECTIVE_FROM_PB.get(pb.collective)
+        if coll is None:
+            raise InvalidRequest(f"{field}.collective: unspecified or unknown ({pb.collective})")
+        return PhaseKey(group, coll, pb.seq, pb.step)
+
+
+def phase_key_to_pb(phase: PhaseKey) -> agent_pb2.PhaseKey:
+    """Encode a ``PhaseKey``."""
+    return agent_pb2.PhaseKey(
+        group_ranks=phase.group.ranks,
+        collective=COLLECTIVE_TO_PB[phase.collective],
+        seq=phase.seq,
+        step=phase.step,
+    )
+
+
+def placements_from_pb(ranks: Sequence[agent_pb2.RankPlacement]) -> list[RankPlacement]:
+    """Decode placements; raises ``InvalidRequest`` for an empty list or empty host."""
+    if not ranks:
+        raise InvalidRequest("ranks: empty")
+    if len(ranks) > MAX_WORLD_SIZE:
+        raise InvalidRequest(f"ranks: {len(ranks)} ranks exceed {MAX_WORLD_SIZE}")
+    out = []
+    for i, r in enumerate(ranks):
+        if not r.host:
+            raise InvalidRequest(f"ranks[{i}].host: empty")
+        out.append(RankPlacement(r.rank, r.host, r.gpu))
+    return out
+
+
+def reply_to_pb(decision: Admit | Reject, steps: int) -> agent_pb2.PhaseReply:
+    """Encode an admission or refusal for a PhaseStream."""
+    if isinstance(decision, Admit):
+        return agent_pb2.PhaseReply(
+            admitted=agent_pb2.Admission(
+                job_id=decision.job_id,
+                rank=decision.rank,
+                request_id=decision.request_id,
+                noop=decision.noop,
+                steps=steps,
+                device_s=decision.device_s,
+            )
+        )
+    return agent_pb2.PhaseReply(
+        error=agent_pb2.PhaseError(
+            job_id=decision.job_id,
+            rank=decision.rank,
+            request_id=decision.request_id,
+            code=ERROR_TO_PB[decision.code],
+            message=decision.message,
+        )
+    )
+
+
+def event_to_pb(event: JobEvent) -> agent_pb2.JobEvent:
+    """Encode a job event."""
+    return agent_pb2.JobEvent(
+        job_id=event.job_id,
+        kind=EVENT_TO_PB[event.kind],
+        at_unix_s=event.at_unix_s,
+        message=event.message,
+        fields=dict(event.fields),
+    )

@@ -1,0 +1,84 @@
+"""Job events: what WatchJob streams to the job and MQTT publishes (DESIGN.md "Observability").
+
+``EventBus.publish`` never blocks (it is called on the hot path): each subscriber has a bounded
+queue; a subscriber that falls ``max_backlog`` events behind is closed with an overflow marker
+rather than slowing the controller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+
+
+class JobEventKind(enum.Enum):
+    """Mirrors ``lightrail.v1.JobEventKind``."""
+
+    REGISTERED = "registered"
+    RECONFIGURED = "reconfigured"
+    PLACEMENT_CHANGED = "placement_changed"
+    UNREGISTERED = "unregistered"
+    PHASE_ERROR = "phase_error"
+
+
+@dataclass(frozen=True, slots=True)
+class JobEvent:
+    """One event of one job; ``at_unix_s`` is wall-clock time (seconds since the epoch)."""
+
+    job_id: str
+    kind: JobEventKind
+    message: str
+    at_unix_s: float = field(default_factory=time.time)
+    fields: Mapping[str, str] = field(default_factory=dict)
+
+
+class SubscriberOverflow(RuntimeError):
+    """A subscriber did not keep up and was dropped."""
+
+
+_CLOSE = object()
+
+
+class EventBus:
+    """Fan-out of job events to any number of subscribers (per job or all jobs)."""
+
+    def __init__(self, max_backlog: int = 1024) -> None:
+        self._max = max_backlog
+        self._subs: dict[str | None, set[asyncio.Queue[object]]] = {}
+
+    def publish(self, event: JobEvent) -> None:
+        """Deliver ``event`` to the job's subscribers and the all-jobs subscribers."""
+        for key in (event.job_id, None):
+            for q in tuple(self._subs.get(key, ())):
+                if q.qsize() >= self._max:
+                    self._subs[key].discard(q)
+                    q.put_nowait(SubscriberOverflow(f"subscriber fell {self._max} events behind"))
+                else:
+                    q.put_nowait(event)
+
+    def close_job(self, job_id: str) -> None:
+        """End every subscription to ``job_id`` (after its UNREGISTERED event)."""
+        for q in self._subs.pop(job_id, set()):
+            q.put_nowait(_CLOSE)
+
+    async def subscribe(self, job_id: str | None) -> AsyncIterator[JobEvent]:
+        """Events of ``job_id`` (None: every job) from now on, until the job is closed.
+        Raises ``SubscriberOverflow`` when the consumer falls too far behind."""
+        q: asyncio.Queue[object] = asyncio.Queue()
+        self._subs.setdefault(job_id, set()).add(q)
+        try:
+            while True:
+                item = await q.get()
+                if item is _CLOSE:
+                    return
+                if isinstance(item, SubscriberOverflow):
+                    raise item
+                assert isinstance(item, JobEvent)
+                yield item
+        finally:
+            subs = self._subs.get(job_id)
+            if subs is not None:
+                subs.discard(q)

@@ -1,0 +1,293 @@
+"""AgentService servicer: the gRPC edge of the phase protocol (proto/lightrail/v1/agent.proto).
+
+PhaseStream carries batches both ways: the reader hands every request of a batch to the
+``PhaseService`` and the writer sends whatever replies accumulated since its last write as one
+batch. Nothing here touches etcd except RegisterJob/UnregisterJob, which write through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+import structlog
+from lightrail.v1 import agent_pb2, agent_pb2_grpc
+
+from controller import metrics
+from controller.convert import (
+    ERROR_METADATA_KEY,
+    ERROR_TO_PB,
+    InvalidRequest,
+    PhaseKeyDecoder,
+    event_to_pb,
+    placements_from_pb,
+    reply_to_pb,
+)
+from controller.coordinator import Admit, DuplicateJob, ErrorCode, Reject, ReleaseError, UnknownJob
+from controller.events import EventBus, JobEvent, JobEventKind, SubscriberOverflow
+from controller.jobs import JobRecord, JobRepository
+from controller.phase_service import PhaseService
+from controller.planner import PlacementError, PlanError
+
+log = structlog.get_logger(__name__)
+
+_UNARY_STATUS = {
+    ErrorCode.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
+    ErrorCode.UNKNOWN_JOB: grpc.StatusCode.NOT_FOUND,
+    ErrorCode.INVALID_RANK: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorCode.INVALID_PHASE: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorCode.RANK_BUSY: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorCode.DEVICE_FAILURE: grpc.StatusCode.UNAVAILABLE,
+    ErrorCode.PLACEMENT_CHANGED: grpc.StatusCode.ABORTED,
+    ErrorCode.NOT_LEADER: grpc.StatusCode.UNAVAILABLE,
+    ErrorCode.CANCELLED: grpc.StatusCode.CANCELLED,
+}
+
+
+class _StreamSink:
+    """Replies of one PhaseStream, accumulated until the writer takes them as a batch."""
+
+    __slots__ = ("_event", "_replies")
+
+    def __init__(self) -> None:
+        self._replies: list[agent_pb2.PhaseReply] = []
+        self._event = asyncio.Event()
+
+    def deliver(self, decision: Admit | Reject, steps: int) -> None:
+        self._replies.append(reply_to_pb(decision, steps))
+        self._event.set()
+
+    def push(self, reply: agent_pb2.PhaseReply) -> None:
+        self._replies.append(reply)
+        self._event.set()
+
+    def wake(self) -> None:
+        self._event.set()
+
+    async def take(self) -> list[agent_pb2.PhaseReply]:
+        await self._event.wait()
+        self._event.clear()
+        out, self._replies = self._replies, []
+        return out
+
+
+class _FutureSink:
+    """The reply to one unary EnterPhase."""
+
+    __slots__ = ("future",)
+
+    def __init__(self) -> None:
+        self.future: asyncio.Future[tuple[Admit | Reject, int]] = (
+            asyncio.get_running_loop().create_future()
+        )
+
+    def deliver(self, decision: Admit | Reject, steps: int) -> None:
+        if not self.future.done():
+            self.future.set_result((decision, steps))
+
+
+class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
+    """Implements AgentService over a ``PhaseService``.
+
+    ``is_leader`` is consulted per request; a follower (or a fenced leader) answers NOT_LEADER /
+    UNAVAILABLE so that clients reconnect to the leader.
+    """
+
+    def __init__(
+        self,
+        service: PhaseService,
+        jobs: JobRepository,
+        events: EventBus,
+        is_leader: Callable[[], bool],
+    ) -> None:
+        self._service = service
+        self._jobs = jobs
+        self._events = events
+        self._is_leader = is_leader
+        self._decoder = PhaseKeyDecoder()
+        self._register_lock = asyncio.Lock()
+
+    async def _require_leader(self, context: grpc.aio.ServicerContext) -> None:  # type: ignore[type-arg]
+        if not self._is_leader():
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "not the leader")
+
+    # --- jobs -------------------------------------------------------------------------------
+
+    async def RegisterJob(  # noqa: N802 (gRPC method name)
+        self,
+        request: agent_pb2.RegisterJobRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> agent_pb2.RegisterJobResponse:
+        await self._require_leader(context)
+        coord = self._service.coordinator
+        try:
+            if not request.job_id:
+                raise InvalidRequest("job_id: empty")
+            placements = placements_from_pb(request.ranks)
+            declared = [
+                self._decoder.decode(p, f"declared_phases[{i}]")
+                for i, p in enumerate(request.declared_phases)
+            ]
+        except InvalidRequest as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        async with self._register_lock:
+            try:
+                layout = coord.register_job(request.job_id, request.tenant, placements, declared)
+            except DuplicateJob as exc:
+                await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(exc))
+            except (PlacementError, PlanError, ValueError) as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            record = JobRecord(request.job_id, request.tenant, layout.placements, tuple(declared))
+            try:
+                await self._jobs.save(record)
+            except Exception as exc:
+                coord.unregister_job(request.job_id)
+                log.error("job_save_failed", job=request.job_id, error=str(exc))
+                await context.abort(grpc.StatusCode.UNAVAILABLE, f"state store: {exc}")
+        metrics.JOBS.set(len(coord.job_ids()))
+        self._events.publish(
+            JobEvent(request.job_id, JobEventKind.REGISTERED,
+                     f"{layout.world_size} ranks on {len(layout.hosts)} hosts",
+                     fields={"tenant": request.tenant})
+        )
+        log.info("job_registered", job=request.job_id, ranks=layout.world_size)
+        return agent_pb2.RegisterJobResponse(job_id=request.job_id, world_size=layout.world_size)
+
+    async def UnregisterJob(  # noqa: N802
+        self,
+        request: agent_pb2.UnregisterJobRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> agent_pb2.UnregisterJobResponse:
+        await self._require_leader(context)
+        try:
+            self._service.unregister_job(request.job_id)
+        except UnknownJob:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"job_id: unknown job "
+                                                          f"{request.job_id!r}")
+        await self._jobs.delete(request.job_id)
+        metrics.JOBS.set(len(self._service.coordinator.job_ids()))
+        self._events.publish(JobEvent(request.job_id, JobEventKind.UNREGISTERED, "unregistered"))
+        self._events.close_job(request.job_id)
+        return agent_pb2.UnregisterJobResponse()
+
+    async def WatchJob(  # noqa: N802
+        self,
+        request: agent_pb2.WatchJobRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> AsyncIterator[agent_pb2.JobEvent]:
+        if request.job_id and request.job_id not in self._service.coordinator.job_ids():
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"job_id: unknown job {request.job_id!r}")
+        try:
+            async for event in self._events.subscribe(request.job_id or None):
+                yield event_to_pb(event)
+        except SubscriberOverflow as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+
+    # --- phases -----------------------------------------------------------------------------
+
+    async def PhaseStream(  # noqa: N802
+        self,
+        request_iterator: AsyncIterator[agent_pb2.PhaseRequestBatch],
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> AsyncIterator[agent_pb2.PhaseReplyBatch]:
+        sink = _StreamSink()
+        metrics.PHASE_STREAMS.inc()
+        reader = asyncio.create_task(self._read_stream(request_iterator, sink),
+                                     name="phase-stream-reader")
+        reader.add_done_callback(lambda _t: sink.wake())
+        try:
+            while True:
+                replies = await sink.take()
+                if replies:
+                    yield agent_pb2.PhaseReplyBatch(replies=replies)
+                if reader.done():
+                    reader.result()
+                    return
+        finally:
+            reader.cancel()
+            self._service.detach(sink)
+            metrics.PHASE_STREAMS.dec()
+
+    async def _read_stream(
+        self, request_iterator: AsyncIterator[agent_pb2.PhaseRequestBatch], sink: _StreamSink
+    ) -> None:
+        service = self._service
+        decode = self._decoder.decode
+        async for batch in request_iterator:
+            leader = self._is_leader()
+            for req in batch.requests:
+                kind = req.WhichOneof("kind")
+                if kind == "enter":
+                    e = req.enter
+                    if not leader:
+                        sink.deliver(Reject(e.job_id, e.rank, e.request_id, ErrorCode.NOT_LEADER,
+                                            "not the leader"), 1)
+                        continue
+                    try:
+                        phase = decode(e.phase)
+                    except InvalidRequest as exc:
+                        sink.deliver(Reject(e.job_id, e.rank, e.request_id,
+                                            ErrorCode.INVALID_PHASE, str(exc)), 1)
+                        continue
+                    service.enter(e.job_id, e.rank, phase, e.request_id, e.timeout_s, sink)
+                elif kind == "release":
+                    r = req.release
+                    try:
+                        service.release(r.job_id, r.rank, decode(r.phase))
+                    except (ReleaseError, InvalidRequest) as exc:
+                        code = exc.code if isinstance(exc, ReleaseError) \
+                            else ErrorCode.INVALID_PHASE
+                        sink.push(agent_pb2.PhaseReply(error=agent_pb2.PhaseError(
+                            job_id=r.job_id, rank=r.rank, request_id=0,
+                            code=ERROR_TO_PB[code], message=f"release: {exc}")))
+                elif kind == "held":
+                    h = req.held
+                    try:
+                        service.resume_held(h.job_id, h.rank, decode(h.phase))
+                    except (ReleaseError, InvalidRequest) as exc:
+                        log.warning("held_phase_refused", job=h.job_id, rank=h.rank,
+                                    error=str(exc))
+
+    async def EnterPhase(  # noqa: N802
+        self,
+        request: agent_pb2.EnterPhaseRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> agent_pb2.EnterPhaseResponse:
+        await self._require_leader(context)
+        try:
+            phase = self._decoder.decode(request.phase)
+        except InvalidRequest as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        timeout_s = request.timeout_s
+        remaining = context.time_remaining()
+        if remaining is not None and (timeout_s <= 0 or remaining < timeout_s):
+            timeout_s = max(remaining, 1e-6)
+        sink = _FutureSink()
+        self._service.enter(request.job_id, request.rank, phase, request.request_id, timeout_s,
+                            sink)
+        decision, steps = await sink.future
+        if isinstance(decision, Reject):
+            await context.abort(_UNARY_STATUS[decision.code], decision.message,
+                                ((ERROR_METADATA_KEY, decision.code.value),))
+        assert isinstance(decision, Admit)
+        return agent_pb2.EnterPhaseResponse(noop=decision.noop, steps=steps,
+                                            device_s=decision.device_s)
+
+    async def ReleasePhase(  # noqa: N802
+        self,
+        request: agent_pb2.ReleasePhaseRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> agent_pb2.ReleasePhaseResponse:
+        await self._require_leader(context)
+        try:
+            self._service.release(request.job_id, request.rank,
+                                  self._decoder.decode(request.phase))
+        except InvalidRequest as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except ReleaseError as exc:
+            status = grpc.StatusCode.NOT_FOUND if exc.code is ErrorCode.UNKNOWN_JOB \
+                else grpc.StatusCode.FAILED_PRECONDITION
+            await context.abort(status, str(exc), ((ERROR_METADATA_KEY, exc.code.value),))
+        return agent_pb2.ReleasePhaseResponse()

@@ -1,0 +1,270 @@
+"""The async shell around the pure ``PhaseCoordinator``: it routes admissions to the stream
+that asked, runs reconfigurations through the reconciler, arms the deadline timer and records
+metrics and events. Nothing here waits for etcd (DESIGN.md "Phase protocol": the hot path has
+no etcd round trip); durable state goes through a non-blocking writer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import structlog
+from prometheus_client import Histogram
+
+from controller import metrics
+from controller.coordinator import (
+    Admit,
+    Decision,
+    ErrorCode,
+    PhaseCoordinator,
+    Reconfigure,
+    Reject,
+)
+from controller.events import EventBus, JobEvent, JobEventKind
+from controller.model import PhaseKey
+from drivers.base import CrossConnect, DriverError
+
+log = structlog.get_logger(__name__)
+
+
+class ReplySink(Protocol):
+    """Where the answer to one EnterPhase goes (a PhaseStream, a unary call's future).
+    ``deliver`` must not block."""
+
+    def deliver(self, decision: Admit | Reject, steps: int) -> None: ...
+
+
+class ReconcileResult(Protocol):
+    @property
+    def device_s(self) -> float: ...
+
+
+class ReconcilerLike(Protocol):
+    """What the shell needs of ``controller.reconciler.Reconciler``."""
+
+    async def reconcile(
+        self, switch_id: str, ports: frozenset[int], target: frozenset[CrossConnect]
+    ) -> ReconcileResult: ...
+
+    async def read_back(self, switch_id: str) -> frozenset[CrossConnect]: ...
+
+
+StateWriter = Callable[[str, object], None]
+"""``put(key, value)``: store ``value`` under ``key`` eventually; never blocks."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReconfigurationDone:
+    """Passed to ``on_reconfigured`` listeners after every reconfiguration of a phase."""
+
+    job_id: str
+    phase: PhaseKey
+    switches: tuple[str, ...]
+    device_s: float
+    error: str | None
+
+
+class PhaseService:
+    """Routes the phase protocol between gRPC handlers, the coordinator and the reconciler.
+
+    Call ``start(tg)`` inside the process's TaskGroup before use; reconfigurations run as named
+    tasks in that group. A bug (an exception that is not a ``DriverError``) propagates and takes
+    the group down: fail loud, the supervisor restarts the daemon.
+    """
+
+    def __init__(
+        self,
+        coordinator: PhaseCoordinator,
+        reconciler: ReconcilerLike,
+        events: EventBus,
+        *,
+        state_writer: StateWriter | None = None,
+    ) -> None:
+        self.coordinator = coordinator
+        self._reconciler = reconciler
+        self._events = events
+        self._write = state_writer
+        self._sinks: dict[tuple[str, int], ReplySink] = {}
+        self._tg: asyncio.TaskGroup | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        self._admit_hist: dict[tuple[str, str], Histogram] = {}
+        self._inflight: set[asyncio.Task[None]] = set()
+        self.listeners: list[Callable[[ReconfigurationDone], None]] = []
+
+    def start(self, tg: asyncio.TaskGroup) -> None:
+        """Attach to the running loop and the process's TaskGroup."""
+        self._tg = tg
+        self._loop = asyncio.get_running_loop()
+
+    def now(self) -> float:
+        """The loop's monotonic clock, in seconds."""
+        assert self._loop is not None, "PhaseService.start() not called"
+        return self._loop.time()
+
+    # --- requests ---------------------------------------------------------------------------
+
+    def enter(
+        self,
+        job_id: str,
+        rank: int,
+        phase: PhaseKey,
+        request_id: int,
+        timeout_s: float,
+        sink: ReplySink,
+    ) -> None:
+        """Ask for admission; the answer goes to ``sink`` (maybe before this returns)."""
+        self._sinks[(job_id, rank)] = sink
+        self._dispatch(
+            self.coordinator.enter(job_id, rank, phase, request_id, self.now(), timeout_s)
+        )
+
+    def release(self, job_id: str, rank: int, phase: PhaseKey) -> None:
+        """Leave a phase. Raises ``ReleaseError`` when the rank does not hold it."""
+        self._dispatch(self.coordinator.release(job_id, rank, phase, self.now()))
+
+    def resume_held(self, job_id: str, rank: int, phase: PhaseKey) -> None:
+        """Record that a rank still holds ``phase`` (after a reconnect). Raises
+        ``ReleaseError``."""
+        self.coordinator.resume_held(job_id, rank, phase)
+
+    def detach(self, sink: ReplySink) -> None:
+        """Forget ``sink`` (its stream closed); its ranks may re-attach from a new stream."""
+        for key in [k for k, s in self._sinks.items() if s is sink]:
+            del self._sinks[key]
+
+    def unregister_job(self, job_id: str) -> None:
+        """Remove a job; waiting ranks get CANCELLED. Raises ``UnknownJob``."""
+        self._dispatch(self.coordinator.unregister_job(job_id))
+
+    def refresh_switch(self, switch_id: str, cross_connects: frozenset[CrossConnect]) -> None:
+        """Replace the coordinator's view of a switch with a read-back."""
+        self.coordinator.set_confirmed(switch_id, cross_connects)
+        metrics.CIRCUITS.labels(switch_id).set(len(cross_connects))
+        self._dispatch(self.coordinator.expire(self.now()))
+
+    def cancel_all(self, code: ErrorCode, message: str) -> None:
+        """Answer every pending EnterPhase with ``code`` (shutdown, loss of leadership)."""
+        for (job_id, rank), sink in list(self._sinks.items()):
+            sink.deliver(Reject(job_id, rank, 0, code, message), 1)
+        self._sinks.clear()
+
+    # --- decisions --------------------------------------------------------------------------
+
+    def _dispatch(self, decisions: list[Decision]) -> None:
+        for d in decisions:
+            if isinstance(d, Admit):
+                self._on_admit(d)
+            elif isinstance(d, Reject):
+                sink = self._sinks.pop((d.job_id, d.rank), None)
+                metrics.PHASE_ERRORS.labels(d.job_id, d.code.value).inc()
+                if sink is not None:
+                    sink.deliver(d, 1)
+                if d.code is ErrorCode.DEADLINE_EXCEEDED or d.code is ErrorCode.DEVICE_FAILURE:
+                    self._events.publish(JobEvent(d.job_id, JobEventKind.PHASE_ERROR, d.message,
+                                                  fields={"rank": str(d.rank),
+                                                          "code": d.code.value}))
+            else:
+                self._start_reconfiguration(d)
+        self._arm_timer()
+
+    def _on_admit(self, d: Admit) -> None:
+        key = (d.job_id, d.phase.collective.value)
+        hist = self._admit_hist.get(key)
+        if hist is None:
+            hist = metrics.PHASE_ADMISSION_SECONDS.labels(*key)
+            self._admit_hist[key] = hist
+        hist.observe(d.waited_s)
+        if d.waited_s > 0:
+            metrics.STALL_SECONDS.labels(d.job_id).inc(d.waited_s)
+        metrics.PHASE_ADMISSIONS.labels(d.job_id, "noop" if d.noop else "switched").inc()
+        sink = self._sinks.pop((d.job_id, d.rank), None)
+        if sink is not None:
+            steps = self.coordinator.steps(d.job_id, d.phase)
+            sink.deliver(d, steps)
+
+    def _start_reconfiguration(self, rec: Reconfigure) -> None:
+        assert self._tg is not None, "PhaseService.start() not called"
+        task = self._tg.create_task(self._reconfigure(rec), name=f"reconfigure-op{rec.op_id}")
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
+    async def _reconfigure(self, rec: Reconfigure) -> None:
+        t0 = self.now()
+        results = await asyncio.gather(
+            *(
+                self._reconciler.reconcile(t.switch_id, t.ports, t.cross_connects)
+                for t in rec.targets
+            ),
+            return_exceptions=True,
+        )
+        device_s = self.now() - t0
+        failed: list[tuple[str, DriverError]] = []
+        for target, result in zip(rec.targets, results, strict=True):
+            if isinstance(result, DriverError):
+                failed.append((target.switch_id, result))
+            elif isinstance(result, BaseException):
+                raise result
+        error = "; ".join(str(e) for _, e in failed) if failed else None
+        self._dispatch(self.coordinator.reconfigured(rec.op_id, self.now(), error, device_s))
+        for switch_id, _ in failed:
+            try:
+                state = await self._reconciler.read_back(switch_id)
+            except DriverError as exc:
+                log.warning("read_back_failed", switch=switch_id, error=str(exc))
+                continue
+            self.refresh_switch(switch_id, state)
+        switches = tuple(t.switch_id for t in rec.targets)
+        for switch_id in switches:
+            metrics.CIRCUITS.labels(switch_id).set(len(self.coordinator.confirmed(switch_id)))
+        done = ReconfigurationDone(rec.job_id, rec.phase, switches, device_s, error)
+        for listener in self.listeners:
+            listener(done)
+        self._events.publish(
+            JobEvent(
+                rec.job_id,
+                JobEventKind.RECONFIGURED,
+                f"phase {rec.phase}: {'failed: ' + error if error else 'confirmed'}",
+                fields={"phase": str(rec.phase), "switches": ",".join(switches),
+                        "device_s": f"{device_s:.6f}"},
+            )
+        )
+        if self._write is not None and error is None:
+            self._write(
+                f"plans/{rec.job_id}",
+                {
+                    "phase": str(rec.phase),
+                    "switches": {
+                        t.switch_id: sorted([x.ingress, x.egress] for x in t.cross_connects)
+                        for t in rec.targets
+                    },
+                },
+            )
+
+    def _arm_timer(self) -> None:
+        deadline = self.coordinator.next_deadline()
+        if deadline == self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = deadline
+        if deadline is not None:
+            assert self._loop is not None
+            self._timer = self._loop.call_at(deadline, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = None
+        self._dispatch(self.coordinator.expire(self.now()))
+
+    async def drain(self, timeout_s: float) -> None:
+        """Wait (bounded) for in-flight reconfigurations to finish."""
+        if self._inflight:
+            await asyncio.wait(set(self._inflight), timeout=timeout_s)
+        if self._timer is not None:
+            self._timer.cancel()

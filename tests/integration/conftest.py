@@ -1,0 +1,42 @@
+"""Store fixtures for integration tests against a real etcd (``etcd`` comes from
+tests/conftest.py)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
+
+import pytest
+import pytest_asyncio
+
+from controller.etcd_server import EmbeddedEtcd
+from controller.store import EtcdStore
+
+StoreFactory = Callable[[], Awaitable[EtcdStore]]
+"""Opens one more store (another replica's connection) on the test's prefix."""
+
+
+@pytest.fixture
+def store_prefix() -> str:
+    """A key prefix of the test's own, so tests never see each other's keys."""
+    return f"/lightrail-test/{uuid.uuid4().hex[:12]}/v1"
+
+
+@pytest_asyncio.fixture
+async def store_factory(etcd: EmbeddedEtcd, store_prefix: str) -> AsyncIterator[StoreFactory]:
+    """Open any number of stores (each its own connection) on ``store_prefix``; all are closed
+    after the test."""
+    async with AsyncExitStack() as stack:
+
+        async def open_store() -> EtcdStore:
+            store = EtcdStore.connect(etcd.endpoint, prefix=store_prefix, timeout_s=2.0)
+            return await stack.enter_async_context(store)
+
+        yield open_store
+
+
+@pytest_asyncio.fixture
+async def store(store_factory: StoreFactory) -> EtcdStore:
+    """A connected store on the test's own prefix."""
+    return await store_factory()

@@ -1,0 +1,72 @@
+"""After-the-fact check of the safety invariant (DESIGN.md) on emulated switches' change logs.
+
+For every hold (a rank admitted into a phase at ``admitted_s`` and released at ``released_s``),
+every cross-connect of the phase's plan must have been made (light passing) no later than the
+admission, and must not have been broken before the release.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from agents.replay import HoldRecord
+from controller.fabric import Fabric
+from controller.planner import RankPlacement, layout_job, plan_phase
+from drivers.base import CrossConnect
+from emulator.ocs import ChangeAction, ChangeRecord
+
+# Emulator and replay both use time.monotonic; allow for float rounding only.
+_EPS_S = 1e-6
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """One broken promise, readable in a test failure."""
+
+    rank: int
+    phase: str
+    switch_id: str
+    cross_connect: CrossConnect
+    problem: str
+
+
+def check_holds(
+    fabric: Fabric,
+    placements: Sequence[RankPlacement],
+    holds: Iterable[HoldRecord],
+    change_logs: Mapping[str, Sequence[ChangeRecord]],
+    initial: Mapping[str, frozenset[CrossConnect]] | None = None,
+) -> list[Violation]:
+    """Every violation of the invariant; empty when it held. ``initial`` is the switches' state
+    before the first logged change (default: empty)."""
+    layout = layout_job(fabric, "check", placements)
+    timeline: dict[tuple[str, CrossConnect], list[tuple[float, ChangeAction]]] = {}
+    for sid, log in change_logs.items():
+        for rec in log:
+            timeline.setdefault((sid, rec.cross_connect), []).append((rec.at_s, rec.action))
+    for events in timeline.values():
+        events.sort(key=lambda e: e[0])
+    out: list[Violation] = []
+    for h in holds:
+        for target in plan_phase(layout, h.phase).targets:
+            for xc in target.cross_connects:
+                events = timeline.get((target.switch_id, xc), [])
+                times = [t for t, _ in events]
+                i = bisect.bisect_right(times, h.admitted_s + _EPS_S)
+                present = (events[i - 1][1] is ChangeAction.MAKE) if i else (
+                    initial is not None and xc in initial.get(target.switch_id, frozenset()))
+                if not present:
+                    out.append(Violation(h.rank, str(h.phase), target.switch_id, xc,
+                                         f"not made at admission {h.admitted_s:.6f}"))
+                    continue
+                for t, action in events[i:]:
+                    if t >= h.released_s - _EPS_S:
+                        break
+                    if action is ChangeAction.BREAK:
+                        out.append(Violation(h.rank, str(h.phase), target.switch_id, xc,
+                                             f"broken at {t:.6f} while held "
+                                             f"[{h.admitted_s:.6f}, {h.released_s:.6f}]"))
+                        break
+    return out

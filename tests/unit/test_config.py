@@ -1,0 +1,88 @@
+"""Config validation: unknown keys and wrong types are rejected with the field path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from controller.config import ConfigError, build_fabric, load_config, parse_config
+
+WIRING: list[dict[str, object]] = [
+    {"host": "a", "nic": 0, "gpu": 0, "rail": 0, "switch": "ocs0", "tx_port": 1, "rx_port": 5},
+    {"host": "b", "nic": 0, "gpu": 0, "rail": 0, "switch": "ocs0", "tx_port": 2, "rx_port": 6},
+]
+INLINE: dict[str, object] = {
+    "name": "lab",
+    "hosts": [{"name": "a", "gpus": 1}, {"name": "b", "gpus": 1}],
+    "switches": [{"id": "ocs0", "ports": 4, "rail": 0, "reconfiguration_delay_ms": 25}],
+    "wiring": WIRING,
+}
+
+
+def test_defaults_give_the_demo_fabric() -> None:
+    cfg = load_config(None)
+    fabric = build_fabric(cfg.fabric)
+    assert fabric.name == "demo-4x2"
+    assert len(fabric.hosts) == 4 and sorted(fabric.switches) == ["ocs-rail0", "ocs-rail1"]
+    assert cfg.controller.listen == "127.0.0.1:50051"
+
+
+def test_inline_fabric() -> None:
+    cfg = parse_config({"fabric": INLINE})
+    fabric = build_fabric(cfg.fabric)
+    assert fabric.switches["ocs0"].reconfiguration_delay_s == pytest.approx(0.025)
+    assert fabric.endpoint_of_gpu("b", 0).tx_port == 2
+
+
+def test_generated_rail_fabric() -> None:
+    cfg = parse_config({"fabric": {"rail": {"hosts": 3, "gpus_per_host": 2, "spares": 1}}})
+    fabric = build_fabric(cfg.fabric)
+    assert len(fabric.hosts) == 4 and fabric.hosts["host3"].spare
+    assert fabric.switches["ocs-rail1"].capabilities.port_count == 4
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ({"controler": {}}, "controler: Extra inputs are not permitted"),
+        ({"controller": {"listen": 5}}, "controller.listen: Input should be a valid string"),
+        ({"controller": {"admission_timeout_s": -1}},
+         "controller.admission_timeout_s: Input should be greater than 0 (got -1)"),
+        ({"etcd": {"endpoints": "localhost:2379"}}, "etcd.endpoints: Input should be a valid list"),
+        ({"fabric": {"builtin": "nope"}}, "fabric.builtin: Input should be 'demo-4x2'"),
+        ({"fabric": {**INLINE, "switches": [{"id": "ocs0", "ports": "many"}]}},
+         "fabric.switches.0.ports: Input should be a valid integer"),
+        ({"fabric": {**INLINE, "switches": [{"id": "ocs0", "ports": 4, "colour": "red"}]}},
+         "fabric.switches.0.colour: Extra inputs are not permitted"),
+        ({"fabric": {"builtin": "demo-4x2", "hosts": [{"name": "a", "gpus": 1}]}},
+         "give one of builtin, rail or hosts/switches/wiring"),
+        ([1, 2], "(top level): expected a mapping, got list"),
+    ],
+)
+def test_bad_config_names_the_field(data: object, expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, "test.yaml")
+    assert any(expected in p for p in info.value.problems), info.value.problems
+    assert str(info.value).startswith("test.yaml: invalid configuration")
+
+
+def test_inconsistent_wiring_names_the_endpoint() -> None:
+    bad = {**INLINE, "wiring": [{**WIRING[0], "tx_port": 7}]}
+    with pytest.raises(ConfigError, match=r"wiring\[a/nic0\].tx_port: 7 is not an ingress port"):
+        parse_config({"fabric": bad})
+    dup = {**INLINE, "wiring": [WIRING[0], {**WIRING[1], "tx_port": 1}]}
+    with pytest.raises(ConfigError, match=r"port ocs0:1 already wired to a/nic0"):
+        parse_config({"fabric": dup})
+
+
+def test_files(tmp_path: Path) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text("controller:\n  replica_id: r1\nfabric:\n  builtin: rail-16x8\n")
+    assert load_config(good).controller.replica_id == "r1"
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("controller: [unclosed\n")
+    with pytest.raises(ConfigError, match=r"\(yaml\)"):
+        load_config(broken)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml")
