@@ -217,16 +217,29 @@ class ControllerClient:
             call.cancel()
 
 
+_SCALE_UP = Admission(noop=True, steps=1, device_s=0.0)
+
+
 class RankSession:
     """One rank's view of the phase protocol.
 
     Call ``start_iteration(i)`` at the top of every training step; then wrap each collective
     in ``async with session.phase(group, collective):``. Phases of one (group, collective) get
     sequence numbers 0, 1, ... within the iteration.
+
+    ``hosts`` (rank -> host name, the job's placement) lets the session admit phases whose
+    ranks all sit on one host at once, without a controller call: they run over scale-up
+    (NVLink) and need no circuit (Opus: TP stays inside the host).
     """
 
     def __init__(
-        self, transport: PhaseTransport, job_id: str, rank: int, *, timeout_s: float = 30.0
+        self,
+        transport: PhaseTransport,
+        job_id: str,
+        rank: int,
+        *,
+        timeout_s: float = 30.0,
+        hosts: Sequence[str] | None = None,
     ) -> None:
         self.transport = transport
         self.job_id = job_id
@@ -237,6 +250,20 @@ class RankSession:
         """The phase this rank is admitted into, while inside ``phase``/``all_to_all``."""
         self._seq: dict[tuple[ProcessGroup, Collective], int] = {}
         self._groups: dict[tuple[int, ...], ProcessGroup] = {}
+        self._hosts = hosts
+        self._local: dict[ProcessGroup, bool] = {}
+
+    def is_scale_up_only(self, group: ProcessGroup) -> bool:
+        """True when every rank of ``group`` is on one host (needs no circuit)."""
+        if self._hosts is None:
+            return False
+        local = self._local.get(group)
+        if local is None:
+            hosts = self._hosts
+            local = all(r < len(hosts) for r in group.ranks) and len(
+                {hosts[r] for r in group.ranks}) == 1
+            self._local[group] = local
+        return local
 
     def start_iteration(self, iteration: int) -> None:
         """Begin training step ``iteration``: phase sequence numbers restart at 0."""
@@ -264,6 +291,13 @@ class RankSession:
         """Enter the phase, yield the admission, release on exit (also on error). For an
         all-to-all this covers sub-phase 0 only; use ``all_to_all``."""
         key = self._key(group, collective, 0)
+        if self.is_scale_up_only(key.group):
+            self.current_phase = key
+            try:
+                yield _SCALE_UP
+            finally:
+                self.current_phase = None
+            return
         adm = await self.transport.enter(self.job_id, self.rank, key, self.iteration,
                                          self.timeout_s)
         self.current_phase = key
@@ -278,6 +312,13 @@ class RankSession:
         admitted into it; the caller exchanges with that step's peers in the loop body."""
         ranks = tuple(group)
         key = self._key(ranks, Collective.ALL_TO_ALL, 0)
+        if self.is_scale_up_only(key.group):
+            self.current_phase = key
+            try:
+                yield _SCALE_UP
+            finally:
+                self.current_phase = None
+            return
         step = 0
         steps = 1
         while step < steps:

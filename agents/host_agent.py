@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import itertools
 from dataclasses import dataclass
 
@@ -23,7 +24,7 @@ import structlog
 from lightrail.v1 import agent_pb2, agent_pb2_grpc
 
 from agents.errors import Admission, ControllerUnavailable, PhaseError, error_for
-from controller.convert import ERROR_FROM_PB, phase_key_to_pb
+from controller.convert import COLLECTIVE_TO_PB, ERROR_FROM_PB
 from controller.coordinator import ErrorCode
 from controller.model import PhaseKey
 
@@ -32,6 +33,82 @@ log = structlog.get_logger(__name__)
 
 class _StreamClosed(Exception):
     """The controller ended the PhaseStream."""
+
+
+class _Kind(enum.Enum):
+    ENTER = 1
+    RELEASE = 2
+    HELD = 3
+
+
+@dataclass(slots=True)
+class _Out:
+    """A request waiting for the next batch; encoded when the batch is written, so group
+    definitions follow the stream the message actually goes out on."""
+
+    kind: _Kind
+    job_id: str
+    rank: int
+    phase: PhaseKey
+    iteration: int
+    request_id: int = 0
+    timeout_s: float = 0.0
+
+
+class _Encoder:
+    """Encodes requests for one stream session; the first use of a process group on the
+    stream is preceded by a DefineGroup, later ones carry only its 64-bit id."""
+
+    __slots__ = ("_defined",)
+
+    def __init__(self) -> None:
+        self._defined: set[int] = set()
+
+    def encode(self, batch: list[_Out]) -> agent_pb2.PhaseRequestBatch:
+        out = agent_pb2.PhaseRequestBatch()
+        reqs = out.requests
+        defined = self._defined
+        for m in batch:
+            group = m.phase.group
+            gid = group.group_id
+            if gid not in defined:
+                reqs.add().define_group.CopyFrom(
+                    agent_pb2.DefineGroup(group_id=gid, ranks=group.ranks))
+                defined.add(gid)
+            req = reqs.add()
+            if m.kind is _Kind.ENTER:
+                e = req.enter
+                e.job_id = m.job_id
+                e.rank = m.rank
+                e.iteration = m.iteration
+                e.request_id = m.request_id
+                e.timeout_s = m.timeout_s
+                key = e.phase
+            elif m.kind is _Kind.RELEASE:
+                r = req.release
+                r.job_id = m.job_id
+                r.rank = m.rank
+                r.iteration = m.iteration
+                key = r.phase
+            else:
+                h = req.held
+                h.job_id = m.job_id
+                h.rank = m.rank
+                h.iteration = m.iteration
+                key = h.phase
+            key.group_id = gid
+            key.collective = COLLECTIVE_TO_PB[m.phase.collective]
+            key.seq = m.phase.seq
+            key.step = m.phase.step
+        return out
+
+
+def _expire(fut: asyncio.Future[Admission], timeout_s: float, budget_s: float) -> None:
+    if not fut.done():
+        fut.set_exception(error_for(
+            ErrorCode.DEADLINE_EXCEEDED,
+            f"no answer from the controller within {timeout_s:.3f} s (+{budget_s:.0f} s "
+            "reconnect budget)"))
 
 
 @dataclass(slots=True)
@@ -76,7 +153,7 @@ class HostAgent:
         self._pending: dict[tuple[str, int], _Pending] = {}
         self._held: dict[tuple[str, int], _Held] = {}
         self._last_release: dict[tuple[str, int], _Held] = {}
-        self._outbox: list[agent_pb2.PhaseRequest] = []
+        self._outbox: list[_Out] = []
         self._wake = asyncio.Event()
         self._connected = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -125,19 +202,18 @@ class HostAgent:
         key = (job_id, rank)
         if key in self._pending:
             raise PhaseError(ErrorCode.RANK_BUSY, f"rank {rank} already waits for a phase")
-        fut: asyncio.Future[Admission] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Admission] = loop.create_future()
         p = _Pending(next(self._ids), phase, iteration, timeout_s, fut)
         self._pending[key] = p
-        self._send(self._enter_msg(job_id, rank, p))
+        self._send(_Out(_Kind.ENTER, job_id, rank, phase, iteration, p.request_id, timeout_s))
+        # The controller enforces timeout_s; this local guard only fires when it is gone.
+        guard = loop.call_later(timeout_s + self._reconnect_budget_s, _expire, fut, timeout_s,
+                                self._reconnect_budget_s)
         try:
-            return await asyncio.wait_for(
-                asyncio.shield(fut), timeout_s + self._reconnect_budget_s
-            )
-        except TimeoutError:
-            raise error_for(ErrorCode.DEADLINE_EXCEEDED,
-                            f"no answer from the controller within {timeout_s:.3f} s "
-                            f"(+{self._reconnect_budget_s:.0f} s reconnect budget)") from None
+            return await fut
         finally:
+            guard.cancel()
             if self._pending.get(key) is p:
                 del self._pending[key]
 
@@ -146,7 +222,7 @@ class HostAgent:
         key = (job_id, rank)
         self._held.pop(key, None)
         self._last_release[key] = _Held(phase, iteration)
-        self._send(self._release_msg(job_id, rank, phase, iteration))
+        self._send(_Out(_Kind.RELEASE, job_id, rank, phase, iteration))
 
     async def release_phase(
         self, job_id: str, rank: int, phase: PhaseKey, iteration: int = 0
@@ -156,18 +232,7 @@ class HostAgent:
 
     # --- connection -------------------------------------------------------------------------
 
-    def _enter_msg(self, job_id: str, rank: int, p: _Pending) -> agent_pb2.PhaseRequest:
-        return agent_pb2.PhaseRequest(enter=agent_pb2.EnterPhaseRequest(
-            job_id=job_id, rank=rank, phase=phase_key_to_pb(p.phase), iteration=p.iteration,
-            request_id=p.request_id, timeout_s=p.timeout_s))
-
-    def _release_msg(
-        self, job_id: str, rank: int, phase: PhaseKey, iteration: int
-    ) -> agent_pb2.PhaseRequest:
-        return agent_pb2.PhaseRequest(release=agent_pb2.ReleasePhaseRequest(
-            job_id=job_id, rank=rank, phase=phase_key_to_pb(phase), iteration=iteration))
-
-    def _send(self, msg: agent_pb2.PhaseRequest) -> None:
+    def _send(self, msg: _Out) -> None:
         self._outbox.append(msg)
         self._wake.set()
 
@@ -209,32 +274,29 @@ class HostAgent:
             # then every pending enter (same request ids), then releases queued since.
             busy = self._held.keys() | self._pending.keys()
             resync = [
-                self._release_msg(j, r, h.phase, h.iteration)
+                _Out(_Kind.RELEASE, j, r, h.phase, h.iteration)
                 for (j, r), h in self._last_release.items() if (j, r) not in busy
             ]
-            resync += [
-                agent_pb2.PhaseRequest(held=agent_pb2.HeldPhase(
-                    job_id=j, rank=r, phase=phase_key_to_pb(h.phase), iteration=h.iteration))
-                for (j, r), h in self._held.items()
-            ]
-            resync += [self._enter_msg(j, r, p) for (j, r), p in self._pending.items()]
-            self._outbox = resync + [m for m in self._outbox if m.HasField("release")]
+            resync += [_Out(_Kind.HELD, j, r, h.phase, h.iteration)
+                       for (j, r), h in self._held.items()]
+            resync += [_Out(_Kind.ENTER, j, r, p.phase, p.iteration, p.request_id, p.timeout_s)
+                       for (j, r), p in self._pending.items()]
+            self._outbox = resync + [m for m in self._outbox if m.kind is _Kind.RELEASE]
+            encoder = _Encoder()
             self._wake.set()
             reader = asyncio.create_task(self._read(call), name=f"agent-reader-{self.host}")
+            reader.add_done_callback(lambda _t: self._wake.set())
             self._connected.set()
             try:
                 while True:
-                    wake = asyncio.ensure_future(self._wake.wait())
-                    done, _ = await asyncio.wait({wake, reader},
-                                                 return_when=asyncio.FIRST_COMPLETED)
-                    if reader in done:
-                        wake.cancel()
+                    await self._wake.wait()
+                    self._wake.clear()
+                    if reader.done():
                         reader.result()
                         raise _StreamClosed("controller closed the stream")
-                    self._wake.clear()
                     batch, self._outbox = self._outbox, []
                     if batch:
-                        await call.write(agent_pb2.PhaseRequestBatch(requests=batch))
+                        await call.write(encoder.encode(batch))
             finally:
                 self._connected.clear()
                 reader.cancel()

@@ -163,6 +163,7 @@ class ReplayReport:
     rows: tuple[PhaseRow, ...]
     notes: tuple[str, ...]
     unplanned_ops: int
+    scale_up_ops: int
     wall_s: float
     stall_ms_per_iter: float
     placements: tuple[RankPlacement, ...]
@@ -190,6 +191,7 @@ class Replayer:
         time_scale: float = 1.0,
         link_gbps: float = 100.0,
         timeout_s: float = 30.0,
+        max_ops: int | None = None,
         on_progress: Callable[[int, int], None] | None = None,
     ) -> None:
         if iterations < 1:
@@ -205,12 +207,22 @@ class Replayer:
         self.timeout_s = timeout_s
         self.on_progress = on_progress
         self.ops, notes = expand_workload(workload)
+        if max_ops is not None:
+            if max_ops < 1:
+                raise ReplayError(f"max_ops: must be >= 1, got {max_ops}")
+            longest = max((len(v) for v in self.ops.values()), default=0)
+            if longest > max_ops:
+                self.ops = {r: v[:max_ops] for r, v in self.ops.items()}
+                notes.append(f"only the first {max_ops} of up to {longest} collectives per "
+                             "rank are replayed (--max-ops)")
         self.notes = tuple(notes)
         self.placements = place_ranks(workload.world_size, hosts)
         self._instances: dict[tuple[int, PhaseKey], _Instance] = {}
         self._stall_s = 0.0
         self._unplanned = 0
         self._done_iters: dict[int, int] = {}
+        self._hosts = [p.host for p in self.placements]
+        self._scale_up = 0
         self.holds: list[HoldRecord] = []
         """Every admission of the run, for invariant checks."""
 
@@ -246,7 +258,8 @@ class Replayer:
         return self._report(time.monotonic() - start)
 
     async def _rank(self, agent: HostAgent, rank: int) -> None:
-        session = RankSession(agent, self.job_id, rank, timeout_s=self.timeout_s)
+        session = RankSession(agent, self.job_id, rank, timeout_s=self.timeout_s,
+                              hosts=self._hosts)
         ops = self.ops.get(rank, [])
         tail = self.workload.tail_gap_s.get(rank, 0.0)
         for it in range(self.iterations):
@@ -256,6 +269,9 @@ class Replayer:
                     await asyncio.sleep(op.gap_s * self.time_scale)
                 if op.group is None:
                     self._unplanned += 1
+                    continue
+                if session.is_scale_up_only(op.group):
+                    self._scale_up += 1  # NVLink inside the host: no circuit, no controller
                     continue
                 if op.collective is Collective.ALL_TO_ALL:
                     await self._all_to_all(session, rank, it, op)
@@ -351,6 +367,7 @@ class Replayer:
             rows=tuple(rows),
             notes=self.notes,
             unplanned_ops=self._unplanned,
+            scale_up_ops=self._scale_up,
             wall_s=wall_s,
             stall_ms_per_iter=self._stall_s / world / self.iterations * 1e3,
             placements=tuple(self.placements),
@@ -366,6 +383,7 @@ def report_to_json(report: ReplayReport) -> Mapping[str, object]:
         "wall_s": round(report.wall_s, 4),
         "stall_ms_per_iter": round(report.stall_ms_per_iter, 4),
         "unplanned_ops": report.unplanned_ops,
+        "scale_up_ops": report.scale_up_ops,
         "notes": list(report.notes),
         "phases": [
             {"phase": r.phase, "count": r.count, "reconfigurations": r.reconfigurations,

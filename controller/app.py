@@ -157,6 +157,11 @@ async def _serve(
             state = await reconciler.read_back_all()
             for sid, xcs in state.items():
                 service.refresh_switch(sid, xcs)
+            # A reconfiguration cut short by a crash of the previous leader reads back as made
+            # while its light may still be settling: wait one reconfiguration delay before any
+            # admission can rely on what was read back.
+            await asyncio.sleep(max((sw.reconfiguration_delay_s
+                                     for sw in fabric.switches.values()), default=0.0))
             repo = EtcdJobRepository(store)
             await _recover_jobs(repo, coordinator)
             metrics.JOBS.set(len(coordinator.job_ids()))
@@ -204,6 +209,9 @@ async def _serve(
             if lost:
                 raise LeadershipLost("leader lease not renewed within half its TTL; fenced")
     finally:
+        if server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(server.stop(grace=None), timeout)
         if metrics_server is not None:
             metrics_server.shutdown()
             metrics_server.server_close()

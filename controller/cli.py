@@ -66,7 +66,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
     configure_logging(cfg.logging.level, cfg.logging.format)
 
     async def main() -> int:
-        from controller.app import LeadershipLost, run_controller
+        from controller.app import LeadershipLost, RunningController, run_controller
         from controller.embedded import embedded_config
         from controller.etcd_server import EmbeddedEtcd
 
@@ -74,14 +74,19 @@ def cmd_controller(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        def announce(rc: RunningController) -> None:
+            if args.announce:
+                print(json.dumps({"grpc": rc.grpc_target, "metrics": rc.metrics_url}),
+                      flush=True)
+
         try:
             if cfg.etcd.embedded:
                 async with EmbeddedEtcd() as etcd:
                     c2 = embedded_config(etcd.endpoint, cfg.fabric)
                     c2 = c2.model_copy(update={"controller": cfg.controller})
-                    await run_controller(c2, stop)
+                    await run_controller(c2, stop, on_started=announce)
             else:
-                await run_controller(cfg, stop)
+                await run_controller(cfg, stop, on_started=announce)
         except LeadershipLost as exc:
             print(f"lightrail controller: {exc}", file=sys.stderr)
             return 1
@@ -137,6 +142,9 @@ def _print_report(console: Console, report: Any, fabric: str, delay_ms: float) -
     )
     for note in report.notes:
         console.print(f"  note: {note}")
+    if report.scale_up_ops:
+        console.print(f"  note: {report.scale_up_ops} rank-ops were on groups inside one host "
+                      "(scale-up, e.g. TP over NVLink): no circuit, no controller call")
     if report.unplanned_ops:
         console.print(f"  note: {report.unplanned_ops} rank-ops had no known process group and "
                       "ran without circuits")
@@ -172,6 +180,7 @@ async def replay_main(
     job_id: str,
     as_json: bool,
     progress: bool,
+    max_ops: int | None = None,
 ) -> int:
     """Load ``trace``, run it through a controller (embedded when ``controller`` is None),
     print the summary. Returns the exit code."""
@@ -191,7 +200,7 @@ async def replay_main(
     async def run(target: str) -> int:
         hosts = await _hosts(target)
         replayer = Replayer(workload, target, hosts, job_id=job_id, iterations=iterations,
-                            time_scale=time_scale)
+                            time_scale=time_scale, max_ops=max_ops)
         bar = Progress(TextColumn("replaying {task.description}"), BarColumn(),
                        MofNCompleteColumn(), TimeElapsedColumn(), console=err,
                        disable=not progress or as_json)
@@ -209,14 +218,18 @@ async def replay_main(
 
     if controller is not None:
         return await run(controller)
-    from controller.embedded import embedded_stack
+    from controller.embedded import embedded_config, spawn_controller
+    from controller.etcd_server import EmbeddedEtcd
 
     section = FabricSection.model_validate(
         {"builtin": fabric_name, "reconfiguration_delay_ms": delay_ms})
     if progress and not as_json:
-        err.print(f"starting embedded etcd and controller (fabric {fabric_name}) ...")
-    async with embedded_stack(section) as rc:
-        return await run(rc.grpc_target)
+        err.print(f"starting an embedded etcd and a controller process (fabric {fabric_name}) "
+                  "...")
+    async with EmbeddedEtcd() as etcd:
+        cfg = embedded_config(etcd.endpoint, section)
+        async with spawn_controller(cfg) as child:
+            return await run(child.grpc_target)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -225,6 +238,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         Path(args.trace), controller=args.controller, fabric=args.fabric,
         delay_ms=args.delay_ms, iterations=args.iterations, time_scale=args.time_scale,
         job_id=args.job_id, as_json=args.json, progress=not args.no_progress,
+        max_ops=args.max_ops,
     ))
 
 
@@ -343,6 +357,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("controller", help="run the controller daemon")
     c.add_argument("--config", help="YAML config (default: built-in demo fabric, local etcd)")
+    c.add_argument("--announce", action="store_true",
+                   help="print one JSON line with the bound gRPC and metrics addresses to stdout "
+                        "once serving (for supervisors and the embedded demo)")
     c.set_defaults(func=cmd_controller)
 
     c = sub.add_parser("check-config", help="validate a config file")
@@ -373,6 +390,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--job-id", default="replay")
     c.add_argument("--json", action="store_true")
     c.add_argument("--no-progress", action="store_true")
+    c.add_argument("--max-ops", type=int, default=None,
+                   help="replay only the first N collectives of each rank's iteration")
     replay_opts(c, 3)
     c.set_defaults(func=cmd_replay)
 

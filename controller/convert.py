@@ -60,33 +60,68 @@ EVENT_TO_PB: dict[JobEventKind, agent_pb2.JobEventKind.ValueType] = {
 }
 
 
+_MAX_GROUPS = 65536
+
+
 class PhaseKeyDecoder:
     """Decodes ``PhaseKey`` messages, interning process groups: a job has few distinct groups,
-    so the hot path does not sort and hash a rank list per call."""
+    so the hot path neither sorts nor hashes a rank list per call. Groups arrive by rank list
+    or by ``group_id`` after a ``DefineGroup``; the id is a hash of the ranks, checked on
+    definition, so one table serves every stream."""
 
     def __init__(self) -> None:
         self._groups: dict[tuple[int, ...], ProcessGroup] = {}
+        self._by_id: dict[int, ProcessGroup] = {}
 
-    def decode(self, pb: agent_pb2.PhaseKey, field: str = "phase") -> PhaseKey:
-        """Raises ``InvalidRequest`` naming ``field`` for an empty group or unknown collective."""
-        raw = tuple(pb.group_ranks)
+    def _group(self, raw: tuple[int, ...], field: str) -> ProcessGroup:
         group = self._groups.get(raw)
         if group is None:
             if not raw:
-                raise InvalidRequest(f"{field}.group_ranks: empty")
+                raise InvalidRequest(f"{field}: empty")
             if len(set(raw)) != len(raw):
-                raise InvalidRequest(f"{field}.group_ranks: duplicate ranks in {list(raw)}")
+                raise InvalidRequest(f"{field}: duplicate ranks in {list(raw)}")
             group = ProcessGroup.of(raw)
-            if len(self._groups) < 65536:
+            if len(self._groups) < _MAX_GROUPS:
                 self._groups[raw] = group
+        return group
+
+    def define(self, pb: agent_pb2.DefineGroup) -> None:
+        """Bind ``pb.group_id`` to ``pb.ranks``. Raises ``InvalidRequest`` when the id is not
+        the hash of the ranks (a client bug: it would silently alias another group)."""
+        group = self._group(tuple(pb.ranks), "define_group.ranks")
+        if group.group_id != pb.group_id:
+            raise InvalidRequest(
+                f"define_group.group_id: {pb.group_id:#x} is not the id of ranks "
+                f"{list(group.ranks)[:16]} ({group.group_id:#x})")
+        if len(self._by_id) < _MAX_GROUPS:
+            self._by_id[pb.group_id] = group
+
+    def decode(self, pb: agent_pb2.PhaseKey, field: str = "phase") -> PhaseKey:
+        """Raises ``InvalidRequest`` naming ``field`` for an empty group, an undefined group id
+        or an unknown collective."""
+        if pb.group_id:
+            group = self._by_id.get(pb.group_id)
+            if group is None:
+                raise InvalidRequest(f"{field}.group_id: unknown group {pb.group_id:#x} "
+                                     "(send DefineGroup first on this stream)")
+        else:
+            group = self._group(tuple(pb.group_ranks), f"{field}.group_ranks")
         coll = COLLECTIVE_FROM_PB.get(pb.collective)
         if coll is None:
             raise InvalidRequest(f"{field}.collective: unspecified or unknown ({pb.collective})")
         return PhaseKey(group, coll, pb.seq, pb.step)
 
 
-def phase_key_to_pb(phase: PhaseKey) -> agent_pb2.PhaseKey:
-    """Encode a ``PhaseKey``."""
+def phase_key_to_pb(phase: PhaseKey, *, by_id: bool = False) -> agent_pb2.PhaseKey:
+    """Encode a ``PhaseKey``: with the rank list, or with ``group_id`` only (``by_id``; the
+    receiver must have had a ``DefineGroup`` for it)."""
+    if by_id:
+        return agent_pb2.PhaseKey(
+            group_id=phase.group.group_id,
+            collective=COLLECTIVE_TO_PB[phase.collective],
+            seq=phase.seq,
+            step=phase.step,
+        )
     return agent_pb2.PhaseKey(
         group_ranks=phase.group.ranks,
         collective=COLLECTIVE_TO_PB[phase.collective],

@@ -132,6 +132,7 @@ class _Waiter:
 class _Instance:
     job_id: str
     phase: PhaseKey
+    iteration: int
     plan: Plan
     waiters: dict[int, _Waiter] = field(default_factory=dict)
     holders: set[int] = field(default_factory=set)
@@ -163,7 +164,7 @@ class _Job:
     declared: tuple[PhaseKey, ...]
     ranks: list[_Rank]
     plans: dict[tuple[ProcessGroup, Collective, int], Plan] = field(default_factory=dict)
-    instances: dict[PhaseKey, _Instance] = field(default_factory=dict)
+    instances: dict[tuple[PhaseKey, int], _Instance] = field(default_factory=dict)
     admitted: int = 0
     admitted_noop: int = 0
     reconfigurations: int = 0
@@ -241,7 +242,7 @@ class PhaseCoordinator:
                     Reject(job_id, w.rank, w.request_id, ErrorCode.CANCELLED, "job unregistered")
                 )
             inst.waiters.clear()
-            for _ in inst.holders:
+            if inst.holders:
                 self._unhold(inst.plan)
             inst.holders.clear()
         self._queue = [i for i in self._queue if i.job_id != job_id]
@@ -326,9 +327,16 @@ class PhaseCoordinator:
         request_id: int,
         now: float,
         timeout_s: float = 0.0,
+        iteration: int = 0,
     ) -> list[Decision]:
-        """A rank asks to enter ``phase``. Returns the decisions this causes (an ``Admit`` or
-        ``Reject`` for this rank at once, or ``Reconfigure`` and later decisions)."""
+        """A rank asks to enter ``phase`` of training step ``iteration``. Returns the decisions
+        this causes (an ``Admit`` or ``Reject`` for this rank at once, or ``Reconfigure`` and
+        later decisions).
+
+        Cost: O(1) for every rank after the first of a phase instance; the first pays O(plan)
+        to check the circuits. Fairness: a phase whose circuits are there still waits when an
+        older waiting phase claims any of its ports, so a repeating phase cannot starve a
+        reconfiguration its peers are blocked on."""
         job = self._jobs.get(job_id)
         if job is None:
             return [Reject(job_id, rank, request_id, ErrorCode.UNKNOWN_JOB,
@@ -341,7 +349,7 @@ class PhaseCoordinator:
                            f"phase.group_ranks: rank {rank} is not in group {phase.group.ranks}")]
         rs = job.ranks[rank]
         if rs.state is not _RankState.IDLE and rs.instance is not None \
-                and rs.instance.phase == phase:
+                and rs.instance.phase == phase and rs.instance.iteration == iteration:
             # The same request again, after the agent's stream broke: re-attach, never twice.
             if rs.state is _RankState.HOLDING:
                 return [Admit(job_id, rank, request_id, phase, True, 0.0)]
@@ -361,11 +369,15 @@ class PhaseCoordinator:
             plan = self._plan(job, phase)
         except PlanError as exc:
             return [Reject(job_id, rank, request_id, ErrorCode.INVALID_PHASE, str(exc))]
-        inst = job.instances.get(phase)
+        ikey = (phase, iteration)
+        inst = job.instances.get(ikey)
         if inst is None:
-            inst = _Instance(job_id, phase, plan)
-            job.instances[phase] = inst
-        if inst.op_id is None and not inst.waiters and self._ready(plan):
+            inst = _Instance(job_id, phase, iteration, plan)
+            job.instances[ikey] = inst
+        if inst.op_id is None and not inst.waiters and (
+            inst.holders or (self._ready(plan) and not self._claimed_by_older(plan))
+        ):
+            # Held instances cannot change under their holders: join them without a check.
             self._admit_rank(job, rs, rank, inst)
             job.admitted_noop += 1
             return [Admit(job_id, rank, request_id, phase, True, 0.0)]
@@ -378,12 +390,15 @@ class PhaseCoordinator:
         self._deadline_seq += 1
         heapq.heappush(self._deadlines, (w.deadline_s, self._deadline_seq, job_id, rank,
                                          request_id))
-        if not inst.queued:
-            inst.queued = True
-            self._queue.append(inst)
+        if inst.queued:
+            return []  # the instance waits already; one more rank changes nothing
+        inst.queued = True
+        self._queue.append(inst)
         return self._schedule(now)
 
-    def resume_held(self, job_id: str, rank: int, phase: PhaseKey) -> None:
+    def resume_held(
+        self, job_id: str, rank: int, phase: PhaseKey, iteration: int = 0
+    ) -> None:
         """After a controller restart, a rank reports it still holds ``phase``: record its holds
         again. Raises ``ReleaseError`` when the job, rank or phase is not valid."""
         job = self._jobs.get(job_id)
@@ -393,7 +408,7 @@ class PhaseCoordinator:
             raise ReleaseError(ErrorCode.INVALID_RANK, f"rank: {rank} out of range")
         rs = job.ranks[rank]
         if rs.state is _RankState.HOLDING and rs.instance is not None \
-                and rs.instance.phase == phase:
+                and rs.instance.phase == phase and rs.instance.iteration == iteration:
             return
         if rs.state is not _RankState.IDLE:
             raise ReleaseError(ErrorCode.RANK_BUSY, f"rank {rank} is not idle")
@@ -401,12 +416,12 @@ class PhaseCoordinator:
             plan = self._plan(job, phase)
         except PlanError as exc:
             raise ReleaseError(ErrorCode.INVALID_PHASE, str(exc)) from exc
-        inst = job.instances.get(phase)
+        ikey = (phase, iteration)
+        inst = job.instances.get(ikey)
         if inst is None:
-            inst = _Instance(job_id, phase, plan)
-            job.instances[phase] = inst
-        self._hold(plan)
-        inst.holders.add(rank)
+            inst = _Instance(job_id, phase, iteration, plan)
+            job.instances[ikey] = inst
+        self._add_holder(inst, rank)
         rs.state = _RankState.HOLDING
         rs.instance = inst
 
@@ -427,10 +442,10 @@ class PhaseCoordinator:
                 + (f" (it {'waits for' if rs.state is _RankState.WAITING else 'holds'} "
                    f"{inst.phase})" if inst is not None else ""),
             )
-        inst.holders.discard(rank)
-        self._unhold(inst.plan)
         rs.state = _RankState.IDLE
         rs.instance = None
+        if self._remove_holder(inst, rank):
+            return []  # others still hold the phase: nothing was freed
         self._maybe_drop(job, inst)
         return self._schedule(now)
 
@@ -567,9 +582,40 @@ class PhaseCoordinator:
                 else:
                     del held[key]
 
-    def _admit_rank(self, job: _Job, rs: _Rank, rank: int, inst: _Instance) -> None:
-        self._hold(inst.plan)
+    def _add_holder(self, inst: _Instance, rank: int) -> None:
+        """Holds are counted per instance: the plan's cross-connects are held once, by the
+        first holder, and freed by the last (O(plan) per phase, not per rank)."""
+        if not inst.holders:
+            self._hold(inst.plan)
         inst.holders.add(rank)
+
+    def _remove_holder(self, inst: _Instance, rank: int) -> bool:
+        """Returns True while the instance still has holders."""
+        inst.holders.discard(rank)
+        if inst.holders:
+            return True
+        self._unhold(inst.plan)
+        return False
+
+    def _claimed_by_older(self, plan: Plan) -> bool:
+        """True when a waiting (not yet switching) phase needs one of ``plan``'s ports or must
+        break a cross-connect ``plan`` would hold."""
+        for q in self._queue:
+            if q.op_id is not None or not q.waiters:
+                continue
+            for qt in q.plan.targets:
+                for t in plan.targets:
+                    if t.switch_id != qt.switch_id:
+                        continue
+                    if not t.ports.isdisjoint(qt.ports):
+                        return True
+                    for xc in self._conflicts(qt):
+                        if xc in t.cross_connects:
+                            return True
+        return False
+
+    def _admit_rank(self, job: _Job, rs: _Rank, rank: int, inst: _Instance) -> None:
+        self._add_holder(inst, rank)
         rs.state = _RankState.HOLDING
         rs.instance = inst
         job.admitted += 1
@@ -577,7 +623,7 @@ class PhaseCoordinator:
 
     def _maybe_drop(self, job: _Job, inst: _Instance) -> None:
         if not inst.holders and not inst.waiters and inst.op_id is None and not inst.queued:
-            job.instances.pop(inst.phase, None)
+            job.instances.pop((inst.phase, inst.iteration), None)
 
     def _dequeue(self, inst: _Instance) -> None:
         if inst.queued:
@@ -630,7 +676,9 @@ class PhaseCoordinator:
                 self._dequeue(inst)
                 self._maybe_drop(job, inst)
                 continue
-            if self._ready(inst.plan):
+            if self._ready(inst.plan) and not any(
+                not t.ports.isdisjoint(claimed.get(t.switch_id, ())) for t in inst.plan.targets
+            ):
                 for w in inst.waiters.values():
                     self._admit_rank(job, job.ranks[w.rank], w.rank, inst)
                     job.admitted_noop += 1

@@ -7,8 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import sys
+import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
 
 from controller.app import RunningController, run_controller
 from controller.config import (
@@ -82,6 +89,57 @@ async def running_controller(
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+@dataclass(frozen=True, slots=True)
+class ChildController:
+    """A controller daemon running as a child process."""
+
+    grpc_target: str
+    metrics_url: str
+    pid: int
+
+
+@asynccontextmanager
+async def spawn_controller(
+    cfg: Config, *, start_timeout_s: float = 60.0, log_level: str = "warning"
+) -> AsyncIterator[ChildController]:
+    """Run ``lightrail controller --announce`` on ``cfg`` as a child process (its own CPU: the
+    load a replay generates does not slow the controller it measures). Its logs go to this
+    process's stderr. Stops it with SIGTERM (then SIGKILL after the shutdown timeout).
+
+    Raises ``RuntimeError`` with the child's exit code if it exits before serving and
+    ``TimeoutError`` if it does not announce itself within ``start_timeout_s``.
+    """
+    data = cfg.model_dump(mode="json")
+    data["logging"] = {"level": log_level, "format": "console"}
+    with tempfile.TemporaryDirectory(prefix="lightrail-ctl-") as tmp:
+        path = Path(tmp) / "controller.yaml"
+        path.write_text(yaml.safe_dump(data), encoding="utf-8")
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "controller", "--config", str(path), "--announce",
+            stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL,
+        )
+        try:
+            assert proc.stdout is not None
+            try:
+                line = await asyncio.wait_for(proc.stdout.readline(), start_timeout_s)
+            except TimeoutError:
+                raise TimeoutError(
+                    f"controller process did not serve within {start_timeout_s} s") from None
+            if not line:
+                rc = await proc.wait()
+                raise RuntimeError(f"controller process exited with code {rc} before serving")
+            info = json.loads(line)
+            yield ChildController(info["grpc"], info["metrics"], proc.pid)
+        finally:
+            if proc.returncode is None:
+                proc.terminate()
+                try:
+                    await asyncio.wait_for(proc.wait(), cfg.controller.shutdown_timeout_s * 2)
+                except TimeoutError:
+                    proc.kill()
+                    await proc.wait()
 
 
 @asynccontextmanager

@@ -231,7 +231,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                         sink.deliver(Reject(e.job_id, e.rank, e.request_id,
                                             ErrorCode.INVALID_PHASE, str(exc)), 1)
                         continue
-                    service.enter(e.job_id, e.rank, phase, e.request_id, e.timeout_s, sink)
+                    service.enter(e.job_id, e.rank, phase, e.request_id, e.timeout_s, sink,
+                                  e.iteration)
                 elif kind == "release":
                     r = req.release
                     try:
@@ -242,10 +243,16 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                         sink.push(agent_pb2.PhaseReply(error=agent_pb2.PhaseError(
                             job_id=r.job_id, rank=r.rank, request_id=0,
                             code=ERROR_TO_PB[code], message=f"release: {exc}")))
+                elif kind == "define_group":
+                    try:
+                        self._decoder.define(req.define_group)
+                    except InvalidRequest as exc:
+                        sink.push(agent_pb2.PhaseReply(error=agent_pb2.PhaseError(
+                            request_id=0, code=agent_pb2.INVALID_PHASE, message=str(exc))))
                 elif kind == "held":
                     h = req.held
                     try:
-                        service.resume_held(h.job_id, h.rank, decode(h.phase))
+                        service.resume_held(h.job_id, h.rank, decode(h.phase), h.iteration)
                     except (ReleaseError, InvalidRequest) as exc:
                         log.warning("held_phase_refused", job=h.job_id, rank=h.rank,
                                     error=str(exc))
@@ -266,7 +273,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             timeout_s = max(remaining, 1e-6)
         sink = _FutureSink()
         self._service.enter(request.job_id, request.rank, phase, request.request_id, timeout_s,
-                            sink)
+                            sink, request.iteration)
         decision, steps = await sink.future
         if isinstance(decision, Reject):
             await context.abort(_UNARY_STATUS[decision.code], decision.message,

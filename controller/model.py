@@ -9,8 +9,11 @@ served as a sequence of permutations; ``step`` selects one of them (a sub-phase)
 from __future__ import annotations
 
 import enum
+import hashlib
+import sys
+from array import array
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 class Collective(enum.Enum):
@@ -33,6 +36,26 @@ class ProcessGroup:
     """
 
     ranks: tuple[int, ...]
+    _hash: int = field(init=False, repr=False, compare=False)
+    _id: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Hot path: groups key dictionaries on every phase call; hash the rank tuple once.
+        object.__setattr__(self, "_hash", hash(self.ranks))
+        packed = array("I", self.ranks)
+        if sys.byteorder == "big":
+            packed.byteswap()
+        digest = hashlib.blake2b(packed.tobytes(), digest_size=8).digest()
+        object.__setattr__(self, "_id", int.from_bytes(digest, "little") or 1)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    @property
+    def group_id(self) -> int:
+        """A stable 64-bit id of the rank set (BLAKE2b-64 of the ranks as little-endian uint32;
+        never 0), used on the wire instead of the rank list once a group is defined."""
+        return self._id
 
     @staticmethod
     def of(ranks: Iterable[int]) -> ProcessGroup:

@@ -7,6 +7,7 @@ no etcd round trip); durable state goes through a non-blocking writer.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -101,10 +102,11 @@ class PhaseService:
         self._tg = tg
         self._loop = asyncio.get_running_loop()
 
-    def now(self) -> float:
-        """The loop's monotonic clock, in seconds."""
-        assert self._loop is not None, "PhaseService.start() not called"
-        return self._loop.time()
+    @staticmethod
+    def now() -> float:
+        """``time.monotonic()`` in seconds (uvloop's ``loop.time()`` ticks in whole ms, too
+        coarse for admission latencies)."""
+        return time.monotonic()
 
     # --- requests ---------------------------------------------------------------------------
 
@@ -116,21 +118,27 @@ class PhaseService:
         request_id: int,
         timeout_s: float,
         sink: ReplySink,
+        iteration: int = 0,
     ) -> None:
         """Ask for admission; the answer goes to ``sink`` (maybe before this returns)."""
         self._sinks[(job_id, rank)] = sink
-        self._dispatch(
-            self.coordinator.enter(job_id, rank, phase, request_id, self.now(), timeout_s)
-        )
+        decisions = self.coordinator.enter(job_id, rank, phase, request_id, self.now(),
+                                           timeout_s, iteration)
+        if decisions:
+            self._dispatch(decisions)
+        else:
+            self._arm_timer()  # the rank waits: its deadline may be the nearest
 
     def release(self, job_id: str, rank: int, phase: PhaseKey) -> None:
         """Leave a phase. Raises ``ReleaseError`` when the rank does not hold it."""
-        self._dispatch(self.coordinator.release(job_id, rank, phase, self.now()))
+        decisions = self.coordinator.release(job_id, rank, phase, self.now())
+        if decisions:
+            self._dispatch(decisions)
 
-    def resume_held(self, job_id: str, rank: int, phase: PhaseKey) -> None:
+    def resume_held(self, job_id: str, rank: int, phase: PhaseKey, iteration: int = 0) -> None:
         """Record that a rank still holds ``phase`` (after a reconnect). Raises
         ``ReleaseError``."""
-        self.coordinator.resume_held(job_id, rank, phase)
+        self.coordinator.resume_held(job_id, rank, phase, iteration)
 
     def detach(self, sink: ReplySink) -> None:
         """Forget ``sink`` (its stream closed); its ranks may re-attach from a new stream."""
@@ -255,7 +263,7 @@ class PhaseService:
         self._timer_at = deadline
         if deadline is not None:
             assert self._loop is not None
-            self._timer = self._loop.call_at(deadline, self._on_timer)
+            self._timer = self._loop.call_later(max(0.0, deadline - self.now()), self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None

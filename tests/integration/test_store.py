@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncGenerator
 
 import aetcd
+import grpc
 import pytest
 
 from controller.etcd_server import EmbeddedEtcd, EtcdNotInstalledError
@@ -26,14 +27,14 @@ from controller.store import (
     LeaderElection,
     Snapshot,
     StoreRequestFailed,
+    StoreUnavailable,
     UnsupportedSchema,
     WatchBatch,
     WatchEvent,
     WatchEvents,
+    _translated,
 )
 from tests.integration.conftest import StoreFactory
-
-pytestmark = pytest.mark.etcd
 
 TTL_S = 2  # etcd's minimum lease TTL with default timing
 WAIT_S = 5.0  # bound on any wait for something that must happen
@@ -61,6 +62,24 @@ async def raw_put(etcd: EmbeddedEtcd, full_key: str, value: bytes) -> None:
         await client.put(full_key.encode(), value)
 
 
+def test_grpc_client_side_internal_error_counts_as_unavailable() -> None:
+    # grpcio's asyncio client reports a write on a stream whose connection just dropped (etcd
+    # stopping) as INTERNAL "Internal error from Core" (grpc/grpc#36066): retryable, whereas an
+    # INTERNAL status sent by etcd is not.
+    def status(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+        metadata = grpc.aio.Metadata()
+        return grpc.aio.AioRpcError(code, metadata, metadata, details, details)
+
+    transport = status(grpc.StatusCode.INTERNAL, "Internal error from Core")
+    refused = status(grpc.StatusCode.INTERNAL, "etcdserver: corrupt cluster")
+    with pytest.raises(StoreUnavailable), _translated("watch"):
+        raise aetcd.InternalError("Internal error from Core") from transport
+    with pytest.raises(StoreRequestFailed), _translated("watch"):
+        raise aetcd.InternalError("etcdserver: corrupt cluster") from refused
+    with pytest.raises(StoreUnavailable), _translated("put"):
+        raise status(grpc.StatusCode.UNAVAILABLE, "connection refused")
+
+
 def test_missing_binary_names_binary_and_debian_package() -> None:
     with pytest.raises(EtcdNotInstalledError) as info:
         EmbeddedEtcd(binary="etcd-not-installed-here")
@@ -68,6 +87,7 @@ def test_missing_binary_names_binary_and_debian_package() -> None:
     assert "etcd-server" in str(info.value)
 
 
+@pytest.mark.etcd
 async def test_put_get_prefix_round_trip(store: EtcdStore) -> None:
     rev_a = await store.put_json("jobs/job-1", {"ranks": 8, "phases": ["dp", "pp"]})
     await store.put_json("jobs/job-2", {"ranks": 16, "phases": []})
@@ -97,6 +117,7 @@ async def test_put_get_prefix_round_trip(store: EtcdStore) -> None:
     assert dict((await store.get_prefix_json("")).items) == {"plans/job-1": [1, 2, 3]}
 
 
+@pytest.mark.etcd
 async def test_corrupt_value_names_the_key_and_nothing_else_is_lost(
     store: EtcdStore, etcd: EmbeddedEtcd
 ) -> None:
@@ -132,6 +153,7 @@ async def test_corrupt_value_names_the_key_and_nothing_else_is_lost(
     }
 
 
+@pytest.mark.etcd
 async def test_put_if_absent_and_compare_and_swap(store: EtcdStore) -> None:
     assert await store.put_if_absent("alloc/port-1", {"job": "a"}) is True
     assert await store.put_if_absent("alloc/port-1", {"job": "b"}) is False
@@ -158,6 +180,7 @@ async def test_put_if_absent_and_compare_and_swap(store: EtcdStore) -> None:
     assert await store.get("alloc/port-1") is None
 
 
+@pytest.mark.etcd
 async def test_lease_keepalive_keeps_key_past_its_ttl_and_revoke_deletes_it(
     store: EtcdStore,
 ) -> None:
@@ -179,6 +202,7 @@ async def test_lease_keepalive_keeps_key_past_its_ttl_and_revoke_deletes_it(
     await store.revoke(lease)  # idempotent: etcd no longer knows the lease
 
 
+@pytest.mark.etcd
 async def test_lease_lost_is_set_when_etcd_goes_away(store: EtcdStore, etcd: EmbeddedEtcd) -> None:
     lease = await store.grant_lease(TTL_S)
     await etcd.stop()
@@ -186,6 +210,7 @@ async def test_lease_lost_is_set_when_etcd_goes_away(store: EtcdStore, etcd: Emb
     await asyncio.wait_for(lease.lost.wait(), TTL_S / 2 + 0.5)
 
 
+@pytest.mark.etcd
 async def test_watch_sees_puts_and_deletes_in_order(store: EtcdStore) -> None:
     start = await store.current_revision() + 1
     watch = store.watch_prefix("jobs/", start)
@@ -206,6 +231,7 @@ async def test_watch_sees_puts_and_deletes_in_order(store: EtcdStore) -> None:
     ]
 
 
+@pytest.mark.etcd
 async def test_watch_resumes_after_etcd_restart_without_losing_events(
     store: EtcdStore, etcd: EmbeddedEtcd
 ) -> None:
@@ -231,6 +257,7 @@ async def test_watch_resumes_after_etcd_restart_without_losing_events(
     ]
 
 
+@pytest.mark.etcd
 async def test_watch_from_compacted_revision_yields_snapshot_then_continues(
     store: EtcdStore,
 ) -> None:
@@ -256,6 +283,7 @@ async def test_watch_from_compacted_revision_yields_snapshot_then_continues(
         await watch.aclose()
 
 
+@pytest.mark.etcd
 async def test_election_follower_waits_while_leader_holds_lease_then_takes_over(
     store_factory: StoreFactory,
 ) -> None:
@@ -288,6 +316,7 @@ async def test_election_follower_waits_while_leader_holds_lease_then_takes_over(
     assert await store_1.get("leader") is None
 
 
+@pytest.mark.etcd
 async def test_election_same_replica_takes_over_its_own_stale_key(
     store_factory: StoreFactory,
 ) -> None:
@@ -316,6 +345,7 @@ async def test_election_same_replica_takes_over_its_own_stale_key(
         await restarted.resign()
 
 
+@pytest.mark.etcd
 async def test_leader_fences_itself_within_half_ttl_when_etcd_stops(
     store: EtcdStore, etcd: EmbeddedEtcd
 ) -> None:
@@ -337,6 +367,7 @@ async def test_leader_fences_itself_within_half_ttl_when_etcd_stops(
         await election.resign()
 
 
+@pytest.mark.etcd
 async def test_coalescing_writer_coalesces_repeated_writes_and_flushes(store: EtcdStore) -> None:
     async with CoalescingWriter(store) as writer:
         before = await store.current_revision()
@@ -362,6 +393,7 @@ async def test_coalescing_writer_coalesces_repeated_writes_and_flushes(store: Et
     }
 
 
+@pytest.mark.etcd
 async def test_coalescing_writer_fails_loud_after_bounded_retries(
     etcd: EmbeddedEtcd, store_prefix: str
 ) -> None:

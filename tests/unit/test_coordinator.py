@@ -203,3 +203,40 @@ def test_repeated_enter_reattaches_instead_of_failing(coord: PhaseCoordinator) -
     assert coord.enter("job", 0, RING, 3, 0.3) == [Admit("job", 0, 3, RING, True, 0.0)]
     coord.release("job", 0, RING, 0.4)
     assert coord.held_by_job("job") == 0
+
+
+def test_repeating_phase_does_not_starve_a_waiting_reconfiguration(
+    coord: PhaseCoordinator,
+) -> None:
+    """Ranks outside a PP pair loop back into the next iteration's ring while the pair waits
+    for the ring's circuits: they must queue behind the pair, or the pair never switches and
+    the ring's collective (which needs ranks 0 and 2) never completes."""
+    rec = only(enter_all(coord, RING, WORLD, 0.0), Reconfigure)[0]
+    assert isinstance(rec, Reconfigure)
+    coord.reconfigured(rec.op_id, 0.1)
+    for r in (0, 2):
+        coord.release("job", r, RING, 0.2)
+        assert coord.enter("job", r, PP01, r, 0.2) == []
+    out: list[Decision] = []
+    for r in (1, 3, 4, 5, 6):
+        out += coord.release("job", r, RING, 0.3)
+        out += coord.enter("job", r, RING, 50 + r, 0.3, iteration=1)
+    assert not only(out, Admit), "next iteration's ring jumped the waiting pair"
+    out = coord.release("job", 7, RING, 0.4)
+    recs = only(out, Reconfigure)
+    assert [d.phase for d in recs if isinstance(d, Reconfigure)] == [PP01]
+
+
+def test_holds_are_counted_per_instance(coord: PhaseCoordinator) -> None:
+    rec = only(enter_all(coord, RING, WORLD, 0.0), Reconfigure)[0]
+    assert isinstance(rec, Reconfigure)
+    coord.reconfigured(rec.op_id, 0.1)
+    assert coord.held_by_job("job") == 8
+    for r in range(7):
+        assert coord.release("job", r, RING, 0.2) == []  # nothing freed yet
+    assert coord.held_by_job("job") == 1
+    coord.release("job", 7, RING, 0.3)
+    assert coord.held_by_job("job") == 0
+    # the circuits are free again: another phase may break them at once
+    out = coord.enter("job", 0, PP01, 1, 0.4) + coord.enter("job", 2, PP01, 2, 0.4)
+    assert len(only(out, Reconfigure)) == 1

@@ -186,3 +186,22 @@ def test_llama13b_zero3_is_one_dp_group_of_128() -> None:
     assert workload.groups() == {ProcessGroup(tuple(range(128)))}
     counts = Counter(op.collective for op in workload.ranks[77])
     assert counts == {AG: 807, RS: 14, AR: 2}
+
+
+def test_simai_world_size_from_the_sibling_csv(tmp_path: Path) -> None:
+    """An older SimAI header has no all_gpus: the AICB CSV beside it says [rank0 ~ rankN]."""
+    from agents.trace.loader import sibling_csv_world_size
+
+    txt = tmp_path / "M_tp2_A100.txt"
+    txt.write_text(
+        "HYBRID_TRANSFORMER_FWD_IN_BCKWD\tmodel_parallel_NPU_group: 2 checkpoints: 0 "
+        "checkpoint_initiates: 0\n1\n"
+        "l0\t-1\t100\tALLREDUCE\t64\t100\tNONE\t0\t100\tNONE\t0\t100\n"
+    )
+    assert sibling_csv_world_size(txt) is None
+    (tmp_path / "M_tp2.csv").write_text("[rank0 ~ rank7]\ncomm_type,comm_group\n")
+    (tmp_path / "Other.csv").write_text("[rank0 ~ rank3]\n")
+    assert sibling_csv_world_size(txt) == 8
+    w = load_workload(txt)
+    assert w.world_size == 8
+    assert any("taken from the AICB CSV" in a for a in w.assumptions)

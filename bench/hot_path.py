@@ -1,0 +1,744 @@
+"""Hot-path benchmark of the phase protocol (DESIGN.md "Phase protocol"): EnterPhase -> admission.
+
+Run: ``.venv/bin/python bench/hot_path.py [--quick] [--n 8 64] [--delay-ms 0] [--transport
+unary agent8] [--json]``. A script, not a test (pytest does not collect ``bench/``).
+
+Method (after the way the Opus artifact's C++ controller was measured)
+-----------------------------------------------------------------------
+* The controller runs as a SEPARATE PROCESS (``lightrail controller --config FILE``) against a
+  private etcd (``controller.etcd_server.EmbeddedEtcd``); this process is only the load generator
+  (uvloop). On a 2-core machine an in-process load generator would take the controller's CPU.
+  One etcd + controller per (N, delay) pair; the transports of that pair run one after the
+  other, each as its own registered job (unregistered afterwards).
+* Fabric ``rail: {hosts: N, gpus_per_host: 1}``: ONE rank per emulated host, all on GPU 0, so
+  every rank's NIC lands on the single rail-0 OCS (N x N ports). With the usual 8 GPUs per host,
+  N=8 would be one host and no phase would need a circuit; here every phase reconfigures rail 0.
+* One job of N ranks loops over phase boundaries. A *boundary* b is two phases:
+  1. ``ALL_REDUCE`` over ``ProcessGroup.of(range(N))`` (a ring over the N hosts: N
+     cross-connects);
+  2. ``SEND_RECV`` over the PP pair {0, P} with P = 8, or N/2 when N < 16 (N=8: ranks 0 and 4):
+     two hosts on rail 0 that are not ring neighbours, so the pair breaks 4 ring cross-connects
+     and makes 2, and the next ring restores them. Every phase therefore reconfigures rail 0:
+     2 reconfigurations per boundary (checked: the "recfg/b" column).
+  Each rank: EnterPhase, wait until every rank of the phase is admitted (a barrier, like a real
+  collective: ``agents/replay.py`` ``_barrier``), ReleasePhase, next phase. No compute gap.
+  Ranks outside the pair skip phase 2 but do not enter the next ring before both pair ranks are
+  admitted (the pipeline dependency of a real step). Without that dependency the controller can
+  deadlock, see "Known controller hazard" below.
+* Iteration number = boundary index b; every phase has ``seq`` 0.
+* Transports: ``unary`` = one ``agents.client.ControllerClient`` (own gRPC channel) per rank,
+  unary EnterPhase / ReleasePhase (release awaited before the next enter); ``agent8`` = one
+  ``agents.host_agent.HostAgent`` (one PhaseStream) per 8 consecutive ranks; ``agent32`` = one
+  per 32 ranks (for N=8 that is one stream of 8 ranks, the same as ``agent8``). The ranks of
+  one agent sit on distinct emulated hosts: what is measured is the agent's batching of 8 / 32
+  ranks onto one stream, as a host agent (or a rack relay) would.
+
+What is counted
+---------------
+* Admission latency, per phase instance (one phase of one boundary): for every rank of the
+  phase, (its admission time) - (the time the LAST rank of that phase sent its EnterPhase),
+  floored at 0 (a rank may be admitted before the last one asks: the circuits were already
+  being provisioned). p50 / p99 over all ranks of all measured phase instances (ring and pair),
+  in ms. It includes the reconfiguration delay delta when the controller has to wait for it.
+* ``boundaries``: measured boundaries (warm-up boundaries excluded). ``boundaries/s`` =
+  boundaries / window, window = from the first EnterPhase of the first measured boundary to the
+  last ReleasePhase of the last one. ``phases/s`` = 2 x boundaries/s (phase instances).
+* CPU: controller (and etcd) process CPU time from ``/proc/PID/stat`` and this process's
+  ``time.process_time()`` over the whole cell (warm-up included), as % of one core.
+
+Reference: the Opus artifact's C++ controller, measured this way on a 2-core machine at delay 0:
+N=8 p99 0.48 ms, 1255 phases/s; N=64 p99 1.21 ms, 572/s; N=256 p99 3.67 ms, 214/s. Since it
+is not stated whether its "phases" are phase instances or ring+pair boundaries, the comparison
+is printed both strictly (our boundaries/s against its phases/s) and leniently (our phases/s).
+
+Known controller hazard (why the pair dependency exists): ``PhaseCoordinator.enter`` admits a
+rank at once (no-op) when its phase's circuits are confirmed and not being switched, even if an
+older phase waits to reconfigure those ports (the "claimed by an earlier waiting phase" check is
+only in ``_schedule``). A rank that skips the pair and re-enters the ring while the pair waits
+holds the ring and sits in the ring's barrier waiting for ranks 0 and P, which wait for the pair
+-> deadlock until the admission timeout. ``--no-pair-dependency`` reproduces it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import grpc
+import uvloop
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from agents.client import ControllerClient
+from agents.errors import Admission
+from agents.host_agent import HostAgent
+from controller.etcd_server import EmbeddedEtcd
+from controller.logs import configure_logging
+from controller.model import Collective, PhaseKey, ProcessGroup
+from controller.planner import RankPlacement
+
+REPO = Path(__file__).resolve().parents[1]
+LIGHTRAIL = REPO / ".venv" / "bin" / "lightrail"
+
+TRANSPORTS = ("unary", "agent8", "agent32")
+RANKS_PER_AGENT = {"agent8": 8, "agent32": 32}
+DEFAULT_NS = (8, 64, 256)
+DEFAULT_DELAYS_MS = (0.0, 10.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Reference:
+    """One figure of the Opus artifact's C++ controller (delay 0, 2-core machine)."""
+
+    n: int
+    p99_ms: float
+    phases_per_s: float
+
+
+REFERENCE = (Reference(8, 0.48, 1255.0), Reference(64, 1.21, 572.0), Reference(256, 3.67, 214.0))
+
+
+@dataclass(frozen=True, slots=True)
+class Counts:
+    """Boundaries to run for one N: ``warmup`` excluded, then ``measured`` (fewer if the cell
+    runs past ``max_measured_s``)."""
+
+    warmup: int
+    measured: int
+
+
+FULL_COUNTS = {8: Counts(20, 200), 64: Counts(10, 100), 256: Counts(5, 40)}
+QUICK_COUNTS = {8: Counts(5, 40), 64: Counts(3, 20), 256: Counts(2, 8)}
+
+
+def counts_for(n: int, quick: bool) -> Counts:
+    """The counts for N (the nearest tabulated N at or above it)."""
+    table = QUICK_COUNTS if quick else FULL_COUNTS
+    for k in sorted(table):
+        if n <= k:
+            return table[k]
+    return table[max(table)]
+
+
+def pair_peer(n: int) -> int:
+    """The PP pair's second rank: 8 (host 8 on rail 0), or N/2 when N < 16."""
+    return 8 if n >= 16 else n // 2
+
+
+@dataclass(slots=True)
+class CellResult:
+    """One cell of the matrix. Times in ms, rates per second, CPU in % of one core."""
+
+    transport: str
+    n: int
+    delay_ms: float
+    ranks_per_stream: int
+    boundaries: int = 0
+    p50_ms: float = 0.0
+    p99_ms: float = 0.0
+    max_ms: float = 0.0
+    boundaries_per_s: float = 0.0
+    phases_per_s: float = 0.0
+    reconfigurations_per_boundary: float = 0.0
+    device_ms: float = 0.0
+    wall_s: float = 0.0
+    controller_cpu_pct: float = 0.0
+    etcd_cpu_pct: float = 0.0
+    generator_cpu_pct: float = 0.0
+    error: str | None = None
+
+
+# --- processes ------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu_s(pid: int | None) -> float:
+    """User + system CPU seconds of process ``pid`` (all threads), 0 if unknown or gone."""
+    if pid is None:
+        return 0.0
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+def etcd_pid(etcd: EmbeddedEtcd) -> int | None:
+    """The etcd child's pid (EmbeddedEtcd keeps it private; only read for CPU accounting)."""
+    proc: asyncio.subprocess.Process | None = getattr(etcd, "_proc", None)
+    return proc.pid if proc is not None else None
+
+
+class ControllerProcess:
+    """``lightrail controller`` as a child process, with its log in ``workdir``."""
+
+    def __init__(self, workdir: Path, etcd_endpoint: str, n: int, delay_ms: float) -> None:
+        self.port = free_port()
+        self.target = f"127.0.0.1:{self.port}"
+        self.config_path = workdir / "controller.yaml"
+        self.log_path = workdir / "controller.log"
+        self.config_path.write_text(
+            "controller: {replica_id: bench, "
+            f'listen: "{self.target}", metrics_listen: "127.0.0.1:{free_port()}", '
+            "admission_timeout_s: 60}\n"
+            f'etcd: {{endpoints: ["{etcd_endpoint}"], lease_ttl_s: 10}}\n'
+            f"fabric: {{rail: {{hosts: {n}, gpus_per_host: 1}}, "
+            f"reconfiguration_delay_ms: {delay_ms}}}\n"
+            "logging: {level: warning}\n",
+            encoding="utf-8",
+        )
+        self.proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The controller's pid while it runs."""
+        return self.proc.pid if self.proc is not None else None
+
+    def log_tail(self, nbytes: int = 3000) -> str:
+        """The end of the controller's stdout/stderr."""
+        try:
+            data = self.log_path.read_bytes()
+        except OSError:
+            return ""
+        return data[-nbytes:].decode(errors="replace")
+
+    async def start(self, timeout_s: float = 30.0) -> None:
+        """Start it and poll the gRPC health check until SERVING (each probe bounded to 1 s,
+        all by ``timeout_s``). Raises RuntimeError with the log tail."""
+        with self.log_path.open("ab") as log_file:
+            self.proc = await asyncio.create_subprocess_exec(
+                str(LIGHTRAIL), "controller", "--config", str(self.config_path),
+                stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file,
+            )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        async with grpc.aio.insecure_channel(self.target) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while True:
+                if self.proc.returncode is not None:
+                    raise RuntimeError(f"controller exited with {self.proc.returncode}:\n"
+                                       f"{self.log_tail()}")
+                if loop.time() > deadline:
+                    raise RuntimeError(f"controller not SERVING on {self.target} within "
+                                       f"{timeout_s} s:\n{self.log_tail()}")
+                try:
+                    resp = await stub.Check(health_pb2.HealthCheckRequest(service=""),
+                                            timeout=1.0, wait_for_ready=True)
+                    if resp.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.aio.AioRpcError:
+                    pass
+                await asyncio.sleep(0.05)
+
+    async def stop(self, timeout_s: float = 15.0) -> int | None:
+        """SIGTERM, wait ``timeout_s``, then SIGKILL. Returns the exit code."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return None
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), timeout_s)
+            except TimeoutError:
+                print(f"  controller pid {proc.pid} ignored SIGTERM for {timeout_s} s; killing",
+                      file=sys.stderr)
+                proc.kill()
+                await asyncio.wait_for(proc.wait(), timeout_s)
+        return proc.returncode
+
+
+# --- transports -----------------------------------------------------------------------------
+
+
+class RankTransport(Protocol):
+    """What a rank uses to enter and release phases."""
+
+    async def enter(self, rank: int, phase: PhaseKey, iteration: int) -> Admission: ...
+
+    async def release(self, rank: int, phase: PhaseKey, iteration: int) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class UnaryTransport:
+    """One ``ControllerClient`` (its own channel) per rank."""
+
+    def __init__(self, target: str, job_id: str, n: int, timeout_s: float) -> None:
+        self.job_id = job_id
+        self.timeout_s = timeout_s
+        self.clients = [ControllerClient(target, retry_budget_s=2.0) for _ in range(n)]
+
+    async def connect(self, timeout_s: float) -> None:
+        """Nothing to do: channels connect on the first call (inside the warm-up)."""
+
+    async def enter(self, rank: int, phase: PhaseKey, iteration: int) -> Admission:
+        return await self.clients[rank].enter(self.job_id, rank, phase, iteration,
+                                              self.timeout_s)
+
+    async def release(self, rank: int, phase: PhaseKey, iteration: int) -> None:
+        await self.clients[rank].release_phase(self.job_id, rank, phase, iteration)
+
+    async def close(self) -> None:
+        for c in self.clients:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(c.close(), 5.0)
+
+
+class AgentTransport:
+    """One ``HostAgent`` (one PhaseStream) per ``per_agent`` consecutive ranks."""
+
+    def __init__(self, target: str, job_id: str, n: int, per_agent: int,
+                 timeout_s: float) -> None:
+        self.job_id = job_id
+        self.timeout_s = timeout_s
+        self.per_agent = per_agent
+        self.agents = [HostAgent(f"agent{k}", target, reconnect_budget_s=5.0)
+                       for k in range(math.ceil(n / per_agent))]
+
+    async def connect(self, timeout_s: float) -> None:
+        """Start every agent and wait until its stream is up."""
+        for a in self.agents:
+            a.start()
+        for a in self.agents:
+            await a.wait_connected(timeout_s)
+
+    async def enter(self, rank: int, phase: PhaseKey, iteration: int) -> Admission:
+        return await self.agents[rank // self.per_agent].enter(
+            self.job_id, rank, phase, iteration, self.timeout_s)
+
+    async def release(self, rank: int, phase: PhaseKey, iteration: int) -> None:
+        self.agents[rank // self.per_agent].release(self.job_id, rank, phase, iteration)
+
+    async def close(self) -> None:
+        for a in self.agents:
+            with contextlib.suppress(Exception):
+                await a.close(5.0)
+
+
+# --- load generator -------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Instance:
+    """One phase of one boundary: per-rank send / admission times (perf_counter seconds)."""
+
+    expected: int
+    sends: list[float] = field(default_factory=list)
+    admits: list[float] = field(default_factory=list)
+    releases: list[float] = field(default_factory=list)
+    switched: bool = False
+    device_s: float = 0.0
+    all_in: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class StallError(RuntimeError):
+    """A barrier or the whole cell did not complete in time."""
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (``q`` in 0..1)."""
+    if not values:
+        return 0.0
+    s = sorted(values)
+    return s[max(0, min(len(s) - 1, math.ceil(q * len(s)) - 1))]
+
+
+class Generator:
+    """Drives N ranks through ring / pair boundaries over one transport."""
+
+    def __init__(
+        self,
+        transport: RankTransport,
+        n: int,
+        counts: Counts,
+        *,
+        max_measured_s: float,
+        barrier_timeout_s: float,
+        pair_dependency: bool,
+    ) -> None:
+        self.transport = transport
+        self.n = n
+        self.counts = counts
+        self.max_measured_s = max_measured_s
+        self.barrier_timeout_s = barrier_timeout_s
+        self.pair_dependency = pair_dependency
+        self.ring = PhaseKey(ProcessGroup.of(range(n)), Collective.ALL_REDUCE)
+        self.pair_ranks = (0, pair_peer(n))
+        self.pair = PhaseKey(ProcessGroup.of(self.pair_ranks), Collective.SEND_RECV)
+        self.stop_at = counts.warmup + counts.measured
+        self.max_started = -1
+        self.instances: dict[tuple[int, str], _Instance] = {}
+        self.warmup_done = asyncio.Event()
+
+    def _inst(self, b: int, kind: str) -> _Instance:
+        inst = self.instances.get((b, kind))
+        if inst is None:
+            inst = _Instance(self.n if kind == "ring" else 2)
+            self.instances[(b, kind)] = inst
+        return inst
+
+    async def _barrier(self, event: asyncio.Event, what: str) -> None:
+        try:
+            await asyncio.wait_for(event.wait(), self.barrier_timeout_s)
+        except TimeoutError:
+            raise StallError(f"barrier of {what} not complete after "
+                             f"{self.barrier_timeout_s} s") from None
+
+    async def _phase(self, rank: int, key: PhaseKey, b: int, kind: str) -> None:
+        inst = self._inst(b, kind)
+        inst.sends.append(time.perf_counter())
+        adm = await self.transport.enter(rank, key, b)
+        inst.admits.append(time.perf_counter())
+        if not adm.noop:
+            inst.switched = True
+            inst.device_s = max(inst.device_s, adm.device_s)
+        if len(inst.admits) >= inst.expected:
+            inst.all_in.set()
+        await self._barrier(inst.all_in, f"{kind} of boundary {b}")
+        await self.transport.release(rank, key, b)
+        inst.releases.append(time.perf_counter())
+
+    async def _rank(self, rank: int) -> None:
+        in_pair = rank in self.pair_ranks
+        b = 0
+        while b < self.stop_at:
+            self.max_started = max(self.max_started, b)
+            if b == self.counts.warmup:
+                self.warmup_done.set()
+            await self._phase(rank, self.ring, b, "ring")
+            if in_pair:
+                await self._phase(rank, self.pair, b, "pair")
+            elif self.pair_dependency:
+                await self._barrier(self._inst(b, "pair").all_in, f"pair of boundary {b}")
+            b += 1
+
+    async def _time_cap(self) -> None:
+        """After ``max_measured_s`` past the warm-up, stop at the next boundary (keeping at
+        least 5 measured)."""
+        w = self.counts.warmup
+        await self.warmup_done.wait()
+        await asyncio.sleep(self.max_measured_s)
+        self.stop_at = max(min(self.stop_at, self.max_started + 1), w + 5)
+
+    def describe_stall(self) -> str:
+        """Which phase instances are incomplete (for a stall report)."""
+        lines = []
+        for (b, kind), inst in sorted(self.instances.items()):
+            if len(inst.admits) < inst.expected or len(inst.releases) < inst.expected:
+                lines.append(f"boundary {b} {kind}: {len(inst.sends)} sent, "
+                             f"{len(inst.admits)} admitted, {len(inst.releases)} released of "
+                             f"{inst.expected}")
+        return "; ".join(lines[:6]) or "no incomplete phase"
+
+    async def run(self, cell_timeout_s: float) -> None:
+        """Run every rank to ``stop_at``. Raises ``StallError`` or the first rank error."""
+        cap = asyncio.create_task(self._time_cap(), name="time-cap")
+        try:
+            async with asyncio.timeout(cell_timeout_s):
+                async with asyncio.TaskGroup() as tg:
+                    for r in range(self.n):
+                        tg.create_task(self._rank(r), name=f"rank{r}")
+        except TimeoutError:
+            raise StallError(f"cell did not finish within {cell_timeout_s} s: "
+                             f"{self.describe_stall()}") from None
+        except ExceptionGroup as eg:
+            first = eg.exceptions[0]
+            raise StallError(f"{type(first).__name__}: {first} | "
+                             f"{self.describe_stall()}") from first
+        finally:
+            cap.cancel()
+
+    def summarize(self, result: CellResult) -> None:
+        """Fill the latency and rate fields of ``result`` from the measured boundaries."""
+        w = self.counts.warmup
+        measured = [b for b in range(w, self.stop_at) if (b, "pair") in self.instances]
+        lat: list[float] = []
+        switched = 0
+        device: list[float] = []
+        for b in measured:
+            for kind in ("ring", "pair"):
+                inst = self.instances[(b, kind)]
+                last_send = max(inst.sends)
+                lat.extend(max(0.0, a - last_send) * 1e3 for a in inst.admits)
+                if inst.switched:
+                    switched += 1
+                    device.append(inst.device_s * 1e3)
+        if not measured:
+            return
+        start = min(self.instances[(measured[0], "ring")].sends)
+        end = max(max(self.instances[(measured[-1], k)].releases) for k in ("ring", "pair"))
+        window = end - start
+        result.boundaries = len(measured)
+        result.p50_ms = percentile(lat, 0.50)
+        result.p99_ms = percentile(lat, 0.99)
+        result.max_ms = max(lat)
+        result.boundaries_per_s = len(measured) / window if window > 0 else 0.0
+        result.phases_per_s = 2 * result.boundaries_per_s
+        result.reconfigurations_per_boundary = switched / len(measured)
+        result.device_ms = sum(device) / len(device) if device else 0.0
+
+
+# --- matrix ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """Command-line choices."""
+
+    ns: tuple[int, ...]
+    delays_ms: tuple[float, ...]
+    transports: tuple[str, ...]
+    quick: bool
+    json: bool
+    pair_dependency: bool
+    max_measured_s: float
+    cell_timeout_s: float
+
+
+def log(msg: str) -> None:
+    """Progress, to stderr."""
+    print(msg, file=sys.stderr, flush=True)
+
+
+async def run_cell(
+    ctrl: ControllerProcess, etcd: EmbeddedEtcd, transport: str, n: int, delay_ms: float,
+    opts: Options,
+) -> CellResult:
+    """One (transport, N, delay) cell on a running controller."""
+    per_stream = 1 if transport == "unary" else min(RANKS_PER_AGENT[transport], n)
+    result = CellResult(transport, n, delay_ms, per_stream)
+    job_id = f"bench-{transport}-n{n}"
+    admin = ControllerClient(ctrl.target, retry_budget_s=5.0)
+    placements = [RankPlacement(r, host=f"host{r}", gpu=0) for r in range(n)]
+    timeout_s = 30.0
+    t: UnaryTransport | AgentTransport
+    if transport == "unary":
+        t = UnaryTransport(ctrl.target, job_id, n, timeout_s)
+    else:
+        t = AgentTransport(ctrl.target, job_id, n, RANKS_PER_AGENT[transport], timeout_s)
+    gen = Generator(t, n, counts_for(n, opts.quick), max_measured_s=opts.max_measured_s,
+                    barrier_timeout_s=timeout_s, pair_dependency=opts.pair_dependency)
+    try:
+        await admin.register_job(job_id, placements, tenant="bench")
+        try:
+            await t.connect(10.0)
+            c0, e0, g0 = proc_cpu_s(ctrl.pid), proc_cpu_s(etcd_pid(etcd)), time.process_time()
+            w0 = time.perf_counter()
+            try:
+                await gen.run(opts.cell_timeout_s)
+            finally:
+                wall = time.perf_counter() - w0
+                result.wall_s = wall
+                result.controller_cpu_pct = (proc_cpu_s(ctrl.pid) - c0) / wall * 100
+                result.etcd_cpu_pct = (proc_cpu_s(etcd_pid(etcd)) - e0) / wall * 100
+                result.generator_cpu_pct = (time.process_time() - g0) / wall * 100
+            gen.summarize(result)
+        finally:
+            await t.close()
+            with contextlib.suppress(Exception):
+                await admin.unregister_job(job_id)
+    except Exception as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        await admin.close()
+    return result
+
+
+async def run_group(n: int, delay_ms: float, opts: Options) -> list[CellResult]:
+    """Start etcd + controller for (N, delay), run every transport, stop both."""
+    results: list[CellResult] = []
+    async with EmbeddedEtcd(name="bench") as etcd:
+        with tempfile.TemporaryDirectory(prefix="lightrail-bench-") as tmp:
+            ctrl = ControllerProcess(Path(tmp), etcd.endpoint, n, delay_ms)
+            try:
+                t0 = time.perf_counter()
+                await ctrl.start()
+                log(f"N={n} delay={delay_ms:g} ms: controller pid {ctrl.pid} up in "
+                    f"{time.perf_counter() - t0:.2f} s")
+                for transport in opts.transports:
+                    if ctrl.proc is None or ctrl.proc.returncode is not None:
+                        results.append(CellResult(transport, n, delay_ms, 0,
+                                                  error="controller died: " + ctrl.log_tail()))
+                        continue
+                    res = await run_cell(ctrl, etcd, transport, n, delay_ms, opts)
+                    results.append(res)
+                    if res.error:
+                        log(f"  {transport}: ERROR {res.error}")
+                    else:
+                        log(f"  {transport}: {res.boundaries} boundaries, p50 "
+                            f"{res.p50_ms:.3f} ms, p99 {res.p99_ms:.3f} ms, "
+                            f"{res.boundaries_per_s:.1f} boundaries/s "
+                            f"(ctrl cpu {res.controller_cpu_pct:.0f}%, gen cpu "
+                            f"{res.generator_cpu_pct:.0f}%)")
+            except RuntimeError as exc:
+                for transport in opts.transports[len(results):]:
+                    results.append(CellResult(transport, n, delay_ms, 0, error=str(exc)))
+            finally:
+                code = await ctrl.stop()
+                if code not in (0, None):
+                    log(f"  controller exited with {code}: {ctrl.log_tail(1500)}")
+    return results
+
+
+def print_table(results: Sequence[CellResult], opts: Options, elapsed_s: float) -> None:
+    """The human-readable report."""
+    head = (f"{'transport':<9} {'ranks/str':>9} {'N':>4} {'delay ms':>8} {'boundaries':>10} "
+            f"{'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'boundaries/s':>12} {'phases/s':>9} "
+            f"{'recfg/b':>7} {'dev ms':>6} {'ctrl cpu':>8} {'gen cpu':>7} {'etcd cpu':>8}")
+    print(head)
+    print("-" * len(head))
+    for r in results:
+        if r.error:
+            print(f"{r.transport:<9} {r.ranks_per_stream:>9} {r.n:>4} {r.delay_ms:>8g}  "
+                  f"ERROR: {r.error[:300]}")
+            continue
+        print(f"{r.transport:<9} {r.ranks_per_stream:>9} {r.n:>4} {r.delay_ms:>8g} "
+              f"{r.boundaries:>10} {r.p50_ms:>8.3f} {r.p99_ms:>8.3f} {r.max_ms:>8.3f} "
+              f"{r.boundaries_per_s:>12.1f} {r.phases_per_s:>9.1f} "
+              f"{r.reconfigurations_per_boundary:>7.2f} {r.device_ms:>6.2f} "
+              f"{r.controller_cpu_pct:>7.0f}% {r.generator_cpu_pct:>6.0f}% "
+              f"{r.etcd_cpu_pct:>7.0f}%")
+    print()
+    print("boundary = one ALL_REDUCE ring over all N ranks + one SEND_RECV pair "
+          "{0, 8} ({0, 4} for N=8); every phase reconfigures rail 0 (recfg/b = "
+          "reconfigurations per boundary, 2 expected).")
+    print("latency = each rank's admission - the last rank's EnterPhase send, per phase "
+          "instance; includes delta. One rank per emulated host (rail: hosts=N, "
+          "gpus_per_host=1); agentK = K ranks batched on one HostAgent PhaseStream.")
+    print("cpu = % of one core over the cell (warm-up included); the machine has "
+          f"{os.cpu_count()} cores. dev ms = mean device_s reported in admissions (the "
+          "controller's uvloop clock ticks in whole ms).")
+    print()
+    print("Reference: Opus artifact C++ controller, same method, 2-core machine, delay 0:")
+    for ref in REFERENCE:
+        print(f"  N={ref.n:<4} p99 {ref.p99_ms:.2f} ms, {ref.phases_per_s:.0f} phases/s")
+    print()
+    for ref in REFERENCE:
+        cands = [r for r in results if r.n == ref.n and r.delay_ms == 0 and not r.error]
+        if not cands:
+            continue
+        best = max(cands, key=lambda r: r.boundaries_per_s)
+        p99_ok = best.p99_ms <= ref.p99_ms
+        strict = best.boundaries_per_s >= ref.phases_per_s
+        lenient = best.phases_per_s >= ref.phases_per_s
+        verdict = "BEATS" if p99_ok and strict else (
+            "beats only if its phases/s are phase instances" if p99_ok and lenient
+            else "does NOT beat")
+        print(f"N={ref.n}: best Lightrail transport {best.transport}: p99 {best.p99_ms:.2f} ms "
+              f"({'<=' if p99_ok else '>'} {ref.p99_ms}), {best.boundaries_per_s:.0f} "
+              f"boundaries/s = {best.phases_per_s:.0f} phases/s (vs {ref.phases_per_s:.0f}) "
+              f"-> {verdict} the C++ controller")
+    print()
+    print(f"matrix took {elapsed_s:.1f} s ({'quick' if opts.quick else 'full'} counts)")
+
+
+class _LeakFilter:
+    """Loop exception handler that counts, instead of printing, the "Task was destroyed but it
+    is pending!" reports of ``Event.wait`` tasks that ``HostAgent._session`` leaves behind when
+    an agent closes (its ``wake`` task is never cancelled); everything else goes to the default
+    handler."""
+
+    def __init__(self) -> None:
+        self.leaked = 0
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        task = context.get("task")
+        if (context.get("message", "").startswith("Task was destroyed but it is pending")
+                and isinstance(task, asyncio.Task)
+                and getattr(task.get_coro(), "__qualname__", "") == "Event.wait"):
+            self.leaked += 1
+            return
+        loop.default_exception_handler(context)
+
+
+async def amain(opts: Options) -> int:
+    """Run the matrix; 0 when every cell succeeded, 1 otherwise."""
+    configure_logging("warning", "console")
+    leaks = _LeakFilter()
+    asyncio.get_running_loop().set_exception_handler(leaks)
+    start = time.perf_counter()
+    results: list[CellResult] = []
+    for n in opts.ns:
+        for delay in opts.delays_ms:
+            results.extend(await run_group(n, delay, opts))
+    elapsed = time.perf_counter() - start
+    if leaks.leaked:
+        log(f"note: {leaks.leaked} pending HostAgent 'wake' tasks were destroyed at agent close "
+            "(agents/host_agent.py HostAgent._session does not cancel them)")
+    if opts.json:
+        doc: dict[str, Any] = {
+            "method": "see bench/hot_path.py docstring",
+            "elapsed_s": round(elapsed, 2),
+            "quick": opts.quick,
+            "cpu_count": os.cpu_count(),
+            "results": [
+                {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(r).items()}
+                for r in results
+            ],
+            "reference_cpp_delay0": [asdict(r) for r in REFERENCE],
+        }
+        print(json.dumps(doc, indent=2))
+    else:
+        print_table(results, opts, elapsed)
+    return 1 if any(r.error for r in results) else 0
+
+
+def parse_args(argv: Sequence[str] | None = None) -> Options:
+    """Command line -> ``Options``."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
+    p.add_argument("--quick", action="store_true", help="small counts (about a minute)")
+    p.add_argument("--n", type=int, nargs="+", default=list(DEFAULT_NS), metavar="N",
+                   help="world sizes (default 8 64 256; N >= 4)")
+    p.add_argument("--delay-ms", type=float, nargs="+", default=list(DEFAULT_DELAYS_MS),
+                   metavar="MS", help="reconfiguration delays (default 0 10)")
+    p.add_argument("--transport", nargs="+", choices=TRANSPORTS, default=list(TRANSPORTS),
+                   help="unary: a channel per rank; agent8 / agent32: a HostAgent stream per "
+                        "8 / 32 ranks")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument("--max-measured-s", type=float, default=None,
+                   help="stop a cell after this long past warm-up (default 6, quick 2)")
+    p.add_argument("--cell-timeout-s", type=float, default=90.0,
+                   help="give up on a cell after this long (a stall)")
+    p.add_argument("--no-pair-dependency", action="store_true",
+                   help="ranks outside the pair re-enter the ring at once (shows the "
+                        "coordinator's fast-path hazard; expect a stall)")
+    a = p.parse_args(argv)
+    if any(n < 4 for n in a.n):
+        p.error("--n: every N must be >= 4")
+    if any(d < 0 for d in a.delay_ms):
+        p.error("--delay-ms: must be >= 0")
+    max_s = a.max_measured_s if a.max_measured_s is not None else (2.0 if a.quick else 6.0)
+    return Options(tuple(a.n), tuple(a.delay_ms), tuple(a.transport), a.quick, a.json,
+                   not a.no_pair_dependency, max_s, a.cell_timeout_s)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point."""
+    return uvloop.run(amain(parse_args(argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

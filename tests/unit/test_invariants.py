@@ -1,0 +1,42 @@
+"""The invariant checker itself must catch violations, or the end-to-end tests prove nothing."""
+
+from __future__ import annotations
+
+from agents.replay import HoldRecord
+from controller.fabric import rail_fabric
+from controller.model import Collective, PhaseKey, ProcessGroup
+from controller.planner import RankPlacement
+from drivers.base import CrossConnect
+from emulator.ocs import ChangeAction, ChangeRecord
+from tests.invariants import check_holds
+
+FABRIC = rail_fabric("t", 2, 1, delay_s=0.0)
+PLACE = [RankPlacement(0, "host0", 0), RankPlacement(1, "host1", 0)]
+PAIR = PhaseKey(ProcessGroup.of([0, 1]), Collective.SEND_RECV)
+A, B = CrossConnect(1, 4), CrossConnect(2, 3)  # host0 -> host1, host1 -> host0 (N = 2)
+
+
+def make(t: float, xc: CrossConnect) -> ChangeRecord:
+    return ChangeRecord(t, "ocs-rail0", ChangeAction.MAKE, xc)
+
+
+def brk(t: float, xc: CrossConnect) -> ChangeRecord:
+    return ChangeRecord(t, "ocs-rail0", ChangeAction.BREAK, xc)
+
+
+def test_clean_run_has_no_violation() -> None:
+    log = [make(1.0, A), make(1.0, B), brk(5.0, A)]
+    holds = [HoldRecord(0, PAIR, 2.0, 4.0), HoldRecord(1, PAIR, 2.0, 5.0)]
+    assert check_holds(FABRIC, PLACE, holds, {"ocs-rail0": log}) == []
+
+
+def test_admission_before_the_make_is_caught() -> None:
+    log = [make(1.0, A), make(3.0, B)]
+    (v,) = check_holds(FABRIC, PLACE, [HoldRecord(0, PAIR, 2.0, 4.0)], {"ocs-rail0": log})
+    assert v.cross_connect == B and "not made at admission" in v.problem
+
+
+def test_break_while_held_is_caught() -> None:
+    log = [make(1.0, A), make(1.0, B), brk(3.0, B), make(3.5, B)]
+    (v,) = check_holds(FABRIC, PLACE, [HoldRecord(1, PAIR, 2.0, 4.0)], {"ocs-rail0": log})
+    assert v.rank == 1 and v.cross_connect == B and "broken at 3.000000" in v.problem
