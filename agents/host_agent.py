@@ -283,6 +283,13 @@ class HostAgent:
                        for (j, r), p in self._pending.items()]
             self._outbox = resync + [m for m in self._outbox if m.kind is _Kind.RELEASE]
             encoder = _Encoder()
+            served: dict[str, set[int]] = {}
+            for j, r in (*self._last_release, *self._held, *self._pending):
+                served.setdefault(j, set()).add(r)
+            sync_done: agent_pb2.PhaseRequestBatch | None = agent_pb2.PhaseRequestBatch(requests=[
+                agent_pb2.PhaseRequest(sync_done=agent_pb2.SyncDone(job_id=j, ranks=sorted(rs)))
+                for j, rs in served.items()
+            ]) if served else None
             self._wake.set()
             reader = asyncio.create_task(self._read(call), name=f"agent-reader-{self.host}")
             reader.add_done_callback(lambda _t: self._wake.set())
@@ -297,6 +304,9 @@ class HostAgent:
                     batch, self._outbox = self._outbox, []
                     if batch:
                         await call.write(encoder.encode(batch))
+                    if sync_done is not None:
+                        await call.write(sync_done)
+                        sync_done = None
             finally:
                 self._connected.clear()
                 reader.cancel()

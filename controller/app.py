@@ -164,6 +164,8 @@ async def _serve(
                                      for sw in fabric.switches.values()), default=0.0))
             repo = EtcdJobRepository(store)
             await _recover_jobs(repo, coordinator)
+            for job_id in coordinator.job_ids():
+                coordinator.mark_recovering(job_id, service.now() + ccfg.recovery_grace_s)
             metrics.JOBS.set(len(coordinator.job_ids()))
 
             def is_leader() -> bool:

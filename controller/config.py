@@ -53,6 +53,10 @@ class ControllerSection(_Strict):
     metrics_listen: HostPort = "127.0.0.1:9464"
     admission_timeout_s: float = Field(default=30.0, gt=0)
     shutdown_timeout_s: float = Field(default=10.0, gt=0)
+    recovery_grace_s: float = Field(
+        default=10.0, ge=0,
+        description="after a restart, how long a recovered job's circuits stay frozen while "
+                    "its agents reconnect and report what their ranks hold")
 
 
 class EtcdSection(_Strict):

@@ -144,6 +144,25 @@ def placements_from_pb(ranks: Sequence[agent_pb2.RankPlacement]) -> list[RankPla
     return out
 
 
+def fill_reply(reply: agent_pb2.PhaseReply, decision: Admit | Reject, steps: int) -> None:
+    """Write an admission or refusal into ``reply`` in place (the PhaseStream hot path)."""
+    if isinstance(decision, Admit):
+        a = reply.admitted
+        a.job_id = decision.job_id
+        a.rank = decision.rank
+        a.request_id = decision.request_id
+        a.noop = decision.noop
+        a.steps = steps
+        a.device_s = decision.device_s
+    else:
+        e = reply.error
+        e.job_id = decision.job_id
+        e.rank = decision.rank
+        e.request_id = decision.request_id
+        e.code = ERROR_TO_PB[decision.code]
+        e.message = decision.message
+
+
 def reply_to_pb(decision: Admit | Reject, steps: int) -> agent_pb2.PhaseReply:
     """Encode an admission or refusal for a PhaseStream."""
     if isinstance(decision, Admit):

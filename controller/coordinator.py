@@ -168,7 +168,13 @@ class _Job:
     admitted: int = 0
     admitted_noop: int = 0
     reconfigurations: int = 0
-    last_phase: str = ""
+    last_phase: PhaseKey | None = None
+
+
+@dataclass(slots=True)
+class _Recovery:
+    until_s: float
+    unsynced: set[int]
 
 
 @dataclass(slots=True)
@@ -196,6 +202,7 @@ class PhaseCoordinator:
         self._next_op = 1
         self._deadlines: list[tuple[float, int, str, int, int]] = []
         self._deadline_seq = 0
+        self._recovering: dict[str, _Recovery] = {}
 
     # --- jobs -------------------------------------------------------------------------------
 
@@ -246,6 +253,7 @@ class PhaseCoordinator:
                 self._unhold(inst.plan)
             inst.holders.clear()
         self._queue = [i for i in self._queue if i.job_id != job_id]
+        self._recovering.pop(job_id, None)
         for p in job.layout.placements:
             self._gpus.pop((p.host, p.gpu), None)
         return out
@@ -287,7 +295,8 @@ class PhaseCoordinator:
         job = self._jobs.get(job_id)
         if job is None:
             raise UnknownJob(job_id)
-        return JobStats(job.admitted, job.admitted_noop, job.reconfigurations, job.last_phase)
+        return JobStats(job.admitted, job.admitted_noop, job.reconfigurations,
+                        str(job.last_phase) if job.last_phase is not None else "")
 
     def owner_of_port(self, switch_id: str, port: int) -> str | None:
         """The job whose ranks own ``port`` on ``switch_id``, or None."""
@@ -295,6 +304,33 @@ class PhaseCoordinator:
             if port in job.layout.owned_ports.get(switch_id, frozenset()):
                 return job_id
         return None
+
+    # --- recovery ---------------------------------------------------------------------------
+
+    def mark_recovering(self, job_id: str, until_s: float) -> None:
+        """A job recovered from etcd after a restart: until every rank is accounted for
+        (``synced``) or ``until_s`` passes, none of its circuits is switched, because ranks
+        whose agents have not reconnected yet may still hold them. Admissions onto circuits
+        that are already there go on. Raises ``UnknownJob``."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise UnknownJob(job_id)
+        self._recovering[job_id] = _Recovery(until_s, set(range(len(job.ranks))))
+
+    def recovering(self, job_id: str) -> bool:
+        """True while ``job_id`` waits for its ranks to resync."""
+        return job_id in self._recovering
+
+    def synced(self, job_id: str, ranks: Iterable[int], now: float) -> list[Decision]:
+        """An agent finished its resync for ``ranks`` of ``job_id``."""
+        rec = self._recovering.get(job_id)
+        if rec is None:
+            return []
+        rec.unsynced.difference_update(ranks)
+        if rec.unsynced:
+            return []
+        del self._recovering[job_id]
+        return self._schedule(now)
 
     # --- switch state -----------------------------------------------------------------------
 
@@ -344,7 +380,7 @@ class PhaseCoordinator:
         if not 0 <= rank < len(job.ranks):
             return [Reject(job_id, rank, request_id, ErrorCode.INVALID_RANK,
                            f"rank: {rank} out of range 0..{len(job.ranks) - 1}")]
-        if rank not in phase.group.ranks:
+        if not phase.group.contains(rank):
             return [Reject(job_id, rank, request_id, ErrorCode.INVALID_PHASE,
                            f"phase.group_ranks: rank {rank} is not in group {phase.group.ranks}")]
         rs = job.ranks[rank]
@@ -500,18 +536,26 @@ class PhaseCoordinator:
         return out
 
     def next_deadline(self) -> float | None:
-        """The earliest deadline of a waiting rank, or None."""
+        """The earliest deadline of a waiting rank or of a job's recovery, or None."""
+        best: float | None = None
         while self._deadlines:
             deadline, _, job_id, rank, request_id = self._deadlines[0]
             if self._waiter_live(job_id, rank, request_id):
-                return deadline
+                best = deadline
+                break
             heapq.heappop(self._deadlines)
-        return None
+        for rec in self._recovering.values():
+            if best is None or rec.until_s < best:
+                best = rec.until_s
+        return best
 
     def expire(self, now: float) -> list[Decision]:
         """Refuse every waiting rank whose deadline has passed with ``DEADLINE_EXCEEDED``;
         the message says what the phase was waiting for."""
         out: list[Decision] = []
+        ended = [j for j, rec in self._recovering.items() if rec.until_s <= now]
+        for job_id in ended:
+            del self._recovering[job_id]
         while self._deadlines and self._deadlines[0][0] <= now:
             _, _, job_id, rank, request_id = heapq.heappop(self._deadlines)
             if not self._waiter_live(job_id, rank, request_id):
@@ -530,7 +574,7 @@ class PhaseCoordinator:
             if not inst.waiters and inst.op_id is None:
                 self._dequeue(inst)
                 self._maybe_drop(job, inst)
-        if out:
+        if out or ended:
             out.extend(self._schedule(now))
         return out
 
@@ -619,7 +663,7 @@ class PhaseCoordinator:
         rs.state = _RankState.HOLDING
         rs.instance = inst
         job.admitted += 1
-        job.last_phase = str(inst.phase)
+        job.last_phase = inst.phase
 
     def _maybe_drop(self, job: _Job, inst: _Instance) -> None:
         if not inst.holders and not inst.waiters and inst.op_id is None and not inst.queued:
@@ -640,6 +684,10 @@ class PhaseCoordinator:
         return out
 
     def _blocking_reason(self, inst: _Instance) -> str:
+        rec = self._recovering.get(inst.job_id)
+        if rec is not None:
+            return (f"job recovering after a controller restart: ranks "
+                    f"{sorted(rec.unsynced)[:8]} have not resynced")
         if inst.op_id is not None:
             return "the switches have not confirmed the reconfiguration yet"
         held_by: set[str] = set()
@@ -687,7 +735,7 @@ class PhaseCoordinator:
                 inst.waiters.clear()
                 self._dequeue(inst)
                 continue
-            ok = True
+            ok = inst.job_id not in self._recovering
             op_ports: dict[str, frozenset[int]] = {}
             for t in inst.plan.targets:
                 conflicts = self._conflicts(t)

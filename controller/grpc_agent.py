@@ -21,8 +21,8 @@ from controller.convert import (
     InvalidRequest,
     PhaseKeyDecoder,
     event_to_pb,
+    fill_reply,
     placements_from_pb,
-    reply_to_pb,
 )
 from controller.coordinator import Admit, DuplicateJob, ErrorCode, Reject, ReleaseError, UnknownJob
 from controller.events import EventBus, JobEvent, JobEventKind, SubscriberOverflow
@@ -46,29 +46,34 @@ _UNARY_STATUS = {
 
 
 class _StreamSink:
-    """Replies of one PhaseStream, accumulated until the writer takes them as a batch."""
+    """Replies of one PhaseStream, written straight into the batch the writer sends next
+    (no per-reply message copies)."""
 
-    __slots__ = ("_event", "_replies")
+    __slots__ = ("_batch", "_event")
 
     def __init__(self) -> None:
-        self._replies: list[agent_pb2.PhaseReply] = []
+        self._batch = agent_pb2.PhaseReplyBatch()
         self._event = asyncio.Event()
 
     def deliver(self, decision: Admit | Reject, steps: int) -> None:
-        self._replies.append(reply_to_pb(decision, steps))
+        fill_reply(self._batch.replies.add(), decision, steps)
         self._event.set()
 
     def push(self, reply: agent_pb2.PhaseReply) -> None:
-        self._replies.append(reply)
+        self._batch.replies.add().CopyFrom(reply)
         self._event.set()
 
     def wake(self) -> None:
         self._event.set()
 
-    async def take(self) -> list[agent_pb2.PhaseReply]:
+    async def take(self) -> agent_pb2.PhaseReplyBatch | None:
+        """The replies accumulated since the last call (None if none), after waiting for
+        at least one or a wake-up."""
         await self._event.wait()
         self._event.clear()
-        out, self._replies = self._replies, []
+        if not self._batch.replies:
+            return None
+        out, self._batch = self._batch, agent_pb2.PhaseReplyBatch()
         return out
 
 
@@ -199,9 +204,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         reader.add_done_callback(lambda _t: sink.wake())
         try:
             while True:
-                replies = await sink.take()
-                if replies:
-                    yield agent_pb2.PhaseReplyBatch(replies=replies)
+                batch = await sink.take()
+                if batch is not None:
+                    yield batch
                 if reader.done():
                     reader.result()
                     return
@@ -243,6 +248,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                         sink.push(agent_pb2.PhaseReply(error=agent_pb2.PhaseError(
                             job_id=r.job_id, rank=r.rank, request_id=0,
                             code=ERROR_TO_PB[code], message=f"release: {exc}")))
+                elif kind == "sync_done":
+                    service.synced(req.sync_done.job_id, list(req.sync_done.ranks))
                 elif kind == "define_group":
                     try:
                         self._decoder.define(req.define_group)

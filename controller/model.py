@@ -38,10 +38,12 @@ class ProcessGroup:
     ranks: tuple[int, ...]
     _hash: int = field(init=False, repr=False, compare=False)
     _id: int = field(init=False, repr=False, compare=False)
+    _members: frozenset[int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # Hot path: groups key dictionaries on every phase call; hash the rank tuple once.
         object.__setattr__(self, "_hash", hash(self.ranks))
+        object.__setattr__(self, "_members", frozenset(self.ranks))
         packed = array("I", self.ranks)
         if sys.byteorder == "big":
             packed.byteswap()
@@ -50,6 +52,10 @@ class ProcessGroup:
 
     def __hash__(self) -> int:
         return self._hash
+
+    def contains(self, rank: int) -> bool:
+        """True when ``rank`` is in the group (O(1))."""
+        return rank in self._members
 
     @property
     def group_id(self) -> int:

@@ -83,8 +83,12 @@ class PhaseService:
         events: EventBus,
         *,
         state_writer: StateWriter | None = None,
+        plan_write_interval_s: float = 1.0,
     ) -> None:
         self.coordinator = coordinator
+        self._plan_interval_s = plan_write_interval_s
+        self._dirty_plans: dict[str, Reconfigure] = {}
+        self._plan_task: asyncio.Task[None] | None = None
         self._reconciler = reconciler
         self._events = events
         self._write = state_writer
@@ -101,6 +105,28 @@ class PhaseService:
         """Attach to the running loop and the process's TaskGroup."""
         self._tg = tg
         self._loop = asyncio.get_running_loop()
+        if self._write is not None:
+            self._plan_task = tg.create_task(self._write_plans(), name="plan-writer")
+
+    async def _write_plans(self) -> None:
+        """Hand the latest plan of each job to the state writer at most once per interval:
+        a job switching circuits hundreds of times a second costs etcd one write per second."""
+        while True:
+            await asyncio.sleep(self._plan_interval_s)
+            self._flush_plans()
+
+    def _flush_plans(self) -> None:
+        if self._write is None:
+            return
+        dirty, self._dirty_plans = self._dirty_plans, {}
+        for job_id, rec in dirty.items():
+            self._write(f"plans/{job_id}", {
+                    "phase": str(rec.phase),
+                    "switches": {
+                        t.switch_id: sorted([x.ingress, x.egress] for x in t.cross_connects)
+                        for t in rec.targets
+                    },
+                })
 
     @staticmethod
     def now() -> float:
@@ -139,6 +165,12 @@ class PhaseService:
         """Record that a rank still holds ``phase`` (after a reconnect). Raises
         ``ReleaseError``."""
         self.coordinator.resume_held(job_id, rank, phase, iteration)
+
+    def synced(self, job_id: str, ranks: list[int]) -> None:
+        """An agent finished resyncing ``ranks`` of ``job_id`` after a reconnect."""
+        decisions = self.coordinator.synced(job_id, ranks, self.now())
+        if decisions:
+            self._dispatch(decisions)
 
     def detach(self, sink: ReplySink) -> None:
         """Forget ``sink`` (its stream closed); its ranks may re-attach from a new stream."""
@@ -242,16 +274,7 @@ class PhaseService:
             )
         )
         if self._write is not None and error is None:
-            self._write(
-                f"plans/{rec.job_id}",
-                {
-                    "phase": str(rec.phase),
-                    "switches": {
-                        t.switch_id: sorted([x.ingress, x.egress] for x in t.cross_connects)
-                        for t in rec.targets
-                    },
-                },
-            )
+            self._dirty_plans[rec.job_id] = rec
 
     def _arm_timer(self) -> None:
         deadline = self.coordinator.next_deadline()
@@ -271,8 +294,14 @@ class PhaseService:
         self._dispatch(self.coordinator.expire(self.now()))
 
     async def drain(self, timeout_s: float) -> None:
-        """Wait (bounded) for in-flight reconfigurations to finish."""
+        """Wait (bounded) for in-flight reconfigurations to finish, hand the last plans to the
+        state writer and stop the plan-writer task."""
         if self._inflight:
             await asyncio.wait(set(self._inflight), timeout=timeout_s)
         if self._timer is not None:
             self._timer.cancel()
+        if self._plan_task is not None:
+            self._plan_task.cancel()
+            await asyncio.wait({self._plan_task}, timeout=timeout_s)
+            self._plan_task = None
+            self._flush_plans()

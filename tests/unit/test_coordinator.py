@@ -240,3 +240,23 @@ def test_holds_are_counted_per_instance(coord: PhaseCoordinator) -> None:
     # the circuits are free again: another phase may break them at once
     out = coord.enter("job", 0, PP01, 1, 0.4) + coord.enter("job", 2, PP01, 2, 0.4)
     assert len(only(out, Reconfigure)) == 1
+
+
+def test_recovered_job_switches_nothing_until_its_ranks_resync(coord: PhaseCoordinator) -> None:
+    """After a restart, a rank whose agent has not reconnected may still hold circuits the
+    new controller cannot see: switching waits for every rank's SyncDone or the grace period."""
+    coord.mark_recovering("job", until_s=10.0)
+    assert coord.enter("job", 0, PP01, 1, 0.0) == []
+    assert coord.enter("job", 2, PP01, 2, 0.0) == []
+    assert coord.synced("job", [0, 1, 2, 3], 0.1) == []
+    assert coord.next_deadline() == pytest.approx(5.0)  # the waiters' own deadline is sooner
+    out = coord.synced("job", [4, 5, 6, 7], 0.2)
+    assert len(only(out, Reconfigure)) == 1 and not coord.recovering("job")
+
+
+def test_recovery_grace_period_ends(coord: PhaseCoordinator) -> None:
+    coord.mark_recovering("job", until_s=1.0)
+    assert coord.enter("job", 0, PP01, 1, 0.0, timeout_s=30.0) == []
+    assert coord.next_deadline() == pytest.approx(1.0)
+    out = coord.expire(1.0)
+    assert len(only(out, Reconfigure)) == 1 and not coord.recovering("job")

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18lightrail/v1/agent.proto\x12\x0clightrail.v1\"z\n\x08PhaseKey\x12\x13\n\x0bgroup_ranks\x18\x01 \x03(\r\x12,\n\ncollective\x18\x02 \x01(\x0e\x32\x18.lightrail.v1.Collective\x12\x0b\n\x03seq\x18\x03 \x01(\r\x12\x0c\n\x04step\x18\x04 \x01(\r\x12\x10\n\x08group_id\x18\x05 \x01(\x06\".\n\x0b\x44\x65\x66ineGroup\x12\x10\n\x08group_id\x18\x01 \x01(\x06\x12\r\n\x05ranks\x18\x02 \x03(\r\"8\n\rRankPlacement\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0b\n\x03gpu\x18\x03 \x01(\r\"\x91\x01\n\x12RegisterJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12*\n\x05ranks\x18\x03 \x03(\x0b\x32\x1b.lightrail.v1.RankPlacement\x12/\n\x0f\x64\x65\x63lared_phases\x18\x04 \x03(\x0b\x32\x16.lightrail.v1.PhaseKey\"9\n\x13RegisterJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nworld_size\x18\x02 \x01(\r\"&\n\x14UnregisterJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x17\n\x15UnregisterJobResponse\"\x92\x01\n\x11\x45nterPhaseRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12%\n\x05phase\x18\x03 \x01(\x0b\x32\x16.lightrail.v1.PhaseKey\x12\x11\n\titeration\x18\x04 \x01(\x04\x12\x12\n\nrequest_id\x18\x05 \x01(\x04\x12\x11\n\ttimeout_s\x18\x06 \x01(\x01\"m\n\x13ReleasePhaseRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12%\n\x05phase\x18\x03 \x01(\x0b\x32\x16.lightrail.v1.PhaseKey\x12\x11\n\titeration\x18\x04 \x01(\x04\"c\n\tHeldPhase\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12%\n\x05phase\x18\x03 \x01(\x0b\x32\x16.lightrail.v1.PhaseKey\x12\x11\n\titeration\x18\x04 \x01(\x04\"\xda\x01\n\x0cPhaseRequest\x12\x30\n\x05\x65nter\x18\x01 \x01(\x0b\x32\x1f.lightrail.v1.EnterPhaseRequestH\x00\x12\x34\n\x07release\x18\x02 \x01(\x0b\x32!.lightrail.v1.ReleasePhaseRequestH\x00\x12\'\n\x04held\x18\x03 \x01(\x0b\x32\x17.lightrail.v1.HeldPhaseH\x00\x12\x31\n\x0c\x64\x65\x66ine_group\x18\x04 \x01(\x0b\x32\x19.lightrail.v1.DefineGroupH\x00\x42\x06\n\x04kind\"A\n\x11PhaseRequestBatch\x12,\n\x08requests\x18\x01 \x03(\x0b\x32\x1a.lightrail.v1.PhaseRequest\"l\n\tAdmission\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x12\n\nrequest_id\x18\x03 \x01(\x04\x12\x0c\n\x04noop\x18\x04 \x01(\x08\x12\r\n\x05steps\x18\x05 \x01(\r\x12\x10\n\x08\x64\x65vice_s\x18\x06 \x01(\x01\"{\n\nPhaseError\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x12\n\nrequest_id\x18\x03 \x01(\x04\x12*\n\x04\x63ode\x18\x04 \x01(\x0e\x32\x1c.lightrail.v1.PhaseErrorCode\x12\x0f\n\x07message\x18\x05 \x01(\t\"l\n\nPhaseReply\x12+\n\x08\x61\x64mitted\x18\x01 \x01(\x0b\x32\x17.lightrail.v1.AdmissionH\x00\x12)\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x18.lightrail.v1.PhaseErrorH\x00\x42\x06\n\x04kind\"<\n\x0fPhaseReplyBatch\x12)\n\x07replies\x18\x01 \x03(\x0b\x32\x18.lightrail.v1.PhaseReply\"C\n\x12\x45nterPhaseResponse\x12\x0c\n\x04noop\x18\x01 \x01(\x08\x12\r\n\x05steps\x18\x02 \x01(\r\x12\x10\n\x08\x64\x65vice_s\x18\x03 \x01(\x01\"\x16\n\x14ReleasePhaseResponse\"!\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\xcb\x01\n\x08JobEvent\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12(\n\x04kind\x18\x02 \x01(\x0e\x32\x1a.lightrail.v1.JobEventKind\x12\x11\n\tat_unix_s\x18\x03 \x01(\x01\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x32\n\x06\x66ields\x18\x05 \x03(\x0b\x32\".lightrail.v1.JobEvent.FieldsEntry\x1a-\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*\x8a\x01\n\nCollective\x12\x1a\n\x16\x43OLLECTIVE_UNSPECIFIED\x10\x00\x12\x0e\n\nALL_REDUCE\x10\x01\x12\x12\n\x0eREDUCE_SCATTER\x10\x02\x12\x0e\n\nALL_GATHER\x10\x03\x12\x0e\n\nALL_TO_ALL\x10\x04\x12\r\n\tSEND_RECV\x10\x05\x12\r\n\tBROADCAST\x10\x06*\xd8\x01\n\x0ePhaseErrorCode\x12 \n\x1cPHASE_ERROR_CODE_UNSPECIFIED\x10\x00\x12\x15\n\x11\x44\x45\x41\x44LINE_EXCEEDED\x10\x01\x12\x0f\n\x0bUNKNOWN_JOB\x10\x02\x12\x10\n\x0cINVALID_RANK\x10\x03\x12\x11\n\rINVALID_PHASE\x10\x04\x12\r\n\tRANK_BUSY\x10\x05\x12\x12\n\x0e\x44\x45VICE_FAILURE\x10\x06\x12\x15\n\x11PLACEMENT_CHANGED\x10\x07\x12\x0e\n\nNOT_LEADER\x10\x08\x12\r\n\tCANCELLED\x10\t*\x9e\x01\n\x0cJobEventKind\x12\x1e\n\x1aJOB_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x12\n\x0eJOB_REGISTERED\x10\x01\x12\x14\n\x10JOB_RECONFIGURED\x10\x02\x12\x19\n\x15JOB_PLACEMENT_CHANGED\x10\x03\x12\x14\n\x10JOB_UNREGISTERED\x10\x04\x12\x13\n\x0fJOB_PHASE_ERROR\x10\x05\x32\xfc\x03\n\x0c\x41gentService\x12R\n\x0bRegisterJob\x12 .lightrail.v1.RegisterJobRequest\x1a!.lightrail.v1.RegisterJobResponse\x12X\n\rUnregisterJob\x12\".lightrail.v1.UnregisterJobRequest\x1a#.lightrail.v1.UnregisterJobResponse\x12Q\n\x0bPhaseStream\x12\x1f.lightrail.v1.PhaseRequestBatch\x1a\x1d.lightrail.v1.PhaseReplyBatch(\x01\x30\x01\x12O\n\nEnterPhase\x12\x1f.lightrail.v1.EnterPhaseRequest\x1a .lightrail.v1.EnterPhaseResponse\x12U\n\x0cReleasePhase\x12!.lightrail.v1.ReleasePhaseRequest\x1a\".lightrail.v1.ReleasePhaseResponse\x12\x43\n\x08WatchJob\x12\x1d.lightrail.v1.WatchJobRequest\x1a\x16.lightrail.v1.JobEvent0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18lightrail/v1/agent.proto\x12\x0clightrail.v1\"z\n\x08PhaseKey\x12\x13\n\x0bgroup_ranks\x18\x01 \x03(\r\x12,\n\ncollective\x18\x02 \x01(\x0e\x32\x18.lightrail.v1.Collective\x12\x0b\n\x03seq\x18\x03 \x01(\r\x12\x0c\n\x04step\x18\x04 \x01(\r\x12\x10\n\x08group_id\x18\x05 \x01(\x06\".\n\x0b\x44\x65\x66ineGroup\x12\x10\n\x08group_id\x18\x01 \x01(\x06\x12\r\n\x05ranks\x18\x02 \x03(\r\"8\n\rRankPlacement\x12\x0c\n\x04rank\x18\x01 \x01(\r\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0b\n\x03gpu\x18\x03 \x01(\r\"\x91\x01\n\x12RegisterJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06tenant\x18\x02 \x01(\t\x12*\n\x05ranks\x18\x03 \x03(\x0b\x32\x1b.lightrail.v1.RankPlacement\x12/\n\x0f\x64\x65\x63lared_phases\x18\x04 \x03(\x0b\x32\x16.lightrail.v1.PhaseKey\"9\n\x13RegisterJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nworld_size\x18\x02 \x01(\r\"&\n\x14UnregisterJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x17\n\x15UnregisterJobResponse\"\x92\x01\n\x11\x45nterPhaseRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12%\n\x05phase\x18\x03 \x01(\x0b\x32\x16.lightrail.v1.PhaseKey\x12\x11\n\titeration\x18\x04 \x01(\x04\x12\x12\n\nrequest_id\x18\x05 \x01(\x04\x12\x11\n\ttimeout_s\x18\x06 \x01(\x01\"m\n\x13ReleasePhaseRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12%\n\x05phase\x18\x03 \x01(\x0b\x32\x16.lightrail.v1.PhaseKey\x12\x11\n\titeration\x18\x04 \x01(\x04\"c\n\tHeldPhase\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12%\n\x05phase\x18\x03 \x01(\x0b\x32\x16.lightrail.v1.PhaseKey\x12\x11\n\titeration\x18\x04 \x01(\x04\")\n\x08SyncDone\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05ranks\x18\x02 \x03(\r\"\x87\x02\n\x0cPhaseRequest\x12\x30\n\x05\x65nter\x18\x01 \x01(\x0b\x32\x1f.lightrail.v1.EnterPhaseRequestH\x00\x12\x34\n\x07release\x18\x02 \x01(\x0b\x32!.lightrail.v1.ReleasePhaseRequestH\x00\x12\'\n\x04held\x18\x03 \x01(\x0b\x32\x17.lightrail.v1.HeldPhaseH\x00\x12\x31\n\x0c\x64\x65\x66ine_group\x18\x04 \x01(\x0b\x32\x19.lightrail.v1.DefineGroupH\x00\x12+\n\tsync_done\x18\x05 \x01(\x0b\x32\x16.lightrail.v1.SyncDoneH\x00\x42\x06\n\x04kind\"A\n\x11PhaseRequestBatch\x12,\n\x08requests\x18\x01 \x03(\x0b\x32\x1a.lightrail.v1.PhaseRequest\"l\n\tAdmission\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x12\n\nrequest_id\x18\x03 \x01(\x04\x12\x0c\n\x04noop\x18\x04 \x01(\x08\x12\r\n\x05steps\x18\x05 \x01(\r\x12\x10\n\x08\x64\x65vice_s\x18\x06 \x01(\x01\"{\n\nPhaseError\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\r\x12\x12\n\nrequest_id\x18\x03 \x01(\x04\x12*\n\x04\x63ode\x18\x04 \x01(\x0e\x32\x1c.lightrail.v1.PhaseErrorCode\x12\x0f\n\x07message\x18\x05 \x01(\t\"l\n\nPhaseReply\x12+\n\x08\x61\x64mitted\x18\x01 \x01(\x0b\x32\x17.lightrail.v1.AdmissionH\x00\x12)\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x18.lightrail.v1.PhaseErrorH\x00\x42\x06\n\x04kind\"<\n\x0fPhaseReplyBatch\x12)\n\x07replies\x18\x01 \x03(\x0b\x32\x18.lightrail.v1.PhaseReply\"C\n\x12\x45nterPhaseResponse\x12\x0c\n\x04noop\x18\x01 \x01(\x08\x12\r\n\x05steps\x18\x02 \x01(\r\x12\x10\n\x08\x64\x65vice_s\x18\x03 \x01(\x01\"\x16\n\x14ReleasePhaseResponse\"!\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\xcb\x01\n\x08JobEvent\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12(\n\x04kind\x18\x02 \x01(\x0e\x32\x1a.lightrail.v1.JobEventKind\x12\x11\n\tat_unix_s\x18\x03 \x01(\x01\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x32\n\x06\x66ields\x18\x05 \x03(\x0b\x32\".lightrail.v1.JobEvent.FieldsEntry\x1a-\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*\x8a\x01\n\nCollective\x12\x1a\n\x16\x43OLLECTIVE_UNSPECIFIED\x10\x00\x12\x0e\n\nALL_REDUCE\x10\x01\x12\x12\n\x0eREDUCE_SCATTER\x10\x02\x12\x0e\n\nALL_GATHER\x10\x03\x12\x0e\n\nALL_TO_ALL\x10\x04\x12\r\n\tSEND_RECV\x10\x05\x12\r\n\tBROADCAST\x10\x06*\xd8\x01\n\x0ePhaseErrorCode\x12 \n\x1cPHASE_ERROR_CODE_UNSPECIFIED\x10\x00\x12\x15\n\x11\x44\x45\x41\x44LINE_EXCEEDED\x10\x01\x12\x0f\n\x0bUNKNOWN_JOB\x10\x02\x12\x10\n\x0cINVALID_RANK\x10\x03\x12\x11\n\rINVALID_PHASE\x10\x04\x12\r\n\tRANK_BUSY\x10\x05\x12\x12\n\x0e\x44\x45VICE_FAILURE\x10\x06\x12\x15\n\x11PLACEMENT_CHANGED\x10\x07\x12\x0e\n\nNOT_LEADER\x10\x08\x12\r\n\tCANCELLED\x10\t*\x9e\x01\n\x0cJobEventKind\x12\x1e\n\x1aJOB_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x12\n\x0eJOB_REGISTERED\x10\x01\x12\x14\n\x10JOB_RECONFIGURED\x10\x02\x12\x19\n\x15JOB_PLACEMENT_CHANGED\x10\x03\x12\x14\n\x10JOB_UNREGISTERED\x10\x04\x12\x13\n\x0fJOB_PHASE_ERROR\x10\x05\x32\xfc\x03\n\x0c\x41gentService\x12R\n\x0bRegisterJob\x12 .lightrail.v1.RegisterJobRequest\x1a!.lightrail.v1.RegisterJobResponse\x12X\n\rUnregisterJob\x12\".lightrail.v1.UnregisterJobRequest\x1a#.lightrail.v1.UnregisterJobResponse\x12Q\n\x0bPhaseStream\x12\x1f.lightrail.v1.PhaseRequestBatch\x1a\x1d.lightrail.v1.PhaseReplyBatch(\x01\x30\x01\x12O\n\nEnterPhase\x12\x1f.lightrail.v1.EnterPhaseRequest\x1a .lightrail.v1.EnterPhaseResponse\x12U\n\x0cReleasePhase\x12!.lightrail.v1.ReleasePhaseRequest\x1a\".lightrail.v1.ReleasePhaseResponse\x12\x43\n\x08WatchJob\x12\x1d.lightrail.v1.WatchJobRequest\x1a\x16.lightrail.v1.JobEvent0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,12 +33,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_JOBEVENT_FIELDSENTRY']._loaded_options = None
   _globals['_JOBEVENT_FIELDSENTRY']._serialized_options = b'8\001'
-  _globals['_COLLECTIVE']._serialized_start=1935
-  _globals['_COLLECTIVE']._serialized_end=2073
-  _globals['_PHASEERRORCODE']._serialized_start=2076
-  _globals['_PHASEERRORCODE']._serialized_end=2292
-  _globals['_JOBEVENTKIND']._serialized_start=2295
-  _globals['_JOBEVENTKIND']._serialized_end=2453
+  _globals['_COLLECTIVE']._serialized_start=2023
+  _globals['_COLLECTIVE']._serialized_end=2161
+  _globals['_PHASEERRORCODE']._serialized_start=2164
+  _globals['_PHASEERRORCODE']._serialized_end=2380
+  _globals['_JOBEVENTKIND']._serialized_start=2383
+  _globals['_JOBEVENTKIND']._serialized_end=2541
   _globals['_PHASEKEY']._serialized_start=42
   _globals['_PHASEKEY']._serialized_end=164
   _globals['_DEFINEGROUP']._serialized_start=166
@@ -59,28 +59,30 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RELEASEPHASEREQUEST']._serialized_end=802
   _globals['_HELDPHASE']._serialized_start=804
   _globals['_HELDPHASE']._serialized_end=903
-  _globals['_PHASEREQUEST']._serialized_start=906
-  _globals['_PHASEREQUEST']._serialized_end=1124
-  _globals['_PHASEREQUESTBATCH']._serialized_start=1126
-  _globals['_PHASEREQUESTBATCH']._serialized_end=1191
-  _globals['_ADMISSION']._serialized_start=1193
-  _globals['_ADMISSION']._serialized_end=1301
-  _globals['_PHASEERROR']._serialized_start=1303
-  _globals['_PHASEERROR']._serialized_end=1426
-  _globals['_PHASEREPLY']._serialized_start=1428
-  _globals['_PHASEREPLY']._serialized_end=1536
-  _globals['_PHASEREPLYBATCH']._serialized_start=1538
-  _globals['_PHASEREPLYBATCH']._serialized_end=1598
-  _globals['_ENTERPHASERESPONSE']._serialized_start=1600
-  _globals['_ENTERPHASERESPONSE']._serialized_end=1667
-  _globals['_RELEASEPHASERESPONSE']._serialized_start=1669
-  _globals['_RELEASEPHASERESPONSE']._serialized_end=1691
-  _globals['_WATCHJOBREQUEST']._serialized_start=1693
-  _globals['_WATCHJOBREQUEST']._serialized_end=1726
-  _globals['_JOBEVENT']._serialized_start=1729
-  _globals['_JOBEVENT']._serialized_end=1932
-  _globals['_JOBEVENT_FIELDSENTRY']._serialized_start=1887
-  _globals['_JOBEVENT_FIELDSENTRY']._serialized_end=1932
-  _globals['_AGENTSERVICE']._serialized_start=2456
-  _globals['_AGENTSERVICE']._serialized_end=2964
+  _globals['_SYNCDONE']._serialized_start=905
+  _globals['_SYNCDONE']._serialized_end=946
+  _globals['_PHASEREQUEST']._serialized_start=949
+  _globals['_PHASEREQUEST']._serialized_end=1212
+  _globals['_PHASEREQUESTBATCH']._serialized_start=1214
+  _globals['_PHASEREQUESTBATCH']._serialized_end=1279
+  _globals['_ADMISSION']._serialized_start=1281
+  _globals['_ADMISSION']._serialized_end=1389
+  _globals['_PHASEERROR']._serialized_start=1391
+  _globals['_PHASEERROR']._serialized_end=1514
+  _globals['_PHASEREPLY']._serialized_start=1516
+  _globals['_PHASEREPLY']._serialized_end=1624
+  _globals['_PHASEREPLYBATCH']._serialized_start=1626
+  _globals['_PHASEREPLYBATCH']._serialized_end=1686
+  _globals['_ENTERPHASERESPONSE']._serialized_start=1688
+  _globals['_ENTERPHASERESPONSE']._serialized_end=1755
+  _globals['_RELEASEPHASERESPONSE']._serialized_start=1757
+  _globals['_RELEASEPHASERESPONSE']._serialized_end=1779
+  _globals['_WATCHJOBREQUEST']._serialized_start=1781
+  _globals['_WATCHJOBREQUEST']._serialized_end=1814
+  _globals['_JOBEVENT']._serialized_start=1817
+  _globals['_JOBEVENT']._serialized_end=2020
+  _globals['_JOBEVENT_FIELDSENTRY']._serialized_start=1975
+  _globals['_JOBEVENT_FIELDSENTRY']._serialized_end=2020
+  _globals['_AGENTSERVICE']._serialized_start=2544
+  _globals['_AGENTSERVICE']._serialized_end=3052
 # @@protoc_insertion_point(module_scope)

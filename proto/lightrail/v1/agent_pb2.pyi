@@ -398,6 +398,35 @@ class HeldPhase(_message.Message):
 Global___HeldPhase: _TypeAlias = HeldPhase  # noqa: Y015
 
 @_typing.final
+class SyncDone(_message.Message):
+    """Ends an agent's resync after (re)connecting: it has now reported every hold and pending
+    enter of these ranks. A restarted controller switches none of a recovered job's circuits
+    until every rank is accounted for this way (or its recovery grace period ends), so it never
+    breaks a circuit held by a rank whose agent has not reconnected yet.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    RANKS_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    @_builtins.property
+    def ranks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        ranks: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "ranks", b"ranks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SyncDone: _TypeAlias = SyncDone  # noqa: Y015
+
+@_typing.final
 class PhaseRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -405,6 +434,7 @@ class PhaseRequest(_message.Message):
     RELEASE_FIELD_NUMBER: _builtins.int
     HELD_FIELD_NUMBER: _builtins.int
     DEFINE_GROUP_FIELD_NUMBER: _builtins.int
+    SYNC_DONE_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def enter(self) -> Global___EnterPhaseRequest: ...
     @_builtins.property
@@ -413,6 +443,8 @@ class PhaseRequest(_message.Message):
     def held(self) -> Global___HeldPhase: ...
     @_builtins.property
     def define_group(self) -> Global___DefineGroup: ...
+    @_builtins.property
+    def sync_done(self) -> Global___SyncDone: ...
     def __init__(
         self,
         *,
@@ -420,12 +452,13 @@ class PhaseRequest(_message.Message):
         release: Global___ReleasePhaseRequest | None = ...,
         held: Global___HeldPhase | None = ...,
         define_group: Global___DefineGroup | None = ...,
+        sync_done: Global___SyncDone | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["define_group", b"define_group", "enter", b"enter", "held", b"held", "kind", b"kind", "release", b"release"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["define_group", b"define_group", "enter", b"enter", "held", b"held", "kind", b"kind", "release", b"release", "sync_done", b"sync_done"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["define_group", b"define_group", "enter", b"enter", "held", b"held", "kind", b"kind", "release", b"release"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["define_group", b"define_group", "enter", b"enter", "held", b"held", "kind", b"kind", "release", b"release", "sync_done", b"sync_done"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["enter", "release", "held", "define_group"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["enter", "release", "held", "define_group", "sync_done"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
