@@ -630,7 +630,7 @@ def print_table(results: Sequence[CellResult], opts: Options, elapsed_s: float) 
           "gpus_per_host=1); agentK = K ranks batched on one HostAgent PhaseStream.")
     print("cpu = % of one core over the cell (warm-up included); the machine has "
           f"{os.cpu_count()} cores. dev ms = mean device_s reported in admissions (the "
-          "controller's uvloop clock ticks in whole ms).")
+          "switches' confirmation time of the reconfiguration that admitted the rank).")
     print()
     print("Reference: Opus artifact C++ controller, same method, 2-core machine, delay 0:")
     for ref in REFERENCE:

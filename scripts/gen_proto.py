@@ -29,8 +29,11 @@ def generate(out: Path) -> None:
     import grpc_tools
 
     include = Path(grpc_tools.__file__).parent / "_proto"
+    bindir = Path(sys.executable).parent  # mypy-protobuf's plugins live beside the interpreter
     args = [
         "grpc_tools.protoc",
+        f"--plugin=protoc-gen-mypy={bindir / 'protoc-gen-mypy'}",
+        f"--plugin=protoc-gen-mypy_grpc={bindir / 'protoc-gen-mypy_grpc'}",
         f"-I{PROTO_ROOT}",
         f"-I{include}",
         f"--python_out={out}",

@@ -86,3 +86,11 @@ def test_files(tmp_path: Path) -> None:
         load_config(broken)
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "missing.yaml")
+
+
+def test_shipped_example_configs_are_valid() -> None:
+    examples = sorted((Path(__file__).resolve().parents[2] / "deploy" / "examples").glob("*.yaml"))
+    assert examples, "deploy/examples has no configs"
+    for path in examples:
+        fabric = build_fabric(load_config(path).fabric)
+        assert fabric.switches, path
