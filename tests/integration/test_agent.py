@@ -1,0 +1,101 @@
+"""The host agent's Unix-socket endpoint and the blocking job library, over real gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest_asyncio
+
+from agents.client import BlockingRankSession, ControllerClient, RankSession
+from agents.host_agent import HostAgent
+from agents.local_server import serve_local
+from controller.app import RunningController
+from controller.config import FabricSection
+from controller.embedded import embedded_config, running_controller
+from controller.etcd_server import EmbeddedEtcd
+from controller.model import Collective
+from controller.planner import RankPlacement
+from drivers.base import CrossConnect
+from emulator.ocs import EmulatedFabricDevices
+
+PLACE = [RankPlacement(0, "host0", 0), RankPlacement(1, "host1", 0)]
+
+
+@pytest_asyncio.fixture
+async def devices() -> EmulatedFabricDevices:
+    return EmulatedFabricDevices()
+
+
+@pytest_asyncio.fixture
+async def ctl(etcd: EmbeddedEtcd, devices: EmulatedFabricDevices
+              ) -> AsyncIterator[RunningController]:
+    cfg = embedded_config(etcd.endpoint, FabricSection.model_validate(
+        {"builtin": "demo-4x2", "reconfiguration_delay_ms": 1}))
+    async with running_controller(cfg, devices=devices) as rc:
+        async with ControllerClient(rc.grpc_target) as c:
+            await c.register_job("job", PLACE)
+        yield rc
+
+
+async def test_ranks_reach_the_controller_through_the_agent_socket(
+    ctl: RunningController, devices: EmulatedFabricDevices, tmp_path: Path
+) -> None:
+    sockets = [tmp_path / f"agent{h}.sock" for h in (0, 1)]
+    stop = asyncio.Event()
+    async with HostAgent("host0", ctl.grpc_target) as a0, \
+            HostAgent("host1", ctl.grpc_target) as a1:
+        servers = [asyncio.create_task(serve_local(a, ctl.grpc_target, str(s), stop))
+                   for a, s in ((a0, sockets[0]), (a1, sockets[1]))]
+        try:
+            clients = [ControllerClient(f"unix://{s}", retry_budget_s=5.0) for s in sockets]
+            sessions = [RankSession(c, "job", r) for r, c in enumerate(clients)]
+
+            async def ring(s: RankSession) -> bool:
+                s.start_iteration(0)
+                async with s.phase([0, 1], Collective.ALL_REDUCE) as adm:
+                    return adm.noop
+
+            noops = await asyncio.gather(*(ring(s) for s in sessions))
+            assert False in noops
+            assert devices["ocs-rail0"].cross_connects == {CrossConnect(1, 6), CrossConnect(2, 5)}
+            for c in clients:
+                await c.close()
+        finally:
+            stop.set()
+            await asyncio.wait_for(asyncio.gather(*servers), 10)
+    assert not any(s.exists() for s in sockets)  # sockets removed on shutdown
+
+
+async def test_blocking_session_for_training_loops(
+    ctl: RunningController, devices: EmulatedFabricDevices
+) -> None:
+    target = ctl.grpc_target
+    results: dict[int, list[bool]] = {}
+    errors: list[BaseException] = []
+
+    def train(rank: int) -> None:
+        try:
+            s = BlockingRankSession(lambda: ControllerClient(target), "job", rank, timeout_s=10)
+            try:
+                out = []
+                for step in range(3):
+                    s.start_iteration(step)
+                    with s.phase([0, 1], Collective.ALL_REDUCE) as adm:
+                        out.append(adm.noop)
+                results[rank] = out
+            finally:
+                s.close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=train, args=(r,)) for r in (0, 1)]
+    await asyncio.to_thread(lambda: [t.start() for t in threads])
+    await asyncio.to_thread(lambda: [t.join(30) for t in threads])
+    assert not errors, errors
+    assert sorted(results) == [0, 1]
+    # the ring is made once; later steps find it there
+    assert results[0][1:] == [True, True] and results[1][1:] == [True, True]
+    assert devices["ocs-rail0"].cross_connects == {CrossConnect(1, 6), CrossConnect(2, 5)}
