@@ -20,10 +20,14 @@ the reconfiguration that admitted it (device delay excluded), floored at 0.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+import grpc
+from lightrail.v1 import operator_pb2, operator_pb2_grpc
 
 from agents.client import ControllerClient, RankSession
 from agents.errors import PhaseError
@@ -153,6 +157,22 @@ class PhaseRow:
 
 
 @dataclass(frozen=True, slots=True)
+class ProvisioningStats:
+    """How the controller's provisioning served the phases that needed new circuits."""
+
+    hits: int
+    late: int
+    misses: int
+    learned: bool
+
+    @property
+    def hit_rate(self) -> float:
+        """Hits over all phases that needed new circuits (0 when none did)."""
+        n = self.hits + self.late + self.misses
+        return self.hits / n if n else 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class ReplayReport:
     """What a replay measured. ``stall_ms_per_iter``: mean per-rank time blocked in EnterPhase
     per iteration, in ms."""
@@ -167,6 +187,7 @@ class ReplayReport:
     wall_s: float
     stall_ms_per_iter: float
     placements: tuple[RankPlacement, ...]
+    provisioning: ProvisioningStats | None = None
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -232,9 +253,21 @@ class Replayer:
         ``JobRegistrationError`` if the controller refuses the job."""
         await client.register_job(self.job_id, self.placements, tenant="replay")
         try:
-            return await self._run_ranks()
+            report = await self._run_ranks()
+            return dataclasses.replace(report, provisioning=await self._provisioning())
         finally:
             await client.unregister_job(self.job_id)
+
+    async def _provisioning(self) -> ProvisioningStats | None:
+        """The controller's provisioning counters for this job (None if it has none)."""
+        async with grpc.aio.insecure_channel(self.target) as ch:
+            resp = await operator_pb2_grpc.OperatorServiceStub(ch).ListJobs(
+                operator_pb2.ListJobsRequest(), timeout=10.0)
+        for j in resp.jobs:
+            if j.job_id == self.job_id:
+                return ProvisioningStats(j.provisioning_hits, j.provisioning_late,
+                                         j.provisioning_misses, j.schedule_learned)
+        return None
 
     async def _run_ranks(self) -> ReplayReport:
         hosts = sorted({p.host for p in self.placements})
@@ -385,6 +418,10 @@ def report_to_json(report: ReplayReport) -> Mapping[str, object]:
         "unplanned_ops": report.unplanned_ops,
         "scale_up_ops": report.scale_up_ops,
         "notes": list(report.notes),
+        "provisioning": None if report.provisioning is None else {
+            "hits": report.provisioning.hits, "late": report.provisioning.late,
+            "misses": report.provisioning.misses, "learned": report.provisioning.learned,
+            "hit_rate": round(report.provisioning.hit_rate, 4)},
         "phases": [
             {"phase": r.phase, "count": r.count, "reconfigurations": r.reconfigurations,
              "admission_p50_ms": round(r.p50_ms, 4), "admission_p99_ms": round(r.p99_ms, 4),

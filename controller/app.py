@@ -150,7 +150,9 @@ async def _serve(
             writer_task = tg.create_task(writer.run(), name="etcd-writer")
             reconciler = Reconciler(drivers)
             reconciler.start(tg)
-            coordinator = PhaseCoordinator(fabric, default_timeout_s=ccfg.admission_timeout_s)
+            coordinator = PhaseCoordinator(fabric, default_timeout_s=ccfg.admission_timeout_s,
+                                           provisioning=ccfg.provisioning,
+                                           learn_iterations=ccfg.learn_iterations)
             events = EventBus()
             service = PhaseService(coordinator, reconciler, events, state_writer=writer.put)
             service.start(tg)

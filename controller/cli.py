@@ -158,6 +158,13 @@ def _print_report(console: Console, report: Any, fabric: str, delay_ms: float) -
                       f"{r.p99_ms:.3f}", f"{r.device_ms:.2f}", f"{r.stall_ms_per_iter:.2f}")
     console.print(table)
     console.print(f"total stall per iteration (mean per rank): {report.stall_ms_per_iter:.2f} ms")
+    prov = report.provisioning
+    if prov is not None:
+        state = "learned" if prov.learned else "not learned"
+        console.print(
+            f"provisioning (schedule {state}): {prov.hits} phases switched ahead and ready, "
+            f"{prov.late} still switching when ranks came, {prov.misses} switched on demand "
+            f"-> hit rate {prov.hit_rate:.0%}")
 
 
 async def _hosts(target: str) -> list[Any]:

@@ -53,6 +53,13 @@ class ControllerSection(_Strict):
     metrics_listen: HostPort = "127.0.0.1:9464"
     admission_timeout_s: float = Field(default=30.0, gt=0)
     shutdown_timeout_s: float = Field(default=10.0, gt=0)
+    provisioning: bool = Field(
+        default=True,
+        description="switch to the next phase's circuits as soon as the current one is "
+                    "released, on a learned or declared schedule (Opus)")
+    learn_iterations: int = Field(
+        default=2, ge=1,
+        description="how many times a transition must repeat before it is provisioned")
     recovery_grace_s: float = Field(
         default=10.0, ge=0,
         description="after a restart, how long a recovered job's circuits stay frozen while "

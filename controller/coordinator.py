@@ -90,6 +90,8 @@ class Reconfigure:
     job_id: str
     phase: PhaseKey
     targets: tuple[SwitchTarget, ...]
+    provisioning: bool = False
+    """True when no rank asked yet: the schedule predicts ``phase`` comes next (Opus)."""
 
 
 Decision = Admit | Reject | Reconfigure
@@ -155,6 +157,29 @@ class JobStats:
     admitted_noop: int
     reconfigurations: int
     current_phase: str
+    provisioning_hits: int = 0
+    """Phases whose circuits were switched ahead of time and ready when the first rank came."""
+    provisioning_late: int = 0
+    """Phases predicted but not ready when the first rank came: still switching, or their
+    predecessor was still held (no compute gap to hide the switch in)."""
+    provisioning_misses: int = 0
+    """Phases that needed a switch on demand (no or a wrong prediction)."""
+    schedule_learned: bool = False
+
+    @property
+    def hit_rate(self) -> float:
+        """Hits over phases that needed new circuits (0 when none did)."""
+        n = self.provisioning_hits + self.provisioning_late + self.provisioning_misses
+        return self.provisioning_hits / n if n else 0.0
+
+
+@dataclass(slots=True)
+class _Successor:
+    """What came next on a phase's ports: ``phase`` seen ``streak`` times in a row."""
+
+    phase: PhaseKey
+    streak: int
+    declared: bool = False
 
 
 @dataclass(slots=True, eq=False)
@@ -169,6 +194,12 @@ class _Job:
     admitted_noop: int = 0
     reconfigurations: int = 0
     last_phase: PhaseKey | None = None
+    successors: dict[PhaseKey, _Successor] = field(default_factory=dict)
+    last_on_port: dict[tuple[str, int], PhaseKey] = field(default_factory=dict)
+    provisioned: dict[PhaseKey, int] = field(default_factory=dict)
+    hits: int = 0
+    late: int = 0
+    misses: int = 0
 
 
 @dataclass(slots=True)
@@ -179,7 +210,10 @@ class _Recovery:
 
 @dataclass(slots=True)
 class _Op:
-    instance: _Instance
+    instance: _Instance | None  # None: provisioning ahead of the phase
+    job_id: str
+    phase: PhaseKey
+    plan: Plan
     ports: dict[str, frozenset[int]]
 
 
@@ -189,9 +223,20 @@ class PhaseCoordinator:
     ``default_timeout_s`` applies when an EnterPhase gives none (``timeout_s <= 0``).
     """
 
-    def __init__(self, fabric: Fabric, *, default_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        fabric: Fabric,
+        *,
+        default_timeout_s: float = 30.0,
+        provisioning: bool = True,
+        learn_iterations: int = 2,
+    ) -> None:
+        if learn_iterations < 1:
+            raise ValueError(f"learn_iterations: must be >= 1, got {learn_iterations}")
         self.fabric = fabric
         self.default_timeout_s = default_timeout_s
+        self.provisioning = provisioning
+        self.learn_iterations = learn_iterations
         self._jobs: dict[str, _Job] = {}
         self._gpus: dict[tuple[str, int], str] = {}
         self._confirmed: dict[str, dict[int, CrossConnect]] = {s: {} for s in fabric.switches}
@@ -231,6 +276,10 @@ class PhaseCoordinator:
                 self._plan(job, ph)
             except PlanError as exc:
                 raise PlanError(f"declared_phases[{i}]: {exc}") from exc
+        k = len(job.declared)
+        for i, ph in enumerate(job.declared):
+            job.successors[ph] = _Successor(job.declared[(i + 1) % k], self.learn_iterations,
+                                            declared=True)
         self._jobs[job_id] = job
         for p in layout.placements:
             self._gpus[(p.host, p.gpu)] = job_id
@@ -295,8 +344,10 @@ class PhaseCoordinator:
         job = self._jobs.get(job_id)
         if job is None:
             raise UnknownJob(job_id)
+        learned = any(s.streak >= self.learn_iterations for s in job.successors.values())
         return JobStats(job.admitted, job.admitted_noop, job.reconfigurations,
-                        str(job.last_phase) if job.last_phase is not None else "")
+                        str(job.last_phase) if job.last_phase is not None else "",
+                        job.hits, job.late, job.misses, learned)
 
     def owner_of_port(self, switch_id: str, port: int) -> str | None:
         """The job whose ranks own ``port`` on ``switch_id``, or None."""
@@ -410,6 +461,7 @@ class PhaseCoordinator:
         if inst is None:
             inst = _Instance(job_id, phase, iteration, plan)
             job.instances[ikey] = inst
+            self._observe(job, phase, plan)
         if inst.op_id is None and not inst.waiters and (
             inst.holders or (self._ready(plan) and not self._claimed_by_older(plan))
         ):
@@ -483,7 +535,14 @@ class PhaseCoordinator:
         if self._remove_holder(inst, rank):
             return []  # others still hold the phase: nothing was freed
         self._maybe_drop(job, inst)
-        return self._schedule(now)
+        out = self._schedule(now)
+        if self.provisioning:
+            nxt = job.successors.get(phase)
+            if nxt is not None and nxt.streak >= self.learn_iterations and nxt.phase != phase:
+                rec = self._provision(job, nxt.phase)
+                if rec is not None:
+                    out.append(rec)
+        return out
 
     def reconfigured(
         self, op_id: int, now: float, error: str | None = None, device_s: float = 0.0
@@ -498,6 +557,8 @@ class PhaseCoordinator:
         for sid, ports in op.ports.items():
             self._inflight[sid].difference_update(ports)
         inst = op.instance
+        if inst is None:
+            return self._provisioned(op, now, error)
         inst.op_id = None
         job = self._jobs.get(inst.job_id)
         out: list[Decision] = []
@@ -641,6 +702,110 @@ class PhaseCoordinator:
         self._unhold(inst.plan)
         return False
 
+    def _observe(self, job: _Job, phase: PhaseKey, plan: Plan) -> None:
+        """Learn the schedule: the phase that last used any of ``phase``'s ports gets
+        ``phase`` as its successor (a streak when it repeats, a reset when it deviates), and
+        score the prediction for ``phase`` (hit, late, miss). O(plan) once per instance."""
+        if plan.empty:
+            return
+        preds: set[PhaseKey] = set()
+        last = job.last_on_port
+        for t in plan.targets:
+            sid = t.switch_id
+            for p in t.ports:
+                prev = last.get((sid, p))
+                if prev is not None and prev != phase:  # ports it kept tell nothing
+                    preds.add(prev)
+                last[(sid, p)] = phase
+        learn = self.learn_iterations
+        predicted = False
+        for prev in preds:
+            s = job.successors.get(prev)
+            if s is not None and s.phase == phase and s.streak >= learn:
+                predicted = True
+        for prev in preds:
+            s = job.successors.get(prev)
+            if s is None:
+                job.successors[prev] = _Successor(phase, 1)
+            elif s.phase == phase:
+                s.streak += 1
+            elif not s.declared:
+                s.phase = phase
+                s.streak = 1
+        op_id = job.provisioned.pop(phase, None)
+        ready = self._ready(plan)
+        if op_id is not None and op_id in self._ops:
+            job.late += 1
+        elif op_id is not None and ready:
+            job.hits += 1
+        elif not ready and predicted:
+            job.late += 1  # predicted, but its predecessor was still held: no time to switch
+        elif not ready:
+            job.misses += 1  # no prediction, a wrong one, or its circuits broken since
+
+    def _provision(self, job: _Job, phase: PhaseKey) -> Reconfigure | None:
+        """Switch to ``phase``'s circuits ahead of its ranks (Opus provisioning), when that
+        breaks nothing held, touches no port being switched and takes no port an older
+        waiting phase needs. Returns the ``Reconfigure`` or None."""
+        if job.provisioned.get(phase) in self._ops or job.layout.job_id in self._recovering:
+            return None
+        try:
+            plan = self._plan(job, phase)
+        except PlanError:
+            return None
+        if plan.empty or self._ready(plan):
+            return None
+        for inst in job.instances.values():
+            if inst.phase == phase and (inst.waiters or inst.op_id is not None):
+                return None  # its ranks are already asking: the normal path serves them
+        op_ports: dict[str, frozenset[int]] = {}
+        for t in plan.targets:
+            ports = set(t.ports)
+            for xc in self._conflicts(t):
+                if self._held.get((t.switch_id, xc)):
+                    return None
+                ports.update(xc.ports())
+            fports = frozenset(ports)
+            if not fports.isdisjoint(self._inflight[t.switch_id]):
+                return None
+            op_ports[t.switch_id] = fports
+        for q in self._queue:
+            if q.op_id is None and q.waiters:
+                for qt in q.plan.targets:
+                    mine = op_ports.get(qt.switch_id)
+                    if mine is not None and not mine.isdisjoint(qt.ports):
+                        return None
+        op_id = self._next_op
+        self._next_op += 1
+        self._ops[op_id] = _Op(None, job.layout.job_id, phase, plan, op_ports)
+        for sid, fports in op_ports.items():
+            self._inflight[sid].update(fports)
+        job.provisioned[phase] = op_id
+        targets = tuple(SwitchTarget(t.switch_id, t.cross_connects, op_ports[t.switch_id])
+                        for t in plan.targets)
+        return Reconfigure(op_id, job.layout.job_id, phase, targets, provisioning=True)
+
+    def _provisioned(self, op: _Op, now: float, error: str | None) -> list[Decision]:
+        job = self._jobs.get(op.job_id)
+        if error is None:
+            for target in op.plan.targets:
+                view = self._confirmed[target.switch_id]
+                for p in op.ports[target.switch_id]:
+                    view.pop(p, None)
+                for xc in target.cross_connects:
+                    view[xc.ingress] = xc
+                    view[xc.egress] = xc
+            if job is not None:
+                job.reconfigurations += 1
+        else:
+            for sid, ports in op.ports.items():
+                view = self._confirmed[sid]
+                for p in ports:
+                    view.pop(p, None)
+            if job is not None:
+                job.provisioned.pop(op.phase, None)
+        return self._schedule(now)
+
     def _claimed_by_older(self, plan: Plan) -> bool:
         """True when a waiting (not yet switching) phase needs one of ``plan``'s ports or must
         break a cross-connect ``plan`` would hold."""
@@ -757,7 +922,7 @@ class PhaseCoordinator:
             op_id = self._next_op
             self._next_op += 1
             inst.op_id = op_id
-            self._ops[op_id] = _Op(inst, op_ports)
+            self._ops[op_id] = _Op(inst, inst.job_id, inst.phase, inst.plan, op_ports)
             for sid, ports_ in op_ports.items():
                 self._inflight[sid].update(ports_)
             targets = tuple(

@@ -150,6 +150,10 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
                     phases_admitted=stats.admitted,
                     reconfigurations=stats.reconfigurations,
                     current_phase=stats.current_phase,
+                    provisioning_hits=stats.provisioning_hits,
+                    provisioning_late=stats.provisioning_late,
+                    provisioning_misses=stats.provisioning_misses,
+                    schedule_learned=stats.schedule_learned,
                 )
             )
         return operator_pb2.ListJobsResponse(jobs=out)

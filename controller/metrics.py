@@ -66,6 +66,13 @@ STALL_SECONDS = Counter(
     ["job"],
     registry=REGISTRY,
 )
+PROVISIONING = Gauge(
+    "lightrail_provisioning_phases",
+    "Phases that needed new circuits, by how provisioning served them (hit: ready when the "
+    "first rank came; late: still switching; miss: switched on demand).",
+    ["job", "outcome"],
+    registry=REGISTRY,
+)
 JOBS = Gauge("lightrail_jobs", "Registered jobs.", registry=REGISTRY)
 CIRCUITS = Gauge(
     "lightrail_cross_connects",

@@ -23,6 +23,7 @@ from controller.coordinator import (
     PhaseCoordinator,
     Reconfigure,
     Reject,
+    UnknownJob,
 )
 from controller.events import EventBus, JobEvent, JobEventKind
 from controller.model import PhaseKey
@@ -261,6 +262,14 @@ class PhaseService:
         switches = tuple(t.switch_id for t in rec.targets)
         for switch_id in switches:
             metrics.CIRCUITS.labels(switch_id).set(len(self.coordinator.confirmed(switch_id)))
+        try:
+            stats = self.coordinator.stats(rec.job_id)
+        except UnknownJob:
+            pass
+        else:
+            metrics.PROVISIONING.labels(rec.job_id, "hit").set(stats.provisioning_hits)
+            metrics.PROVISIONING.labels(rec.job_id, "late").set(stats.provisioning_late)
+            metrics.PROVISIONING.labels(rec.job_id, "miss").set(stats.provisioning_misses)
         done = ReconfigurationDone(rec.job_id, rec.phase, switches, device_s, error)
         for listener in self.listeners:
             listener(done)
@@ -268,9 +277,11 @@ class PhaseService:
             JobEvent(
                 rec.job_id,
                 JobEventKind.RECONFIGURED,
-                f"phase {rec.phase}: {'failed: ' + error if error else 'confirmed'}",
+                f"phase {rec.phase}: {'failed: ' + error if error else 'confirmed'}"
+                + (" (provisioned ahead)" if rec.provisioning else ""),
                 fields={"phase": str(rec.phase), "switches": ",".join(switches),
-                        "device_s": f"{device_s:.6f}"},
+                        "device_s": f"{device_s:.6f}",
+                        "provisioning": str(rec.provisioning).lower()},
             )
         )
         if self._write is not None and error is None:

@@ -92,8 +92,10 @@ async def test_blocking_session_for_training_loops(
             errors.append(exc)
 
     threads = [threading.Thread(target=train, args=(r,)) for r in (0, 1)]
-    await asyncio.to_thread(lambda: [t.start() for t in threads])
-    await asyncio.to_thread(lambda: [t.join(30) for t in threads])
+    for t in threads:
+        t.start()
+    for t in threads:
+        await asyncio.to_thread(t.join, 30)
     assert not errors, errors
     assert sorted(results) == [0, 1]
     # the ring is made once; later steps find it there

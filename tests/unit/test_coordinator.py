@@ -260,3 +260,93 @@ def test_recovery_grace_period_ends(coord: PhaseCoordinator) -> None:
     assert coord.next_deadline() == pytest.approx(1.0)
     out = coord.expire(1.0)
     assert len(only(out, Reconfigure)) == 1 and not coord.recovering("job")
+
+
+def run_boundary(c: PhaseCoordinator, it: int, now: float) -> tuple[float, list[Decision]]:
+    """One DP ring then one PP pair (host0 <-> host1 on rail 0), every rank releasing at once;
+    reconfigurations are confirmed right away. Returns the clock and every decision."""
+    seen: list[Decision] = []
+
+    def settle(ds: list[Decision]) -> None:
+        for d in ds:
+            seen.append(d)
+            if isinstance(d, Reconfigure):
+                settle(c.reconfigured(d.op_id, now))
+
+    for phase, ranks in ((RING, WORLD), (PP01, [0, 2])):
+        for r in ranks:
+            settle(c.enter("job", r, phase, 1000 * it + r, now, iteration=it))
+        now += 0.01
+        for r in ranks:
+            settle(c.release("job", r, phase, now))
+        now += 0.01
+    return now, seen
+
+
+def test_provisioning_learns_the_schedule_and_switches_ahead() -> None:
+    c = PhaseCoordinator(rail_fabric("t", 4, 2, delay_s=0.01), learn_iterations=2)
+    c.register_job("job", "t", place())
+    now, _ = run_boundary(c, 0, 0.0)  # first sighting of each transition: on demand
+    learning = c.stats("job")
+    assert learning.provisioning_hits == 0 and learning.provisioning_misses == 2
+    assert not learning.schedule_learned
+    now, _ = run_boundary(c, 1, now)  # second sighting: learned, provisioning starts
+    now, _ = run_boundary(c, 2, now)
+    learning = c.stats("job")
+    assert learning.provisioning_hits >= 1
+    now, seen = run_boundary(c, 3, now)
+    provisioned = [d for d in seen if isinstance(d, Reconfigure) and d.provisioning]
+    assert [d.phase for d in provisioned] == [PP01, RING]  # each released phase -> the next
+    stats = c.stats("job")
+    assert stats.schedule_learned
+    assert stats.provisioning_hits == learning.provisioning_hits + 2
+    assert stats.provisioning_misses == learning.provisioning_misses
+    # ranks arriving at a provisioned phase are admitted at once
+    assert all(d.noop for d in seen if isinstance(d, Admit))
+
+
+def test_deviation_resets_the_prediction() -> None:
+    c = PhaseCoordinator(rail_fabric("t", 4, 2, delay_s=0.01), learn_iterations=2)
+    c.register_job("job", "t", place())
+    now = 0.0
+    for it in range(3):
+        now, _ = run_boundary(c, it, now)
+    # iteration 3: after the ring comes a different pair (host1 <-> host2) instead of PP01
+    pp12 = PhaseKey(ProcessGroup.of([2, 4]), Collective.SEND_RECV)
+    before = c.stats("job")
+    for r in WORLD:
+        for d in c.enter("job", r, RING, 9000 + r, now, iteration=3):
+            if isinstance(d, Reconfigure):
+                c.reconfigured(d.op_id, now)
+    out: list[Decision] = []
+    for r in WORLD:
+        out += c.release("job", r, RING, now)
+    provisioned = [d for d in out if isinstance(d, Reconfigure) and d.provisioning]
+    assert [d.phase for d in provisioned] == [PP01]  # the prediction, about to be wrong
+    for d in provisioned:
+        assert isinstance(d, Reconfigure)
+        c.reconfigured(d.op_id, now)
+    for r in (2, 4):
+        for d in c.enter("job", r, pp12, 9100 + r, now, iteration=3):
+            if isinstance(d, Reconfigure):
+                c.reconfigured(d.op_id, now)
+    assert c.stats("job").provisioning_misses == before.provisioning_misses + 1
+    for r in (2, 4):
+        c.release("job", r, pp12, now)
+    # the ring's successor is now pp12 with a streak of 1: no provisioning until re-learned
+    for r in WORLD:
+        for d in c.enter("job", r, RING, 9200 + r, now, iteration=4):
+            if isinstance(d, Reconfigure):
+                c.reconfigured(d.op_id, now)
+    out = []
+    for r in WORLD:
+        out += c.release("job", r, RING, now)
+    assert not [d for d in out if isinstance(d, Reconfigure) and d.provisioning]
+
+
+def test_declared_schedule_skips_learning() -> None:
+    c = PhaseCoordinator(rail_fabric("t", 4, 2, delay_s=0.01))
+    c.register_job("job", "t", place(), declared_phases=[RING, PP01])
+    _, seen = run_boundary(c, 0, 0.0)
+    assert [d.phase for d in seen if isinstance(d, Reconfigure) and d.provisioning] == [
+        PP01, RING]

@@ -260,12 +260,23 @@ class JobInfo(_message.Message):
     PHASES_ADMITTED_FIELD_NUMBER: _builtins.int
     RECONFIGURATIONS_FIELD_NUMBER: _builtins.int
     CURRENT_PHASE_FIELD_NUMBER: _builtins.int
+    PROVISIONING_HITS_FIELD_NUMBER: _builtins.int
+    PROVISIONING_LATE_FIELD_NUMBER: _builtins.int
+    PROVISIONING_MISSES_FIELD_NUMBER: _builtins.int
+    SCHEDULE_LEARNED_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     tenant: _builtins.str
     world_size: _builtins.int
     phases_admitted: _builtins.int
     reconfigurations: _builtins.int
     current_phase: _builtins.str
+    provisioning_hits: _builtins.int
+    """Provisioning (switching ahead on a learned or declared schedule): phases whose circuits
+    were ready when their first rank came, still switching, or switched on demand.
+    """
+    provisioning_late: _builtins.int
+    provisioning_misses: _builtins.int
+    schedule_learned: _builtins.bool
     @_builtins.property
     def hosts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -278,10 +289,14 @@ class JobInfo(_message.Message):
         phases_admitted: _builtins.int = ...,
         reconfigurations: _builtins.int = ...,
         current_phase: _builtins.str = ...,
+        provisioning_hits: _builtins.int = ...,
+        provisioning_late: _builtins.int = ...,
+        provisioning_misses: _builtins.int = ...,
+        schedule_learned: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["current_phase", b"current_phase", "hosts", b"hosts", "job_id", b"job_id", "phases_admitted", b"phases_admitted", "reconfigurations", b"reconfigurations", "tenant", b"tenant", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["current_phase", b"current_phase", "hosts", b"hosts", "job_id", b"job_id", "phases_admitted", b"phases_admitted", "provisioning_hits", b"provisioning_hits", "provisioning_late", b"provisioning_late", "provisioning_misses", b"provisioning_misses", "reconfigurations", b"reconfigurations", "schedule_learned", b"schedule_learned", "tenant", b"tenant", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
