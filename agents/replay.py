@@ -228,6 +228,9 @@ class Replayer:
         self.timeout_s = timeout_s
         self.on_progress = on_progress
         self.ops, notes = expand_workload(workload)
+        if not any(self.ops.values()):
+            raise ReplayError(f"{workload.name}: no collectives in the iteration "
+                              f"({workload.iteration or 'whole trace'}): nothing to replay")
         if max_ops is not None:
             if max_ops < 1:
                 raise ReplayError(f"max_ops: must be >= 1, got {max_ops}")

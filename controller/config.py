@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from controller.fabric import (
     BUILTIN_FABRICS,
@@ -39,10 +46,19 @@ class ConfigError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: no silent coercion (``true`` is not 1.0, "5" is not 5); finite floats only.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
-HostPort = Annotated[str, Field(pattern=r"^[^\s:]+:\d{1,5}$")]
+def _check_host_port(value: str) -> str:
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"expected HOST:PORT with a port in 0..65535, got {value!r}")
+    return value
+
+
+HostPort = Annotated[str, AfterValidator(_check_host_port)]
+MAX_GPUS = 1 << 17  # 131,072: far beyond one OCS tier; keeps check-config fast
 
 
 class ControllerSection(_Strict):
@@ -51,8 +67,8 @@ class ControllerSection(_Strict):
     replica_id: str = Field(default_factory=socket.gethostname, min_length=1)
     listen: HostPort = "127.0.0.1:50051"
     metrics_listen: HostPort = "127.0.0.1:9464"
-    admission_timeout_s: float = Field(default=30.0, gt=0)
-    shutdown_timeout_s: float = Field(default=10.0, gt=0)
+    admission_timeout_s: float = Field(default=30.0, gt=0, le=24 * 3600)
+    shutdown_timeout_s: float = Field(default=10.0, gt=0, le=600)
     provisioning: bool = Field(
         default=True,
         description="switch to the next phase's circuits as soon as the current one is "
@@ -61,7 +77,7 @@ class ControllerSection(_Strict):
         default=2, ge=1,
         description="how many times a transition must repeat before it is provisioned")
     recovery_grace_s: float = Field(
-        default=10.0, ge=0,
+        default=10.0, ge=0, le=3600,
         description="after a restart, how long a recovered job's circuits stay frozen while "
                     "its agents reconnect and report what their ranks hold")
 
@@ -70,7 +86,7 @@ class EtcdSection(_Strict):
     """Where state lives. ``embedded: true`` starts a private single-member etcd (demo only)."""
 
     endpoints: list[HostPort] = Field(default_factory=lambda: ["127.0.0.1:2379"], min_length=1)
-    lease_ttl_s: float = Field(default=10.0, ge=2)
+    lease_ttl_s: float = Field(default=10.0, ge=2, le=3600)
     embedded: bool = False
 
 
@@ -88,9 +104,10 @@ class SwitchConfig(_Strict):
     id: str = Field(min_length=1)
     model: str = "emulated"
     kind: Literal["nxn", "duplex"] = "nxn"
-    ports: int = Field(gt=0, description="N: an N x N switch has ingress 1..N, egress N+1..2N")
+    ports: int = Field(gt=0, le=MAX_GPUS,
+                       description="N: an N x N switch has ingress 1..N, egress N+1..2N")
     rail: int | None = Field(default=None, ge=0)
-    reconfiguration_delay_ms: float = Field(default=10.0, ge=0)
+    reconfiguration_delay_ms: float = Field(default=10.0, ge=0, le=600_000)
     max_batch: int | None = Field(default=None, gt=0)
     options: dict[str, OptionValue] = Field(default_factory=dict)
 
@@ -109,9 +126,9 @@ class RailFabricConfig(_Strict):
     """A generated rail-optimised fabric (``controller.fabric.rail_fabric``): one NIC per GPU,
     rail g = NIC g of every host, one N x N OCS per rail with N = hosts + spares."""
 
-    hosts: int = Field(gt=0)
-    gpus_per_host: int = Field(gt=0)
-    spares: int = Field(default=0, ge=0)
+    hosts: int = Field(gt=0, le=MAX_GPUS)
+    gpus_per_host: int = Field(gt=0, le=64)
+    spares: int = Field(default=0, ge=0, le=MAX_GPUS)
     hosts_per_domain: int | None = Field(default=None, gt=0)
     model: str = "emulated"
 
@@ -122,7 +139,7 @@ class FabricSection(_Strict):
 
     builtin: Literal["demo-4x2", "rail-16x8"] | None = None
     rail: RailFabricConfig | None = None
-    reconfiguration_delay_ms: float = Field(default=10.0, ge=0)
+    reconfiguration_delay_ms: float = Field(default=10.0, ge=0, le=600_000)
     name: str | None = None
     hosts: list[HostConfig] = Field(default_factory=list)
     switches: list[SwitchConfig] = Field(default_factory=list)
@@ -134,6 +151,9 @@ class FabricSection(_Strict):
         given = [n for n, v in (("builtin", self.builtin is not None),
                                 ("rail", self.rail is not None),
                                 ("hosts/switches/wiring", inline)) if v]
+        if self.rail is not None and (
+                (self.rail.hosts + self.rail.spares) * self.rail.gpus_per_host > MAX_GPUS):
+            raise ValueError(f"rail: more than {MAX_GPUS} GPUs")
         if len(given) > 1:
             raise ValueError(f"give one of builtin, rail or hosts/switches/wiring, not "
                              f"{' and '.join(given)}")
@@ -195,6 +215,8 @@ def load_config(path: Path | None) -> Config:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(str(path), [f"(file): cannot read: {exc.strerror}"]) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(path), [f"(file): not UTF-8 text (byte {exc.start})"]) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

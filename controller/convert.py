@@ -6,6 +6,8 @@ to ``INVALID_ARGUMENT`` (unary) or an ``INVALID_PHASE`` reply (stream).
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Sequence
 
 from lightrail.v1 import agent_pb2
@@ -16,6 +18,28 @@ from controller.model import Collective, PhaseKey, ProcessGroup
 from controller.planner import RankPlacement
 
 MAX_WORLD_SIZE = 1 << 20
+MAX_TIMEOUT_S = 24 * 3600.0
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def check_id(field: str, value: str, *, allow_empty: bool = False) -> None:
+    """Job and tenant ids become etcd keys and metric labels: 1-128 characters of
+    ``[A-Za-z0-9._-]``, starting with a letter or digit. Raises ``InvalidRequest``."""
+    if allow_empty and not value:
+        return
+    if not _ID.match(value):
+        shown = value if len(value) <= 40 else value[:37] + "..."
+        raise InvalidRequest(f"{field}: {shown!r} is not 1-128 characters of [A-Za-z0-9._-] "
+                             "starting with a letter or digit")
+
+
+def check_timeout(timeout_s: float, field: str = "timeout_s") -> float:
+    """A finite timeout in [0, 24 h] (0 = the controller's default). Raises
+    ``InvalidRequest``."""
+    if not math.isfinite(timeout_s) or timeout_s < 0 or timeout_s > MAX_TIMEOUT_S:
+        raise InvalidRequest(f"{field}: {timeout_s!r} is not a finite number of seconds in "
+                             f"[0, {MAX_TIMEOUT_S:.0f}]")
+    return timeout_s
 
 ERROR_METADATA_KEY = "lightrail-error"
 """Trailing metadata key of a refused unary EnterPhase/ReleasePhase: the ``ErrorCode`` value,
@@ -69,7 +93,8 @@ class PhaseKeyDecoder:
     or by ``group_id`` after a ``DefineGroup``; the id is a hash of the ranks, checked on
     definition, so one table serves every stream."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_groups: int = _MAX_GROUPS) -> None:
+        self._max = max_groups
         self._groups: dict[tuple[int, ...], ProcessGroup] = {}
         self._by_id: dict[int, ProcessGroup] = {}
 
@@ -79,9 +104,11 @@ class PhaseKeyDecoder:
             if not raw:
                 raise InvalidRequest(f"{field}: empty")
             if len(set(raw)) != len(raw):
-                raise InvalidRequest(f"{field}: duplicate ranks in {list(raw)}")
+                raise InvalidRequest(f"{field}: duplicate ranks in {list(raw)[:16]}")
+            if max(raw) >= MAX_WORLD_SIZE:
+                raise InvalidRequest(f"{field}: rank {max(raw)} >= {MAX_WORLD_SIZE}")
             group = ProcessGroup.of(raw)
-            if len(self._groups) < _MAX_GROUPS:
+            if len(self._groups) < self._max:
                 self._groups[raw] = group
         return group
 
@@ -93,8 +120,10 @@ class PhaseKeyDecoder:
             raise InvalidRequest(
                 f"define_group.group_id: {pb.group_id:#x} is not the id of ranks "
                 f"{list(group.ranks)[:16]} ({group.group_id:#x})")
-        if len(self._by_id) < _MAX_GROUPS:
-            self._by_id[pb.group_id] = group
+        if pb.group_id not in self._by_id and len(self._by_id) >= self._max:
+            raise InvalidRequest(f"define_group: this stream already defined {self._max} "
+                                 "groups; send the rank list instead")
+        self._by_id[pb.group_id] = group
 
     def decode(self, pb: agent_pb2.PhaseKey, field: str = "phase") -> PhaseKey:
         """Raises ``InvalidRequest`` naming ``field`` for an empty group, an undefined group id

@@ -140,6 +140,9 @@ class _Instance:
     holders: set[int] = field(default_factory=set)
     op_id: int | None = None
     queued: bool = False
+    verified: bool = True
+    """False for an instance re-created from holds reported after a restart whose circuits
+    were not found on the switches: nobody joins it without a switch first."""
 
 
 @dataclass(slots=True, eq=False)
@@ -195,6 +198,7 @@ class _Job:
     reconfigurations: int = 0
     last_phase: PhaseKey | None = None
     successors: dict[PhaseKey, _Successor] = field(default_factory=dict)
+    steps: dict[ProcessGroup, int] = field(default_factory=dict)
     last_on_port: dict[tuple[str, int], PhaseKey] = field(default_factory=dict)
     provisioned: dict[PhaseKey, int] = field(default_factory=dict)
     hits: int = 0
@@ -211,6 +215,7 @@ class _Recovery:
 @dataclass(slots=True)
 class _Op:
     instance: _Instance | None  # None: provisioning ahead of the phase
+    job: _Job
     job_id: str
     phase: PhaseKey
     plan: Plan
@@ -242,6 +247,9 @@ class PhaseCoordinator:
         self._confirmed: dict[str, dict[int, CrossConnect]] = {s: {} for s in fabric.switches}
         self._held: dict[tuple[str, CrossConnect], int] = {}
         self._inflight: dict[str, set[int]] = {s: set() for s in fabric.switches}
+        # Ports whose state is unknown after a failed apply, until the switch is read back:
+        # nothing is admitted onto them and nothing is switched on them.
+        self._unknown: dict[str, set[int]] = {s: set() for s in fabric.switches}
         self._queue: list[_Instance] = []
         self._ops: dict[int, _Op] = {}
         self._next_op = 1
@@ -330,7 +338,14 @@ class PhaseCoordinator:
         Raises ``UnknownJob``."""
         if phase.collective is not Collective.ALL_TO_ALL:
             return 1
-        return all_to_all_steps(self.job(job_id), phase.group)
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise UnknownJob(job_id)
+        steps = job.steps.get(phase.group)
+        if steps is None:
+            steps = all_to_all_steps(job.layout, phase.group)
+            job.steps[phase.group] = steps
+        return steps
 
     def declared_phases(self, job_id: str) -> tuple[PhaseKey, ...]:
         """The declared schedule of a job (possibly empty); raises ``UnknownJob``."""
@@ -386,12 +401,18 @@ class PhaseCoordinator:
     # --- switch state -----------------------------------------------------------------------
 
     def set_confirmed(self, switch_id: str, cross_connects: Iterable[CrossConnect]) -> None:
-        """Replace the view of ``switch_id`` with what the device reported (read-back)."""
+        """Replace the view of ``switch_id`` with what the device reported (read-back); its
+        unknown ports are known again."""
         view: dict[int, CrossConnect] = {}
         for xc in cross_connects:
             view[xc.ingress] = xc
             view[xc.egress] = xc
         self._confirmed[switch_id] = view
+        self._unknown[switch_id] = set()
+
+    def schedule(self, now: float) -> list[Decision]:
+        """Re-examine waiting phases (after ``set_confirmed`` made ports known again)."""
+        return self._schedule(now)
 
     def confirmed(self, switch_id: str) -> frozenset[CrossConnect]:
         """The cross-connects the coordinator believes are confirmed on ``switch_id``."""
@@ -463,10 +484,12 @@ class PhaseCoordinator:
             job.instances[ikey] = inst
             self._observe(job, phase, plan)
         if inst.op_id is None and not inst.waiters and (
-            inst.holders or (self._ready(plan) and not self._claimed_by_older(plan))
+            (inst.holders and inst.verified)
+            or (self._ready(plan) and not self._claimed_by_older(plan))
         ):
             # Held instances cannot change under their holders: join them without a check.
             self._admit_rank(job, rs, rank, inst)
+            rs.request_id = request_id
             job.admitted_noop += 1
             return [Admit(job_id, rank, request_id, phase, True, 0.0)]
         timeout = timeout_s if timeout_s > 0 else self.default_timeout_s
@@ -484,6 +507,29 @@ class PhaseCoordinator:
         self._queue.append(inst)
         return self._schedule(now)
 
+    def cancel(self, job_id: str, rank: int, request_id: int, now: float) -> list[Decision]:
+        """The caller of EnterPhase ``request_id`` went away (cancelled RPC, dead process):
+        withdraw the rank's wait, or its hold if that request was already admitted, so no
+        ghost holds circuits nobody uses. No-op when the rank has moved on."""
+        job = self._jobs.get(job_id)
+        if job is None or not 0 <= rank < len(job.ranks):
+            return []
+        rs = job.ranks[rank]
+        inst = rs.instance
+        if inst is None or rs.request_id != request_id:
+            return []
+        if rs.state is _RankState.WAITING:
+            inst.waiters.pop(rank, None)
+            rs.state = _RankState.IDLE
+            rs.instance = None
+            if not inst.waiters and inst.op_id is None:
+                self._dequeue(inst)
+                self._maybe_drop(job, inst)
+            return self._schedule(now)
+        if rs.state is _RankState.HOLDING:
+            return self.release(job_id, rank, inst.phase, now)
+        return []
+
     def resume_held(
         self, job_id: str, rank: int, phase: PhaseKey, iteration: int = 0
     ) -> None:
@@ -500,6 +546,10 @@ class PhaseCoordinator:
             return
         if rs.state is not _RankState.IDLE:
             raise ReleaseError(ErrorCode.RANK_BUSY, f"rank {rank} is not idle")
+        if not phase.group.contains(rank):
+            raise ReleaseError(ErrorCode.INVALID_PHASE,
+                               f"phase.group_ranks: rank {rank} is not in group "
+                               f"{phase.group.ranks}")
         try:
             plan = self._plan(job, phase)
         except PlanError as exc:
@@ -509,12 +559,17 @@ class PhaseCoordinator:
         if inst is None:
             inst = _Instance(job_id, phase, iteration, plan)
             job.instances[ikey] = inst
+        if not self._ready(plan):
+            inst.verified = False  # held, but not on confirmed circuits: nobody joins it
         self._add_holder(inst, rank)
         rs.state = _RankState.HOLDING
         rs.instance = inst
 
-    def release(self, job_id: str, rank: int, phase: PhaseKey, now: float) -> list[Decision]:
-        """A rank leaves ``phase``. Raises ``ReleaseError`` when it does not hold it."""
+    def release(
+        self, job_id: str, rank: int, phase: PhaseKey, now: float, iteration: int | None = None
+    ) -> list[Decision]:
+        """A rank leaves ``phase`` (of ``iteration``, when given). Raises ``ReleaseError`` when
+        it does not hold it."""
         job = self._jobs.get(job_id)
         if job is None:
             raise ReleaseError(ErrorCode.UNKNOWN_JOB, f"job_id: unknown job {job_id!r}")
@@ -523,12 +578,14 @@ class PhaseCoordinator:
                                f"rank: {rank} out of range 0..{len(job.ranks) - 1}")
         rs = job.ranks[rank]
         inst = rs.instance
-        if rs.state is not _RankState.HOLDING or inst is None or inst.phase != phase:
+        if rs.state is not _RankState.HOLDING or inst is None or inst.phase != phase or (
+                iteration is not None and inst.iteration != iteration):
             raise ReleaseError(
                 ErrorCode.INVALID_PHASE,
                 f"rank {rank} does not hold phase {phase}"
+                + (f" of iteration {iteration}" if iteration is not None else "")
                 + (f" (it {'waits for' if rs.state is _RankState.WAITING else 'holds'} "
-                   f"{inst.phase})" if inst is not None else ""),
+                   f"{inst.phase} of iteration {inst.iteration})" if inst is not None else ""),
             )
         rs.state = _RankState.IDLE
         rs.instance = None
@@ -545,31 +602,47 @@ class PhaseCoordinator:
         return out
 
     def reconfigured(
-        self, op_id: int, now: float, error: str | None = None, device_s: float = 0.0
+        self,
+        op_id: int,
+        now: float,
+        error: str | None = None,
+        device_s: float = 0.0,
+        failed_switches: Iterable[str] = (),
     ) -> list[Decision]:
         """The shell reports that reconfiguration ``op_id`` was confirmed by every switch
-        (``error`` None) or failed (``error`` says why: the waiting ranks get
-        ``DEVICE_FAILURE`` and the affected switches must be read back with
-        ``set_confirmed``)."""
+        (``error`` None) or failed (``error`` says why; ``failed_switches`` which switches
+        failed, default all of the op's). On failure the waiting ranks get ``DEVICE_FAILURE``;
+        switches that confirmed keep their new state; the ports of failed switches are unknown
+        (nothing is admitted or switched there) until ``set_confirmed`` after a read-back."""
         op = self._ops.pop(op_id, None)
         if op is None:
             return []
         for sid, ports in op.ports.items():
             self._inflight[sid].difference_update(ports)
+        failed = set(failed_switches) if error is not None else set()
+        if error is not None and not failed:
+            failed = set(op.ports)
+        for target in op.plan.targets:
+            sid = target.switch_id
+            if sid in failed:
+                self._forget(sid, op.ports[sid])
+                continue
+            view = self._confirmed[sid]
+            for p in op.ports[sid]:
+                view.pop(p, None)
+            for xc in target.cross_connects:
+                view[xc.ingress] = xc
+                view[xc.egress] = xc
         inst = op.instance
         if inst is None:
             return self._provisioned(op, now, error)
         inst.op_id = None
         job = self._jobs.get(inst.job_id)
+        if job is not op.job:
+            job = None  # unregistered (maybe registered again) while the op was in flight
         out: list[Decision] = []
         if error is None:
-            for target in inst.plan.targets:
-                view = self._confirmed[target.switch_id]
-                for p in op.ports[target.switch_id]:
-                    view.pop(p, None)
-                for xc in target.cross_connects:
-                    view[xc.ingress] = xc
-                    view[xc.egress] = xc
+            inst.verified = True
             if job is not None:
                 job.reconfigurations += 1
                 for w in inst.waiters.values():
@@ -577,18 +650,13 @@ class PhaseCoordinator:
                     self._admit_rank(job, rs, w.rank, inst)
                     out.append(Admit(inst.job_id, w.rank, w.request_id, inst.phase, False,
                                      now - w.arrived_s, device_s))
-        else:
-            for sid, ports in op.ports.items():
-                view = self._confirmed[sid]
-                for p in ports:
-                    view.pop(p, None)
-            if job is not None:
-                for w in inst.waiters.values():
-                    job.ranks[w.rank].state = _RankState.IDLE
-                    job.ranks[w.rank].instance = None
-                    out.append(Reject(inst.job_id, w.rank, w.request_id,
-                                      ErrorCode.DEVICE_FAILURE,
-                                      f"reconfiguration for phase {inst.phase} failed: {error}"))
+        elif job is not None:
+            for w in inst.waiters.values():
+                job.ranks[w.rank].state = _RankState.IDLE
+                job.ranks[w.rank].instance = None
+                out.append(Reject(inst.job_id, w.rank, w.request_id,
+                                  ErrorCode.DEVICE_FAILURE,
+                                  f"reconfiguration for phase {inst.phase} failed: {error}"))
         inst.waiters.clear()
         self._dequeue(inst)
         if job is not None:
@@ -660,12 +728,33 @@ class PhaseCoordinator:
         for t in plan.targets:
             view = self._confirmed[t.switch_id]
             inflight = self._inflight[t.switch_id]
+            unknown = self._unknown[t.switch_id]
             for xc in t.cross_connects:
                 if view.get(xc.ingress) != xc or view.get(xc.egress) != xc:
                     return False
                 if xc.ingress in inflight or xc.egress in inflight:
                     return False
+                if unknown and (xc.ingress in unknown or xc.egress in unknown):
+                    return False
         return True
+
+    def _blocked(self, switch_id: str, ports: frozenset[int]) -> bool:
+        """True when any of ``ports`` is being switched or in an unknown state."""
+        return not (ports.isdisjoint(self._inflight[switch_id])
+                    and ports.isdisjoint(self._unknown[switch_id]))
+
+    def _forget(self, switch_id: str, ports: Iterable[int]) -> None:
+        """A failed apply left ``ports`` in an unknown state: drop them from the view and block
+        them until the switch is read back, except held cross-connects: the apply never breaks
+        those, and dropping them would hide them from the hold checks."""
+        view = self._confirmed[switch_id]
+        unknown = self._unknown[switch_id]
+        for p in ports:
+            xc = view.get(p)
+            if xc is not None and self._held.get((switch_id, xc)):
+                continue
+            view.pop(p, None)
+            unknown.add(p)
 
     def _hold(self, plan: Plan) -> None:
         held = self._held
@@ -766,7 +855,7 @@ class PhaseCoordinator:
                     return None
                 ports.update(xc.ports())
             fports = frozenset(ports)
-            if not fports.isdisjoint(self._inflight[t.switch_id]):
+            if self._blocked(t.switch_id, fports):
                 return None
             op_ports[t.switch_id] = fports
         for q in self._queue:
@@ -777,7 +866,7 @@ class PhaseCoordinator:
                         return None
         op_id = self._next_op
         self._next_op += 1
-        self._ops[op_id] = _Op(None, job.layout.job_id, phase, plan, op_ports)
+        self._ops[op_id] = _Op(None, job, job.layout.job_id, phase, plan, op_ports)
         for sid, fports in op_ports.items():
             self._inflight[sid].update(fports)
         job.provisioned[phase] = op_id
@@ -786,23 +875,12 @@ class PhaseCoordinator:
         return Reconfigure(op_id, job.layout.job_id, phase, targets, provisioning=True)
 
     def _provisioned(self, op: _Op, now: float, error: str | None) -> list[Decision]:
+        """A provisioning op ended (the view was already updated by ``reconfigured``)."""
         job = self._jobs.get(op.job_id)
-        if error is None:
-            for target in op.plan.targets:
-                view = self._confirmed[target.switch_id]
-                for p in op.ports[target.switch_id]:
-                    view.pop(p, None)
-                for xc in target.cross_connects:
-                    view[xc.ingress] = xc
-                    view[xc.egress] = xc
-            if job is not None:
+        if job is op.job:
+            if error is None:
                 job.reconfigurations += 1
-        else:
-            for sid, ports in op.ports.items():
-                view = self._confirmed[sid]
-                for p in ports:
-                    view.pop(p, None)
-            if job is not None:
+            else:
                 job.provisioned.pop(op.phase, None)
         return self._schedule(now)
 
@@ -911,7 +989,7 @@ class PhaseCoordinator:
                         ok = False
                 fports = frozenset(ports)
                 op_ports[t.switch_id] = fports
-                if not fports.isdisjoint(self._inflight[t.switch_id]):
+                if self._blocked(t.switch_id, fports):
                     ok = False
                 c = claimed.setdefault(t.switch_id, set())
                 if not fports.isdisjoint(c):
@@ -922,7 +1000,7 @@ class PhaseCoordinator:
             op_id = self._next_op
             self._next_op += 1
             inst.op_id = op_id
-            self._ops[op_id] = _Op(inst, inst.job_id, inst.phase, inst.plan, op_ports)
+            self._ops[op_id] = _Op(inst, job, inst.job_id, inst.phase, inst.plan, op_ports)
             for sid, ports_ in op_ports.items():
                 self._inflight[sid].update(ports_)
             targets = tuple(

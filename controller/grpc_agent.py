@@ -20,6 +20,8 @@ from controller.convert import (
     ERROR_TO_PB,
     InvalidRequest,
     PhaseKeyDecoder,
+    check_id,
+    check_timeout,
     event_to_pb,
     fill_reply,
     placements_from_pb,
@@ -127,8 +129,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         await self._require_leader(context)
         coord = self._service.coordinator
         try:
-            if not request.job_id:
-                raise InvalidRequest("job_id: empty")
+            check_id("job_id", request.job_id)
+            check_id("tenant", request.tenant, allow_empty=True)
             placements = placements_from_pb(request.ranks)
             declared = [
                 self._decoder.decode(p, f"declared_phases[{i}]")
@@ -199,7 +201,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     ) -> AsyncIterator[agent_pb2.PhaseReplyBatch]:
         sink = _StreamSink()
         metrics.PHASE_STREAMS.inc()
-        reader = asyncio.create_task(self._read_stream(request_iterator, sink),
+        # Group ids are defined per stream: one client cannot crowd out another's groups.
+        decoder = PhaseKeyDecoder(max_groups=4096)
+        reader = asyncio.create_task(self._read_stream(request_iterator, sink, decoder),
                                      name="phase-stream-reader")
         reader.add_done_callback(lambda _t: sink.wake())
         try:
@@ -216,10 +220,13 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             metrics.PHASE_STREAMS.dec()
 
     async def _read_stream(
-        self, request_iterator: AsyncIterator[agent_pb2.PhaseRequestBatch], sink: _StreamSink
+        self,
+        request_iterator: AsyncIterator[agent_pb2.PhaseRequestBatch],
+        sink: _StreamSink,
+        decoder: PhaseKeyDecoder,
     ) -> None:
         service = self._service
-        decode = self._decoder.decode
+        decode = decoder.decode
         async for batch in request_iterator:
             leader = self._is_leader()
             for req in batch.requests:
@@ -232,16 +239,17 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                         continue
                     try:
                         phase = decode(e.phase)
+                        timeout_s = check_timeout(e.timeout_s)
                     except InvalidRequest as exc:
                         sink.deliver(Reject(e.job_id, e.rank, e.request_id,
                                             ErrorCode.INVALID_PHASE, str(exc)), 1)
                         continue
-                    service.enter(e.job_id, e.rank, phase, e.request_id, e.timeout_s, sink,
+                    service.enter(e.job_id, e.rank, phase, e.request_id, timeout_s, sink,
                                   e.iteration)
                 elif kind == "release":
                     r = req.release
                     try:
-                        service.release(r.job_id, r.rank, decode(r.phase))
+                        service.release(r.job_id, r.rank, decode(r.phase), r.iteration)
                     except (ReleaseError, InvalidRequest) as exc:
                         code = exc.code if isinstance(exc, ReleaseError) \
                             else ErrorCode.INVALID_PHASE
@@ -252,7 +260,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                     service.synced(req.sync_done.job_id, list(req.sync_done.ranks))
                 elif kind == "define_group":
                     try:
-                        self._decoder.define(req.define_group)
+                        decoder.define(req.define_group)
                     except InvalidRequest as exc:
                         sink.push(agent_pb2.PhaseReply(error=agent_pb2.PhaseError(
                             request_id=0, code=agent_pb2.INVALID_PHASE, message=str(exc))))
@@ -272,16 +280,22 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         await self._require_leader(context)
         try:
             phase = self._decoder.decode(request.phase)
+            timeout_s = check_timeout(request.timeout_s)
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        timeout_s = request.timeout_s
         remaining = context.time_remaining()
         if remaining is not None and (timeout_s <= 0 or remaining < timeout_s):
             timeout_s = max(remaining, 1e-6)
         sink = _FutureSink()
         self._service.enter(request.job_id, request.rank, phase, request.request_id, timeout_s,
                             sink, request.iteration)
-        decision, steps = await sink.future
+        try:
+            decision, steps = await sink.future
+        except asyncio.CancelledError:
+            # The caller went away: withdraw its wait (or its hold, if admitted meanwhile) so
+            # no ghost holds circuits that nobody will release.
+            self._service.cancel(request.job_id, request.rank, request.request_id, sink)
+            raise
         if isinstance(decision, Reject):
             await context.abort(_UNARY_STATUS[decision.code], decision.message,
                                 ((ERROR_METADATA_KEY, decision.code.value),))
@@ -297,7 +311,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         await self._require_leader(context)
         try:
             self._service.release(request.job_id, request.rank,
-                                  self._decoder.decode(request.phase))
+                                  self._decoder.decode(request.phase), request.iteration)
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except ReleaseError as exc:

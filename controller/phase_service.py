@@ -100,6 +100,8 @@ class PhaseService:
         self._timer_at: float | None = None
         self._admit_hist: dict[tuple[str, str], Histogram] = {}
         self._inflight: set[asyncio.Task[None]] = set()
+        self._reading_back: set[str] = set()
+        self._read_back_tasks: set[asyncio.Task[None]] = set()
         self.listeners: list[Callable[[ReconfigurationDone], None]] = []
 
     def start(self, tg: asyncio.TaskGroup) -> None:
@@ -147,18 +149,47 @@ class PhaseService:
         sink: ReplySink,
         iteration: int = 0,
     ) -> None:
-        """Ask for admission; the answer goes to ``sink`` (maybe before this returns)."""
-        self._sinks[(job_id, rank)] = sink
+        """Ask for admission; the answer goes to ``sink`` (maybe before this returns).
+
+        An immediate answer to this very request goes straight to ``sink``; only a request
+        that waits replaces the rank's reply route, so a refused duplicate can never steal
+        the route of the rank's pending request."""
         decisions = self.coordinator.enter(job_id, rank, phase, request_id, self.now(),
                                            timeout_s, iteration)
+        answered = False
+        rest: list[Decision] = []
+        for d in decisions:
+            if (isinstance(d, (Admit, Reject)) and d.job_id == job_id and d.rank == rank
+                    and d.request_id == request_id):
+                answered = True
+                if isinstance(d, Admit):
+                    self._sinks[(job_id, rank)] = sink
+                    self._on_admit(d)
+                else:
+                    metrics.PHASE_ERRORS.labels(d.job_id, d.code.value).inc()
+                    sink.deliver(d, 1)
+            else:
+                rest.append(d)
+        if not answered:
+            self._sinks[(job_id, rank)] = sink  # it waits: admissions come later
+        if rest:
+            self._dispatch(rest)
+        else:
+            self._arm_timer()  # the rank may wait: its deadline may be the nearest
+
+    def cancel(self, job_id: str, rank: int, request_id: int, sink: ReplySink) -> None:
+        """The caller of ``request_id`` went away: withdraw its wait or ghost hold."""
+        if self._sinks.get((job_id, rank)) is sink:
+            del self._sinks[(job_id, rank)]
+        decisions = self.coordinator.cancel(job_id, rank, request_id, self.now())
         if decisions:
             self._dispatch(decisions)
-        else:
-            self._arm_timer()  # the rank waits: its deadline may be the nearest
 
-    def release(self, job_id: str, rank: int, phase: PhaseKey) -> None:
+    def release(
+        self, job_id: str, rank: int, phase: PhaseKey, iteration: int | None = None
+    ) -> None:
         """Leave a phase. Raises ``ReleaseError`` when the rank does not hold it."""
-        decisions = self.coordinator.release(job_id, rank, phase, self.now())
+        decisions = self.coordinator.release(job_id, rank, phase, self.now(), iteration)
         if decisions:
             self._dispatch(decisions)
 
@@ -186,7 +217,7 @@ class PhaseService:
         """Replace the coordinator's view of a switch with a read-back."""
         self.coordinator.set_confirmed(switch_id, cross_connects)
         metrics.CIRCUITS.labels(switch_id).set(len(cross_connects))
-        self._dispatch(self.coordinator.expire(self.now()))
+        self._dispatch(self.coordinator.schedule(self.now()))
 
     def cancel_all(self, code: ErrorCode, message: str) -> None:
         """Answer every pending EnterPhase with ``code`` (shutdown, loss of leadership)."""
@@ -251,14 +282,10 @@ class PhaseService:
             elif isinstance(result, BaseException):
                 raise result
         error = "; ".join(str(e) for _, e in failed) if failed else None
-        self._dispatch(self.coordinator.reconfigured(rec.op_id, self.now(), error, device_s))
+        self._dispatch(self.coordinator.reconfigured(
+            rec.op_id, self.now(), error, device_s, [sid for sid, _ in failed]))
         for switch_id, _ in failed:
-            try:
-                state = await self._reconciler.read_back(switch_id)
-            except DriverError as exc:
-                log.warning("read_back_failed", switch=switch_id, error=str(exc))
-                continue
-            self.refresh_switch(switch_id, state)
+            self._start_read_back(switch_id)
         switches = tuple(t.switch_id for t in rec.targets)
         for switch_id in switches:
             metrics.CIRCUITS.labels(switch_id).set(len(self.coordinator.confirmed(switch_id)))
@@ -287,6 +314,34 @@ class PhaseService:
         if self._write is not None and error is None:
             self._dirty_plans[rec.job_id] = rec
 
+    def _start_read_back(self, switch_id: str) -> None:
+        """Read a switch back after a failed apply, retrying with backoff until it answers:
+        its ports stay blocked (unknown) until then."""
+        if switch_id in self._reading_back:
+            return
+        assert self._tg is not None
+        self._reading_back.add(switch_id)
+        task = self._tg.create_task(self._read_back(switch_id), name=f"read-back/{switch_id}")
+        self._read_back_tasks.add(task)
+        task.add_done_callback(self._read_back_tasks.discard)
+
+    async def _read_back(self, switch_id: str) -> None:
+        delay_s = 0.05
+        try:
+            while True:
+                try:
+                    state = await self._reconciler.read_back(switch_id)
+                except DriverError as exc:
+                    log.warning("read_back_failed", switch=switch_id, error=str(exc),
+                                retry_in_s=delay_s)
+                    await asyncio.sleep(delay_s)
+                    delay_s = min(delay_s * 2, 2.0)
+                    continue
+                self.refresh_switch(switch_id, state)
+                return
+        finally:
+            self._reading_back.discard(switch_id)
+
     def _arm_timer(self) -> None:
         deadline = self.coordinator.next_deadline()
         if deadline == self._timer_at:
@@ -311,6 +366,10 @@ class PhaseService:
             await asyncio.wait(set(self._inflight), timeout=timeout_s)
         if self._timer is not None:
             self._timer.cancel()
+        for task in list(self._read_back_tasks):
+            task.cancel()
+        if self._read_back_tasks:
+            await asyncio.wait(set(self._read_back_tasks), timeout=timeout_s)
         if self._plan_task is not None:
             self._plan_task.cancel()
             await asyncio.wait({self._plan_task}, timeout=timeout_s)

@@ -58,6 +58,14 @@ def test_generated_rail_fabric() -> None:
         ({"fabric": {"builtin": "demo-4x2", "hosts": [{"name": "a", "gpus": 1}]}},
          "give one of builtin, rail or hosts/switches/wiring"),
         ([1, 2], "(top level): expected a mapping, got list"),
+        ({"controller": {"admission_timeout_s": True}},
+         "controller.admission_timeout_s: Input should be a valid number"),
+        ({"controller": {"recovery_grace_s": float("inf")}},
+         "controller.recovery_grace_s: Input should be a finite number"),
+        ({"controller": {"metrics_listen": "0.0.0.0:99999"}},
+         "expected HOST:PORT with a port in 0..65535, got '0.0.0.0:99999'"),
+        ({"fabric": {"rail": {"hosts": 100000, "gpus_per_host": 64}}},
+         "rail: more than 131072 GPUs"),
     ],
 )
 def test_bad_config_names_the_field(data: object, expected: str) -> None:
@@ -86,6 +94,10 @@ def test_files(tmp_path: Path) -> None:
         load_config(broken)
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "missing.yaml")
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ConfigError, match="not UTF-8 text"):
+        load_config(binary)
 
 
 def test_shipped_example_configs_are_valid() -> None:

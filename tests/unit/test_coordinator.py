@@ -350,3 +350,80 @@ def test_declared_schedule_skips_learning() -> None:
     _, seen = run_boundary(c, 0, 0.0)
     assert [d.phase for d in seen if isinstance(d, Reconfigure) and d.provisioning] == [
         PP01, RING]
+
+
+def phase_of(ranks: list[int], coll: Collective = Collective.ALL_REDUCE) -> PhaseKey:
+    return PhaseKey(ProcessGroup.of(ranks), coll)
+
+
+def test_failed_apply_never_exposes_a_held_cross_connect(coord: PhaseCoordinator) -> None:
+    """Review finding: a failure on one switch used to drop the whole op's ports from the
+    view, hiding a cross-connect another rank still held from the hold checks."""
+    p = phase_of([0, 2, 4])  # ring host0 -> host1 -> host2 on rail 0 only
+    q = phase_of([0, 1, 2, 3, 4])  # rail 0: the same ring; rail 1: host0 <-> host1
+    r = phase_of([0, 2], Collective.SEND_RECV)  # rail 0: host0 <-> host1
+    out = [d for k in (0, 2, 4) for d in coord.enter("job", k, p, k, 0.0)]
+    (rp,) = only(out, Reconfigure)
+    assert isinstance(rp, Reconfigure)
+    coord.reconfigured(rp.op_id, 0.1)
+    ring = next(t.cross_connects for t in rp.targets if t.switch_id == "ocs-rail0")
+    coord.release("job", 0, p, 0.2)
+    coord.release("job", 2, p, 0.2)  # rank 4 still holds the ring
+    (rq,) = only(coord.enter("job", 1, q, 11, 0.3), Reconfigure)
+    assert isinstance(rq, Reconfigure)
+    assert coord.enter("job", 0, r, 20, 0.3) == [] and coord.enter("job", 2, r, 22, 0.3) == []
+    out = coord.reconfigured(rq.op_id, 0.4, error="device timeout",
+                             failed_switches=["ocs-rail1"])
+    for rec in only(out, Reconfigure):
+        assert isinstance(rec, Reconfigure)
+        for t in rec.targets:
+            touched = {x for x in ring if (x.ingress in t.ports or x.egress in t.ports)
+                       and x not in t.cross_connects}
+            assert t.switch_id != "ocs-rail0" or not touched, (rec, touched)
+    assert ring <= coord.confirmed("ocs-rail0")  # the held ring stays visible
+    # rail 1 is unknown until read back: nothing is switched or admitted there
+    assert not coord.confirmed("ocs-rail1")
+    coord.set_confirmed("ocs-rail1", [])
+    out = coord.release("job", 4, p, 0.5)  # the last holder left: now the pair may switch
+    assert [d.phase for d in out if isinstance(d, Reconfigure)] == [r]
+
+
+def test_resumed_hold_on_missing_circuits_admits_nobody_blindly(
+    coord: PhaseCoordinator,
+) -> None:
+    """Review finding: after a restart a reported hold on circuits the switches do not have
+    must not let peers join without a switch."""
+    coord.mark_recovering("job", until_s=0.05)
+    coord.resume_held("job", 0, RING)
+    assert coord.enter("job", 1, RING, 5, 0.01) == []  # waits: recovering, circuits missing
+    out = coord.expire(0.05)
+    assert not only(out, Admit)
+    (rec,) = only(out, Reconfigure)
+    assert isinstance(rec, Reconfigure)
+    adm = coord.reconfigured(rec.op_id, 0.2)
+    assert [(d.rank, d.noop) for d in adm if isinstance(d, Admit)] == [(1, False)]
+    with pytest.raises(ReleaseError, match="rank 3 is not in group"):
+        coord.resume_held("job", 3, PP01)
+
+
+def test_cancel_withdraws_a_waiter_or_a_ghost_hold(coord: PhaseCoordinator) -> None:
+    rec = only(enter_all(coord, RING, WORLD, 0.0), Reconfigure)[0]
+    assert isinstance(rec, Reconfigure)
+    coord.reconfigured(rec.op_id, 0.1)
+    for r in WORLD:
+        coord.release("job", r, RING, 0.2)
+    assert coord.enter("job", 0, PP01, 77, 0.3) != []  # the pair switches
+    assert coord.held_by_job("job") == 0
+    coord.cancel("job", 0, 76, 0.4)  # another request id: nothing happens
+    # rank 0 waits (the pair is switching); its caller goes away
+    coord.cancel("job", 0, 77, 0.4)
+    assert coord.enter("job", 0, RING, 78, 0.5) is not None  # not RANK_BUSY any more
+
+
+def test_release_checks_the_iteration(coord: PhaseCoordinator) -> None:
+    rec = only(coord.enter("job", 0, PP01, 1, 0.0, iteration=5), Reconfigure)[0]
+    assert isinstance(rec, Reconfigure)
+    coord.reconfigured(rec.op_id, 0.1)
+    with pytest.raises(ReleaseError, match="of iteration 4"):
+        coord.release("job", 0, PP01, 0.2, iteration=4)
+    coord.release("job", 0, PP01, 0.2, iteration=5)

@@ -1,0 +1,96 @@
+"""The async shell around the coordinator: reply routing and cancellation (with an in-memory
+reconciler; the real one is covered by the integration tests)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from controller.coordinator import Admit, ErrorCode, PhaseCoordinator, Reject
+from controller.events import EventBus
+from controller.fabric import rail_fabric
+from controller.model import Collective, PhaseKey, ProcessGroup
+from controller.phase_service import PhaseService
+from controller.planner import RankPlacement
+from drivers.base import CrossConnect
+
+P = PhaseKey(ProcessGroup.of([0, 2]), Collective.ALL_REDUCE)
+Q = PhaseKey(ProcessGroup.of([0, 4]), Collective.ALL_REDUCE)
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.got: list[Admit | Reject] = []
+        self.event = asyncio.Event()
+
+    def deliver(self, decision: Admit | Reject, steps: int) -> None:
+        self.got.append(decision)
+        self.event.set()
+
+
+class Outcome:
+    device_s = 0.0
+
+
+class GatedReconciler:
+    """Confirms a reconfiguration only when the test opens the gate."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.started = asyncio.Event()
+
+    async def reconcile(
+        self, switch_id: str, ports: frozenset[int], target: frozenset[CrossConnect]
+    ) -> Outcome:
+        self.started.set()
+        await self.gate.wait()
+        return Outcome()
+
+    async def read_back(self, switch_id: str) -> frozenset[CrossConnect]:
+        return frozenset()
+
+
+def coordinator() -> PhaseCoordinator:
+    c = PhaseCoordinator(rail_fabric("t", 4, 2, delay_s=0.0))
+    c.register_job("job", "t", [RankPlacement(r, f"host{r // 2}", r % 2) for r in range(8)])
+    return c
+
+
+async def test_refused_duplicate_does_not_steal_the_pending_reply_route() -> None:
+    """Review finding: a RANK_BUSY refusal used to pop the route of the rank's pending
+    request, so its admission was never delivered."""
+    coord, rec = coordinator(), GatedReconciler()
+    svc = PhaseService(coord, rec, EventBus())
+    first, second = Sink(), Sink()
+    async with asyncio.TaskGroup() as tg:
+        svc.start(tg)
+        svc.enter("job", 0, P, 1, 5.0, first)
+        svc.enter("job", 0, Q, 2, 5.0, second)
+        assert [d.code for d in second.got if isinstance(d, Reject)] == [ErrorCode.RANK_BUSY]
+        await asyncio.wait_for(rec.started.wait(), 5)
+        rec.gate.set()
+        await asyncio.wait_for(first.event.wait(), 5)
+        assert [(d.rank, d.request_id) for d in first.got if isinstance(d, Admit)] == [(0, 1)]
+        await svc.drain(5)
+
+
+async def test_cancel_withdraws_the_wait() -> None:
+    coord, rec = coordinator(), GatedReconciler()
+    svc = PhaseService(coord, rec, EventBus())
+    sink = Sink()
+    async with asyncio.TaskGroup() as tg:
+        svc.start(tg)
+        svc.enter("job", 0, P, 1, 5.0, sink)
+        await asyncio.wait_for(rec.started.wait(), 5)
+        svc.cancel("job", 0, 1, sink)  # the RPC was cancelled while the switch ran
+        rec.gate.set()
+        await svc.drain(5)
+    assert sink.got == []
+    assert coord.held_by_job("job") == 0  # no ghost: the rank is free to enter again
+    retry = Sink()
+    svc2 = PhaseService(coord, rec, EventBus())
+    async with asyncio.TaskGroup() as tg:
+        svc2.start(tg)
+        svc2.enter("job", 0, P, 2, 5.0, retry)
+        await asyncio.wait_for(retry.event.wait(), 5)
+        await svc2.drain(5)
+    assert [d.noop for d in retry.got if isinstance(d, Admit)] == [True]
