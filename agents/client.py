@@ -29,10 +29,16 @@ import grpc
 from lightrail.v1 import agent_pb2, agent_pb2_grpc
 
 from agents.errors import Admission, ControllerUnavailable, PhaseError, error_for
-from controller.convert import ERROR_METADATA_KEY, EVENT_TO_PB, phase_key_to_pb
+from controller.convert import (
+    ERROR_METADATA_KEY,
+    EVENT_TO_PB,
+    parallelism_to_pb,
+    phase_key_to_pb,
+)
 from controller.coordinator import ErrorCode
 from controller.events import JobEvent, JobEventKind
 from controller.model import Collective, PhaseKey, ProcessGroup
+from controller.parallelism import ParallelismSpec
 from controller.planner import RankPlacement
 
 T = TypeVar("T")
@@ -146,6 +152,8 @@ class ControllerClient:
         *,
         tenant: str = "default",
         declared_phases: Sequence[PhaseKey] = (),
+        parallelism: ParallelismSpec | None = None,
+        microbatches: int = 1,
     ) -> int:
         """Register a job; returns its world size. Raises ``JobRegistrationError`` (invalid
         placement, duplicate id) or ``ControllerUnavailable``."""
@@ -156,6 +164,8 @@ class ControllerClient:
                    for p in placements],
             declared_phases=[phase_key_to_pb(p) for p in declared_phases],
         )
+        if parallelism is not None:
+            req.parallelism.CopyFrom(parallelism_to_pb(parallelism, microbatches))
         try:
             resp = await self._retry(lambda: self._stub.RegisterJob(req))
         except grpc.aio.AioRpcError as exc:

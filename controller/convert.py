@@ -9,12 +9,14 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from lightrail.v1 import agent_pb2
 
 from controller.coordinator import Admit, ErrorCode, Reject
 from controller.events import JobEvent, JobEventKind
 from controller.model import Collective, PhaseKey, ProcessGroup
+from controller.parallelism import ParallelismError, ParallelismSpec, RankOrder
 from controller.planner import RankPlacement
 
 MAX_WORLD_SIZE = 1 << 20
@@ -157,6 +159,55 @@ def phase_key_to_pb(phase: PhaseKey, *, by_id: bool = False) -> agent_pb2.PhaseK
         seq=phase.seq,
         step=phase.step,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelismRequest:
+    """A decoded ``ParallelismSpec`` message: the spec and the schedule's shape."""
+
+    spec: ParallelismSpec
+    microbatches: int
+    layers_per_stage: int
+
+
+_ORDER_FROM_PB = {
+    agent_pb2.RANK_ORDER_UNSPECIFIED: RankOrder.MEGATRON,
+    agent_pb2.RANK_ORDER_MEGATRON: RankOrder.MEGATRON,
+    agent_pb2.RANK_ORDER_MEGATRON_TP_PP_DP: RankOrder.MEGATRON_TP_PP_DP,
+    agent_pb2.RANK_ORDER_TORCHTITAN: RankOrder.TORCHTITAN,
+}
+_ORDER_TO_PB = {
+    RankOrder.MEGATRON: agent_pb2.RANK_ORDER_MEGATRON,
+    RankOrder.MEGATRON_TP_PP_DP: agent_pb2.RANK_ORDER_MEGATRON_TP_PP_DP,
+    RankOrder.TORCHTITAN: agent_pb2.RANK_ORDER_TORCHTITAN,
+}
+
+
+def parallelism_from_pb(pb: agent_pb2.ParallelismSpec) -> ParallelismRequest:
+    """Decode; degrees and counts of 0 mean 1. Raises ``InvalidRequest`` naming the field
+    (``parallelism.<field>``) for an unknown order or strategy or an invalid spec."""
+    order = _ORDER_FROM_PB.get(pb.order)
+    if order is None:
+        raise InvalidRequest(f"parallelism.order: unknown rank order {pb.order}")
+    if pb.ep_strategy not in (agent_pb2.EP_STRATEGY_UNSPECIFIED, agent_pb2.EP_STRATEGY_MATCHINGS):
+        raise InvalidRequest(f"parallelism.ep_strategy: unknown strategy {pb.ep_strategy}")
+    try:
+        spec = ParallelismSpec(
+            tp=pb.tp or 1, pp=pb.pp or 1, dp_replicate=pb.dp_replicate or 1,
+            dp_shard=pb.dp_shard or 1, ep=pb.ep or 1, cp=pb.cp or 1, order=order)
+    except ParallelismError as exc:
+        raise InvalidRequest(f"parallelism.{exc}") from None
+    return ParallelismRequest(spec, pb.microbatches or 1, pb.layers_per_stage or 1)
+
+
+def parallelism_to_pb(
+    spec: ParallelismSpec, microbatches: int = 1, layers_per_stage: int = 1
+) -> agent_pb2.ParallelismSpec:
+    """Encode a ``ParallelismSpec``."""
+    return agent_pb2.ParallelismSpec(
+        tp=spec.tp, pp=spec.pp, dp_replicate=spec.dp_replicate, dp_shard=spec.dp_shard,
+        ep=spec.ep, cp=spec.cp, order=_ORDER_TO_PB[spec.order], microbatches=microbatches,
+        layers_per_stage=layers_per_stage, ep_strategy=agent_pb2.EP_STRATEGY_MATCHINGS)
 
 
 def placements_from_pb(ranks: Sequence[agent_pb2.RankPlacement]) -> list[RankPlacement]:

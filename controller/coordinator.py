@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import enum
 import heapq
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from controller.fabric import Fabric
@@ -265,14 +265,20 @@ class PhaseCoordinator:
         tenant: str,
         placements: Sequence[RankPlacement],
         declared_phases: Sequence[PhaseKey] = (),
+        derive_schedule: Callable[[JobLayout], Sequence[PhaseKey]] | None = None,
     ) -> JobLayout:
-        """Add a job. Raises ``DuplicateJob``, ``PlacementError`` (naming rank and field) or
-        ``PlanError`` for a declared phase that cannot be planned; nothing is stored then."""
+        """Add a job. ``derive_schedule`` computes the declared schedule from the job's layout
+        (e.g. from its parallelism spec, ``controller.railplan``) instead of
+        ``declared_phases``. Raises ``DuplicateJob``, ``PlacementError`` (naming rank and
+        field), ``PlanError`` for a declared phase that cannot be planned, or whatever
+        ``derive_schedule`` raises; nothing is stored then."""
         if not job_id:
             raise ValueError("job_id: empty")
         if job_id in self._jobs:
             raise DuplicateJob(f"job_id: {job_id!r} is registered already")
         layout = layout_job(self.fabric, job_id, placements, self._gpus)
+        if derive_schedule is not None:
+            declared_phases = tuple(derive_schedule(layout))
         job = _Job(
             layout=layout,
             tenant=tenant,
@@ -994,7 +1000,10 @@ class PhaseCoordinator:
                 c = claimed.setdefault(t.switch_id, set())
                 if not fports.isdisjoint(c):
                     ok = False
-                c.update(fports)
+                # A waiting phase claims only its own ports: the cross-connects it must break
+                # may be broken by an earlier op too (adjacent PP pairs both break the DP
+                # ring link between them); claiming those would serialize them one per round.
+                c.update(t.ports)
             if not ok:
                 continue
             op_id = self._next_op

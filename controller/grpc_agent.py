@@ -24,13 +24,17 @@ from controller.convert import (
     check_timeout,
     event_to_pb,
     fill_reply,
+    parallelism_from_pb,
     placements_from_pb,
 )
 from controller.coordinator import Admit, DuplicateJob, ErrorCode, Reject, ReleaseError, UnknownJob
 from controller.events import EventBus, JobEvent, JobEventKind, SubscriberOverflow
 from controller.jobs import JobRecord, JobRepository
+from controller.model import PhaseKey
+from controller.parallelism import ParallelismError
 from controller.phase_service import PhaseService
-from controller.planner import PlacementError, PlanError
+from controller.planner import JobLayout, PlacementError, PlanError
+from controller.railplan import RailPlanError, plan_step
 
 log = structlog.get_logger(__name__)
 
@@ -136,16 +140,34 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 self._decoder.decode(p, f"declared_phases[{i}]")
                 for i, p in enumerate(request.declared_phases)
             ]
+            par = None
+            if request.HasField("parallelism"):
+                if declared:
+                    raise InvalidRequest("parallelism: give either parallelism or "
+                                         "declared_phases, not both")
+                par = parallelism_from_pb(request.parallelism)
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+        derive = None
+        if par is not None:
+            p_ = par
+
+            def derive(layout: JobLayout) -> tuple[PhaseKey, ...]:
+                return plan_step(layout, p_.spec, microbatches=p_.microbatches,
+                                 layers_per_stage=p_.layers_per_stage).phases()
         async with self._register_lock:
             try:
-                layout = coord.register_job(request.job_id, request.tenant, placements, declared)
+                layout = coord.register_job(request.job_id, request.tenant, placements, declared,
+                                            derive_schedule=derive)
             except DuplicateJob as exc:
                 await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(exc))
-            except (PlacementError, PlanError, ValueError) as exc:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            record = JobRecord(request.job_id, request.tenant, layout.placements, tuple(declared))
+            except (PlacementError, PlanError, ParallelismError, RailPlanError,
+                    ValueError) as exc:
+                prefix = "parallelism." if isinstance(exc, ParallelismError) else ""
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{prefix}{exc}")
+            schedule = coord.declared_phases(request.job_id)
+            record = JobRecord(request.job_id, request.tenant, layout.placements, schedule)
             try:
                 await self._jobs.save(record)
             except Exception as exc:
@@ -159,7 +181,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                      fields={"tenant": request.tenant})
         )
         log.info("job_registered", job=request.job_id, ranks=layout.world_size)
-        return agent_pb2.RegisterJobResponse(job_id=request.job_id, world_size=layout.world_size)
+        return agent_pb2.RegisterJobResponse(job_id=request.job_id, world_size=layout.world_size,
+                                             declared_phases=len(schedule))
 
     async def UnregisterJob(  # noqa: N802
         self,

@@ -231,3 +231,28 @@ async def test_watch_job_streams_events(client: ControllerClient) -> None:
     ev = await asyncio.wait_for(first, 5.0)
     assert ev.kind.value == "reconfigured" and "confirmed" in ev.message
     await events.aclose()
+
+
+async def test_register_with_a_parallelism_spec_declares_the_schedule(
+    ctl: RunningController, client: ControllerClient
+) -> None:
+    from controller.parallelism import ParallelismSpec
+
+    spec = ParallelismSpec(tp=2, pp=2, dp_replicate=2)
+    async with grpc.aio.insecure_channel(ctl.grpc_target) as ch:
+        stub = agent_pb2_grpc.AgentServiceStub(ch)
+        req = agent_pb2.RegisterJobRequest(
+            job_id="par", ranks=[agent_pb2.RankPlacement(rank=p.rank, host=p.host, gpu=p.gpu)
+                                 for p in PLACE])
+        req.parallelism.tp, req.parallelism.pp, req.parallelism.dp_replicate = 2, 2, 2
+        bad = agent_pb2.RegisterJobRequest(job_id="bad", ranks=req.ranks)
+        bad.parallelism.tp = 3  # 3 x 1 x 1 ranks for a job of 8
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await stub.RegisterJob(bad)
+        assert e.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "parallelism" in (e.value.details() or "") and "8" in (e.value.details() or "")
+        resp = await stub.RegisterJob(req)
+        assert resp.world_size == 8 and resp.declared_phases > 0
+    assert ctl.service.coordinator.declared_phases("par")
+    await client.unregister_job("par")
+    assert await client.register_job("par2", PLACE, parallelism=spec) == 8

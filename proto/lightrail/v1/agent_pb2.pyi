@@ -52,6 +52,53 @@ SEND_RECV: Collective.ValueType  # 5
 BROADCAST: Collective.ValueType  # 6
 Global___Collective: _TypeAlias = Collective  # noqa: Y015
 
+class _RankOrder:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _RankOrderEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RankOrder.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    RANK_ORDER_UNSPECIFIED: _RankOrder.ValueType  # 0
+    """= MEGATRON"""
+    RANK_ORDER_MEGATRON: _RankOrder.ValueType  # 1
+    """"tp-cp-ep-dp-pp", tp fastest (Megatron-Core RankGenerator)"""
+    RANK_ORDER_MEGATRON_TP_PP_DP: _RankOrder.ValueType  # 2
+    """"tp-cp-ep-pp-dp" (--use-tp-pp-dp-mapping)"""
+    RANK_ORDER_TORCHTITAN: _RankOrder.ValueType  # 3
+    """DeviceMesh [pp, dp_replicate, dp_shard, cp, tp]"""
+
+class RankOrder(_RankOrder, metaclass=_RankOrderEnumTypeWrapper):
+    """How ranks are numbered across the parallelism dimensions."""
+
+RANK_ORDER_UNSPECIFIED: RankOrder.ValueType  # 0
+"""= MEGATRON"""
+RANK_ORDER_MEGATRON: RankOrder.ValueType  # 1
+""""tp-cp-ep-dp-pp", tp fastest (Megatron-Core RankGenerator)"""
+RANK_ORDER_MEGATRON_TP_PP_DP: RankOrder.ValueType  # 2
+""""tp-cp-ep-pp-dp" (--use-tp-pp-dp-mapping)"""
+RANK_ORDER_TORCHTITAN: RankOrder.ValueType  # 3
+"""DeviceMesh [pp, dp_replicate, dp_shard, cp, tp]"""
+Global___RankOrder: _TypeAlias = RankOrder  # noqa: Y015
+
+class _EpStrategy:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _EpStrategyEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_EpStrategy.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    EP_STRATEGY_UNSPECIFIED: _EpStrategy.ValueType  # 0
+    """= MATCHINGS"""
+    EP_STRATEGY_MATCHINGS: _EpStrategy.ValueType  # 1
+    """EP all-to-all as time-multiplexed shift permutations (one sub-phase each)."""
+
+class EpStrategy(_EpStrategy, metaclass=_EpStrategyEnumTypeWrapper): ...
+
+EP_STRATEGY_UNSPECIFIED: EpStrategy.ValueType  # 0
+"""= MATCHINGS"""
+EP_STRATEGY_MATCHINGS: EpStrategy.ValueType  # 1
+"""EP all-to-all as time-multiplexed shift permutations (one sub-phase each)."""
+Global___EpStrategy: _TypeAlias = EpStrategy  # noqa: Y015
+
 class _PhaseErrorCode:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -209,6 +256,58 @@ class RankPlacement(_message.Message):
 Global___RankPlacement: _TypeAlias = RankPlacement  # noqa: Y015
 
 @_typing.final
+class ParallelismSpec(_message.Message):
+    """A job's parallelism: the controller derives every process group and the phase schedule
+    of one training step from it (controller/railplan.py), which then drives provisioning.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TP_FIELD_NUMBER: _builtins.int
+    PP_FIELD_NUMBER: _builtins.int
+    DP_REPLICATE_FIELD_NUMBER: _builtins.int
+    DP_SHARD_FIELD_NUMBER: _builtins.int
+    EP_FIELD_NUMBER: _builtins.int
+    CP_FIELD_NUMBER: _builtins.int
+    ORDER_FIELD_NUMBER: _builtins.int
+    MICROBATCHES_FIELD_NUMBER: _builtins.int
+    LAYERS_PER_STAGE_FIELD_NUMBER: _builtins.int
+    EP_STRATEGY_FIELD_NUMBER: _builtins.int
+    tp: _builtins.int
+    """Degrees; 0 is read as 1 (proto3 default)."""
+    pp: _builtins.int
+    dp_replicate: _builtins.int
+    dp_shard: _builtins.int
+    ep: _builtins.int
+    cp: _builtins.int
+    order: Global___RankOrder.ValueType
+    microbatches: _builtins.int
+    """Schedule shape; 0 is read as 1."""
+    layers_per_stage: _builtins.int
+    ep_strategy: Global___EpStrategy.ValueType
+    def __init__(
+        self,
+        *,
+        tp: _builtins.int = ...,
+        pp: _builtins.int = ...,
+        dp_replicate: _builtins.int = ...,
+        dp_shard: _builtins.int = ...,
+        ep: _builtins.int = ...,
+        cp: _builtins.int = ...,
+        order: Global___RankOrder.ValueType = ...,
+        microbatches: _builtins.int = ...,
+        layers_per_stage: _builtins.int = ...,
+        ep_strategy: Global___EpStrategy.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cp", b"cp", "dp_replicate", b"dp_replicate", "dp_shard", b"dp_shard", "ep", b"ep", "ep_strategy", b"ep_strategy", "layers_per_stage", b"layers_per_stage", "microbatches", b"microbatches", "order", b"order", "pp", b"pp", "tp", b"tp"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ParallelismSpec: _TypeAlias = ParallelismSpec  # noqa: Y015
+
+@_typing.final
 class RegisterJobRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -216,6 +315,7 @@ class RegisterJobRequest(_message.Message):
     TENANT_FIELD_NUMBER: _builtins.int
     RANKS_FIELD_NUMBER: _builtins.int
     DECLARED_PHASES_FIELD_NUMBER: _builtins.int
+    PARALLELISM_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     tenant: _builtins.str
     @_builtins.property
@@ -224,7 +324,11 @@ class RegisterJobRequest(_message.Message):
 
     @_builtins.property
     def declared_phases(self) -> _containers.RepeatedCompositeFieldContainer[Global___PhaseKey]:
-        """Optional declared schedule of one iteration, in order."""
+        """Optional declared schedule of one iteration, in order. Not together with parallelism."""
+
+    @_builtins.property
+    def parallelism(self) -> Global___ParallelismSpec:
+        """Optional: the schedule is derived from it (declared; no learning needed)."""
 
     def __init__(
         self,
@@ -233,10 +337,11 @@ class RegisterJobRequest(_message.Message):
         tenant: _builtins.str = ...,
         ranks: _abc.Iterable[Global___RankPlacement] | None = ...,
         declared_phases: _abc.Iterable[Global___PhaseKey] | None = ...,
+        parallelism: Global___ParallelismSpec | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["parallelism", b"parallelism"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["declared_phases", b"declared_phases", "job_id", b"job_id", "ranks", b"ranks", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["declared_phases", b"declared_phases", "job_id", b"job_id", "parallelism", b"parallelism", "ranks", b"ranks", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -248,17 +353,21 @@ class RegisterJobResponse(_message.Message):
 
     JOB_ID_FIELD_NUMBER: _builtins.int
     WORLD_SIZE_FIELD_NUMBER: _builtins.int
+    DECLARED_PHASES_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     world_size: _builtins.int
+    declared_phases: _builtins.int
+    """Phases of the declared (or derived) schedule of one iteration."""
     def __init__(
         self,
         *,
         job_id: _builtins.str = ...,
         world_size: _builtins.int = ...,
+        declared_phases: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["declared_phases", b"declared_phases", "job_id", b"job_id", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
