@@ -7,10 +7,15 @@ runtime failure (message on stderr), 2 bad usage or invalid input.
 
 from __future__ import annotations
 
+import os
+
+# The CLI forks etcd and controller processes; gRPC's fork handlers only print warnings then.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 import argparse
 import asyncio
 import json
-import os
+import math
 import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
@@ -52,6 +57,28 @@ def _run(coro: Coroutine[Any, Any, int]) -> int:
     import uvloop
 
     return uvloop.run(coro)
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
 
 
 # --- controller / agent ------------------------------------------------------------------
@@ -191,8 +218,8 @@ async def replay_main(
 ) -> int:
     """Load ``trace``, run it through a controller (embedded when ``controller`` is None),
     print the summary. Returns the exit code."""
-    from agents.client import ControllerClient
-    from agents.replay import Replayer, report_to_json
+    from agents.client import ControllerClient, JobRegistrationError
+    from agents.replay import Replayer, ReplayError, report_to_json
     from agents.trace.loader import load_workload
     from agents.trace.model import TraceError
 
@@ -206,8 +233,12 @@ async def replay_main(
 
     async def run(target: str) -> int:
         hosts = await _hosts(target)
-        replayer = Replayer(workload, target, hosts, job_id=job_id, iterations=iterations,
-                            time_scale=time_scale, max_ops=max_ops)
+        try:
+            replayer = Replayer(workload, target, hosts, job_id=job_id, iterations=iterations,
+                                time_scale=time_scale, max_ops=max_ops)
+        except ReplayError as exc:
+            err.print(f"lightrail replay: {exc}")
+            return 2
         bar = Progress(TextColumn("replaying {task.description}"), BarColumn(),
                        MofNCompleteColumn(), TimeElapsedColumn(), console=err,
                        disable=not progress or as_json)
@@ -215,7 +246,11 @@ async def replay_main(
             task = bar.add_task(trace.name, total=iterations)
             replayer.on_progress = lambda done, _total: bar.update(task, completed=done)
             async with ControllerClient(target) as client:
-                report = await replayer.run(client)
+                try:
+                    report = await replayer.run(client)
+                except (ReplayError, JobRegistrationError) as exc:
+                    err.print(f"lightrail replay: {exc}")
+                    return 1
         if as_json:
             print(json.dumps(report_to_json(report), indent=2))
         else:
@@ -265,6 +300,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
         iterations=args.iterations, time_scale=args.time_scale, job_id="dlrm-demo",
         as_json=False, progress=True,
     ))
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from agents.evaluate import evaluate_main
+
+    return evaluate_main(
+        Path(args.workload), args.delay_ms, Path(args.out) if args.out else None,
+        fabric=args.fabric, max_ops=args.max_ops, link_gbps=args.link_gbps,
+        alpha_us=args.alpha_us, scale_up_gbps=args.scale_up_gbps, as_json=args.json,
+    )
 
 
 # --- operator commands ---------------------------------------------------------------------
@@ -382,11 +427,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_agent)
 
     def replay_opts(c: argparse.ArgumentParser, iterations: int) -> None:
-        c.add_argument("--iterations", type=int, default=iterations)
-        c.add_argument("--time-scale", type=float, default=1.0,
-                       help="multiply recorded compute gaps and transfer times (0: no waits)")
-        c.add_argument("--delay-ms", type=float, default=10.0,
-                       help="reconfiguration delay of the emulated OCSes (embedded only)")
+        c.add_argument("--iterations", type=positive_int, default=iterations,
+                       help=f"training steps to replay (default {iterations})")
+        c.add_argument("--time-scale", type=non_negative_float, default=1.0,
+                       help="multiply recorded compute gaps and transfer times (0: no waits; "
+                            "default 1)")
+        c.add_argument("--delay-ms", type=non_negative_float, default=10.0,
+                       help="reconfiguration delay of the emulated OCSes, embedded controller "
+                            "only (default 10)")
 
     c = sub.add_parser("replay", help="replay a recorded trace or workload through a controller")
     c.add_argument("trace", help="Kineto dir/tarball/JSON, AICB CSV or SimAI text")
@@ -394,18 +442,38 @@ def build_parser() -> argparse.ArgumentParser:
                    help="controller host:port (default: start an embedded one)")
     c.add_argument("--fabric", choices=["demo-4x2", "rail-16x8"], default=None,
                    help="embedded fabric (default: by world size)")
-    c.add_argument("--job-id", default="replay")
-    c.add_argument("--json", action="store_true")
-    c.add_argument("--no-progress", action="store_true")
-    c.add_argument("--max-ops", type=int, default=None,
+    c.add_argument("--job-id", default="replay", help="job id to register (default replay)")
+    c.add_argument("--json", action="store_true", help="print the summary as JSON")
+    c.add_argument("--no-progress", action="store_true", help="no progress bar")
+    c.add_argument("--max-ops", type=positive_int, default=None,
                    help="replay only the first N collectives of each rank's iteration")
     replay_opts(c, 3)
     c.set_defaults(func=cmd_replay)
 
     c = sub.add_parser("demo", help="the DLRM replay on an embedded etcd, controller and rails")
-    c.add_argument("--trace", default=None)
+    c.add_argument("--trace", default=None,
+                   help="trace to replay (default: the DLRM 8-rank Kineto trace in "
+                        "$LIGHTRAIL_DATA or ../shared/data)")
     replay_opts(c, 5)
     c.set_defaults(func=cmd_demo)
+
+    c = sub.add_parser("evaluate", help="iteration time of a workload under five rail policies "
+                                        "over reconfiguration delays (analytic, no controller)")
+    c.add_argument("workload", help="Kineto dir/tarball/JSON, AICB CSV or SimAI text")
+    c.add_argument("--delay-ms", type=float, nargs="+", default=None,
+                   help="reconfiguration delays in ms (default: 0.004 0.1 1 10 25 100)")
+    c.add_argument("--out", default=None,
+                   help="directory for evaluation.csv, evaluation.json, overhead_vs_delay.png")
+    c.add_argument("--fabric", choices=["demo-4x2", "rail-16x8"], default=None,
+                   help="built-in fabric (default: by world size)")
+    c.add_argument("--max-ops", type=int, default=None,
+                   help="evaluate only the first N collectives of each rank's iteration")
+    c.add_argument("--link-gbps", type=float, default=None, help="rail link Gb/s (default 100)")
+    c.add_argument("--alpha-us", type=float, default=None, help="per-hop latency µs (default 5)")
+    c.add_argument("--scale-up-gbps", type=float, default=None,
+                   help="NVLink Gb/s per GPU (default 2400 = 300 GB/s)")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=cmd_evaluate)
 
     for name, func, doc in (
         ("status", cmd_status, "controller status"),

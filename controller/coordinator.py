@@ -998,11 +998,12 @@ class PhaseCoordinator:
                 if self._blocked(t.switch_id, fports):
                     ok = False
                 c = claimed.setdefault(t.switch_id, set())
-                if not fports.isdisjoint(c):
+                # FIFO on the ports a phase makes circuits on: a later phase may not take an
+                # earlier waiting phase's own ports. Breaking a cross-connect both must break
+                # is no conflict (adjacent PP pairs both break the DP ring link between them;
+                # comparing the extended sets would serialize them one per round).
+                if not t.ports.isdisjoint(c):
                     ok = False
-                # A waiting phase claims only its own ports: the cross-connects it must break
-                # may be broken by an earlier op too (adjacent PP pairs both break the DP
-                # ring link between them); claiming those would serialize them one per round.
                 c.update(t.ports)
             if not ok:
                 continue
