@@ -77,7 +77,7 @@ class PhaseTransport(Protocol):
 
     async def enter(
         self, job_id: str, rank: int, phase: PhaseKey, iteration: int = 0,
-        timeout_s: float = 30.0,
+        timeout_s: float = 30.0, nbytes: int = 0, compute_gap_s: float = 0.0,
     ) -> Admission: ...
 
     async def release_phase(
@@ -183,12 +183,14 @@ class ControllerClient:
 
     async def enter(
         self, job_id: str, rank: int, phase: PhaseKey, iteration: int = 0,
-        timeout_s: float = 30.0,
+        timeout_s: float = 30.0, nbytes: int = 0, compute_gap_s: float = 0.0,
     ) -> Admission:
-        """Unary EnterPhase; blocks until admitted. Raises a ``PhaseError`` subclass."""
+        """Unary EnterPhase; blocks until admitted. ``nbytes``/``compute_gap_s`` are optional
+        reconfigure-or-not hints. Raises a ``PhaseError`` subclass."""
         req = agent_pb2.EnterPhaseRequest(
             job_id=job_id, rank=rank, phase=phase_key_to_pb(phase), iteration=iteration,
-            request_id=next(self._ids), timeout_s=timeout_s,
+            request_id=next(self._ids), timeout_s=timeout_s, nbytes=nbytes,
+            compute_gap_s=compute_gap_s,
         )
         try:
             resp = await self._retry(lambda: self._stub.EnterPhase(req, timeout=timeout_s + 5.0))
@@ -296,10 +298,13 @@ class RankSession:
 
     @asynccontextmanager
     async def phase(
-        self, group: Iterable[int], collective: Collective
+        self, group: Iterable[int], collective: Collective, *, nbytes: int = 0,
+        compute_gap_s: float = 0.0,
     ) -> AsyncIterator[Admission]:
         """Enter the phase, yield the admission, release on exit (also on error). For an
-        all-to-all this covers sub-phase 0 only; use ``all_to_all``."""
+        all-to-all this covers sub-phase 0 only; use ``all_to_all``. ``nbytes`` (bytes of the
+        collective) and ``compute_gap_s`` (compute before it, s) let the controller decide
+        whether new circuits pay for their reconfiguration delay."""
         key = self._key(group, collective, 0)
         if self.is_scale_up_only(key.group):
             self.current_phase = key
@@ -309,7 +314,7 @@ class RankSession:
                 self.current_phase = None
             return
         adm = await self.transport.enter(self.job_id, self.rank, key, self.iteration,
-                                         self.timeout_s)
+                                         self.timeout_s, nbytes, compute_gap_s)
         self.current_phase = key
         try:
             yield adm

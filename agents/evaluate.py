@@ -1,4 +1,4 @@
-# ruff: noqa: RUF001, RUF002 - formulas use the papers' Greek symbols (alpha as in Hockney)
+
 """``lightrail evaluate``: iteration time of a workload under five rail policies, analytically.
 
 No controller, no etcd: every rank's sequence of collectives (``agents.trace``) is walked with

@@ -53,6 +53,8 @@ class _Out:
     iteration: int
     request_id: int = 0
     timeout_s: float = 0.0
+    nbytes: int = 0
+    compute_gap_s: float = 0.0
 
 
 class _Encoder:
@@ -83,6 +85,9 @@ class _Encoder:
                 e.iteration = m.iteration
                 e.request_id = m.request_id
                 e.timeout_s = m.timeout_s
+                if m.nbytes:
+                    e.nbytes = m.nbytes
+                    e.compute_gap_s = m.compute_gap_s
                 key = e.phase
             elif m.kind is _Kind.RELEASE:
                 r = req.release
@@ -194,6 +199,8 @@ class HostAgent:
         phase: PhaseKey,
         iteration: int = 0,
         timeout_s: float = 30.0,
+        nbytes: int = 0,
+        compute_gap_s: float = 0.0,
     ) -> Admission:
         """Block until ``rank`` is admitted into ``phase``. Raises a ``PhaseError`` subclass:
         ``PhaseTimeout`` after ``timeout_s`` (enforced by the controller, and locally with a
@@ -206,7 +213,8 @@ class HostAgent:
         fut: asyncio.Future[Admission] = loop.create_future()
         p = _Pending(next(self._ids), phase, iteration, timeout_s, fut)
         self._pending[key] = p
-        self._send(_Out(_Kind.ENTER, job_id, rank, phase, iteration, p.request_id, timeout_s))
+        self._send(_Out(_Kind.ENTER, job_id, rank, phase, iteration, p.request_id, timeout_s,
+                        nbytes, compute_gap_s))
         # The controller enforces timeout_s; this local guard only fires when it is gone.
         guard = loop.call_later(timeout_s + self._reconnect_budget_s, _expire, fut, timeout_s,
                                 self._reconnect_budget_s)

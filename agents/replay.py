@@ -334,7 +334,8 @@ class Replayer:
         assert op.group is not None
         label = f"{op.collective.value} x{op.group.size}"
         t0 = time.monotonic()
-        async with session.phase(op.group.ranks, op.collective) as adm:
+        async with session.phase(op.group.ranks, op.collective, nbytes=op.nbytes,
+                                 compute_gap_s=op.gap_s * self.time_scale) as adm:
             t1 = time.monotonic()
             key = session.current_phase
             assert key is not None

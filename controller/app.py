@@ -25,8 +25,10 @@ from lightrail.v1 import agent_pb2_grpc, operator_pb2_grpc
 from prometheus_client import start_http_server
 
 from controller import metrics
+from controller.advisor import CostAdvisor
 from controller.config import Config, build_fabric
 from controller.coordinator import ErrorCode, PhaseCoordinator
+from controller.costmodel import LinkModel
 from controller.events import EventBus
 from controller.fabric import Fabric
 from controller.grpc_agent import AgentServicer
@@ -151,9 +153,12 @@ async def _serve(
             writer_task = tg.create_task(writer.run(), name="etcd-writer")
             reconciler = Reconciler(drivers)
             reconciler.start(tg)
+            advisor = CostAdvisor(fabric, LinkModel.from_gbps(
+                ccfg.link_gbps, ccfg.link_alpha_us * 1e-6)) if ccfg.reconfigure_or_not else None
             coordinator = PhaseCoordinator(fabric, default_timeout_s=ccfg.admission_timeout_s,
                                            provisioning=ccfg.provisioning,
-                                           learn_iterations=ccfg.learn_iterations)
+                                           learn_iterations=ccfg.learn_iterations,
+                                           advisor=advisor)
             events = EventBus()
             service = PhaseService(coordinator, reconciler, events, state_writer=writer.put)
             service.start(tg)

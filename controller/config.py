@@ -76,6 +76,14 @@ class ControllerSection(_Strict):
     learn_iterations: int = Field(
         default=2, ge=1,
         description="how many times a transition must repeat before it is provisioned")
+    reconfigure_or_not: bool = Field(
+        default=False,
+        description="decide per phase whether new circuits pay for their reconfiguration "
+                    "delay (PCCL), using the callers' byte-count hints and the cost model")
+    link_gbps: float = Field(default=100.0, gt=0, le=100_000,
+                             description="rail link bandwidth for the cost model, Gb/s")
+    link_alpha_us: float = Field(default=5.0, ge=0, le=1_000_000,
+                                 description="per-hop latency for the cost model, µs")
     recovery_grace_s: float = Field(
         default=10.0, ge=0, le=3600,
         description="after a restart, how long a recovered job's circuits stay frozen while "

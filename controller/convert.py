@@ -83,6 +83,7 @@ EVENT_TO_PB: dict[JobEventKind, agent_pb2.JobEventKind.ValueType] = {
     JobEventKind.PLACEMENT_CHANGED: agent_pb2.JOB_PLACEMENT_CHANGED,
     JobEventKind.UNREGISTERED: agent_pb2.JOB_UNREGISTERED,
     JobEventKind.PHASE_ERROR: agent_pb2.JOB_PHASE_ERROR,
+    JobEventKind.DECISION: agent_pb2.JOB_RECONFIGURE_DECISION,
 }
 
 

@@ -25,7 +25,10 @@ import enum
 import heapq
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
+from controller.advisor import Advice
+from controller.decision import ReconfigureDecision
 from controller.fabric import Fabric
 from controller.model import Collective, PhaseKey, ProcessGroup
 from controller.planner import (
@@ -39,6 +42,20 @@ from controller.planner import (
     plan_phase,
 )
 from drivers.base import CrossConnect
+
+
+class Advisor(Protocol):
+    """Reconfigure-or-not advice (``controller.advisor.CostAdvisor``)."""
+
+    def advise(
+        self,
+        layout: JobLayout,
+        phase: PhaseKey,
+        plan: Plan,
+        confirmed: Mapping[str, Mapping[int, CrossConnect]],
+        nbytes: int,
+        compute_gap_s: float,
+    ) -> Advice | None: ...
 
 
 class ErrorCode(enum.Enum):
@@ -94,7 +111,18 @@ class Reconfigure:
     """True when no rank asked yet: the schedule predicts ``phase`` comes next (Opus)."""
 
 
-Decision = Admit | Reject | Reconfigure
+@dataclass(frozen=True, slots=True)
+class Decided:
+    """A reconfigure-or-not decision for ``phase`` and the numbers behind it (PCCL). When
+    ``provisioning``, it was taken ahead of the phase, on last iteration's hints."""
+
+    job_id: str
+    phase: PhaseKey
+    decision: ReconfigureDecision
+    provisioning: bool
+
+
+Decision = Admit | Reject | Reconfigure | Decided
 
 
 class DuplicateJob(ValueError):
@@ -176,6 +204,12 @@ class JobStats:
         return self.provisioning_hits / n if n else 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class _Hint:
+    nbytes: int
+    compute_gap_s: float
+
+
 @dataclass(slots=True)
 class _Successor:
     """What came next on a phase's ports: ``phase`` seen ``streak`` times in a row."""
@@ -199,6 +233,7 @@ class _Job:
     last_phase: PhaseKey | None = None
     successors: dict[PhaseKey, _Successor] = field(default_factory=dict)
     steps: dict[ProcessGroup, int] = field(default_factory=dict)
+    hints: dict[PhaseKey, _Hint] = field(default_factory=dict)
     last_on_port: dict[tuple[str, int], PhaseKey] = field(default_factory=dict)
     provisioned: dict[PhaseKey, int] = field(default_factory=dict)
     hits: int = 0
@@ -235,6 +270,7 @@ class PhaseCoordinator:
         default_timeout_s: float = 30.0,
         provisioning: bool = True,
         learn_iterations: int = 2,
+        advisor: Advisor | None = None,
     ) -> None:
         if learn_iterations < 1:
             raise ValueError(f"learn_iterations: must be >= 1, got {learn_iterations}")
@@ -242,6 +278,7 @@ class PhaseCoordinator:
         self.default_timeout_s = default_timeout_s
         self.provisioning = provisioning
         self.learn_iterations = learn_iterations
+        self.advisor = advisor
         self._jobs: dict[str, _Job] = {}
         self._gpus: dict[tuple[str, int], str] = {}
         self._confirmed: dict[str, dict[int, CrossConnect]] = {s: {} for s in fabric.switches}
@@ -442,10 +479,13 @@ class PhaseCoordinator:
         now: float,
         timeout_s: float = 0.0,
         iteration: int = 0,
+        nbytes: int = 0,
+        compute_gap_s: float = 0.0,
     ) -> list[Decision]:
         """A rank asks to enter ``phase`` of training step ``iteration``. Returns the decisions
         this causes (an ``Admit`` or ``Reject`` for this rank at once, or ``Reconfigure`` and
-        later decisions).
+        later decisions). ``nbytes`` and ``compute_gap_s`` are the caller's hints for
+        reconfigure-or-not (bytes of the collective, compute time before it, s; 0 = unknown).
 
         Cost: O(1) for every rank after the first of a phase instance; the first pays O(plan)
         to check the circuits. Fairness: a phase whose circuits are there still waits when an
@@ -485,10 +525,20 @@ class PhaseCoordinator:
             return [Reject(job_id, rank, request_id, ErrorCode.INVALID_PHASE, str(exc))]
         ikey = (phase, iteration)
         inst = job.instances.get(ikey)
+        out: list[Decision] = []
         if inst is None:
             inst = _Instance(job_id, phase, iteration, plan)
             job.instances[ikey] = inst
             self._observe(job, phase, plan)
+            if nbytes > 0:
+                job.hints[phase] = _Hint(nbytes, compute_gap_s)
+            if self.advisor is not None and not self._ready(plan):
+                advice = self.advisor.advise(job.layout, phase, plan, self._confirmed, nbytes,
+                                             compute_gap_s)
+                if advice is not None:
+                    out.append(Decided(job_id, phase, advice.decision, False))
+                    if advice.stay_plan is not None:
+                        inst.plan = plan = advice.stay_plan  # run on the circuits there
         if inst.op_id is None and not inst.waiters and (
             (inst.holders and inst.verified)
             or (self._ready(plan) and not self._claimed_by_older(plan))
@@ -497,7 +547,8 @@ class PhaseCoordinator:
             self._admit_rank(job, rs, rank, inst)
             rs.request_id = request_id
             job.admitted_noop += 1
-            return [Admit(job_id, rank, request_id, phase, True, 0.0)]
+            out.append(Admit(job_id, rank, request_id, phase, True, 0.0))
+            return out
         timeout = timeout_s if timeout_s > 0 else self.default_timeout_s
         w = _Waiter(rank, request_id, now, now + timeout)
         inst.waiters[rank] = w
@@ -508,10 +559,11 @@ class PhaseCoordinator:
         heapq.heappush(self._deadlines, (w.deadline_s, self._deadline_seq, job_id, rank,
                                          request_id))
         if inst.queued:
-            return []  # the instance waits already; one more rank changes nothing
+            return out  # the instance waits already; one more rank changes nothing
         inst.queued = True
         self._queue.append(inst)
-        return self._schedule(now)
+        out.extend(self._schedule(now))
+        return out
 
     def cancel(self, job_id: str, rank: int, request_id: int, now: float) -> list[Decision]:
         """The caller of EnterPhase ``request_id`` went away (cancelled RPC, dead process):
@@ -602,9 +654,7 @@ class PhaseCoordinator:
         if self.provisioning:
             nxt = job.successors.get(phase)
             if nxt is not None and nxt.streak >= self.learn_iterations and nxt.phase != phase:
-                rec = self._provision(job, nxt.phase)
-                if rec is not None:
-                    out.append(rec)
+                out.extend(self._provision(job, nxt.phase))
         return out
 
     def reconfigured(
@@ -838,38 +888,48 @@ class PhaseCoordinator:
         elif not ready:
             job.misses += 1  # no prediction, a wrong one, or its circuits broken since
 
-    def _provision(self, job: _Job, phase: PhaseKey) -> Reconfigure | None:
+    def _provision(self, job: _Job, phase: PhaseKey) -> list[Decision]:
         """Switch to ``phase``'s circuits ahead of its ranks (Opus provisioning), when that
         breaks nothing held, touches no port being switched and takes no port an older
-        waiting phase needs. Returns the ``Reconfigure`` or None."""
+        waiting phase needs, and (with an advisor) when last iteration's hints say switching
+        pays. Returns the decisions (a ``Reconfigure``, a ``Decided``, or nothing)."""
         if job.provisioned.get(phase) in self._ops or job.layout.job_id in self._recovering:
-            return None
+            return []
         try:
             plan = self._plan(job, phase)
         except PlanError:
-            return None
+            return []
         if plan.empty or self._ready(plan):
-            return None
+            return []
         for inst in job.instances.values():
             if inst.phase == phase and (inst.waiters or inst.op_id is not None):
-                return None  # its ranks are already asking: the normal path serves them
+                return []  # its ranks are already asking: the normal path serves them
+        out: list[Decision] = []
+        hint = job.hints.get(phase)
+        if self.advisor is not None and hint is not None:
+            advice = self.advisor.advise(job.layout, phase, plan, self._confirmed, hint.nbytes,
+                                         hint.compute_gap_s)
+            if advice is not None:
+                out.append(Decided(job.layout.job_id, phase, advice.decision, True))
+                if not advice.decision.switch:
+                    return out
         op_ports: dict[str, frozenset[int]] = {}
         for t in plan.targets:
             ports = set(t.ports)
             for xc in self._conflicts(t):
                 if self._held.get((t.switch_id, xc)):
-                    return None
+                    return out
                 ports.update(xc.ports())
             fports = frozenset(ports)
             if self._blocked(t.switch_id, fports):
-                return None
+                return out
             op_ports[t.switch_id] = fports
         for q in self._queue:
             if q.op_id is None and q.waiters:
                 for qt in q.plan.targets:
                     mine = op_ports.get(qt.switch_id)
                     if mine is not None and not mine.isdisjoint(qt.ports):
-                        return None
+                        return out
         op_id = self._next_op
         self._next_op += 1
         self._ops[op_id] = _Op(None, job, job.layout.job_id, phase, plan, op_ports)
@@ -878,7 +938,8 @@ class PhaseCoordinator:
         job.provisioned[phase] = op_id
         targets = tuple(SwitchTarget(t.switch_id, t.cross_connects, op_ports[t.switch_id])
                         for t in plan.targets)
-        return Reconfigure(op_id, job.layout.job_id, phase, targets, provisioning=True)
+        out.append(Reconfigure(op_id, job.layout.job_id, phase, targets, provisioning=True))
+        return out
 
     def _provisioned(self, op: _Op, now: float, error: str | None) -> list[Decision]:
         """A provisioning op ended (the view was already updated by ``reconfigured``)."""

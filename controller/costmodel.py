@@ -1,4 +1,4 @@
-# ruff: noqa: RUF001, RUF002 - formulas use the papers' Greek symbols (alpha as in Hockney)
+
 """Fabric cost model: how long a collective takes on given circuits, and what a rail fabric costs.
 Pure: no I/O, no clock.
 

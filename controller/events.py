@@ -22,6 +22,7 @@ class JobEventKind(enum.Enum):
     PLACEMENT_CHANGED = "placement_changed"
     UNREGISTERED = "unregistered"
     PHASE_ERROR = "phase_error"
+    DECISION = "reconfigure_decision"
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ batch. Nothing here touches etcd except RegisterJob/UnregisterJob, which write t
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator, Callable
 
 import grpc
@@ -49,6 +50,11 @@ _UNARY_STATUS = {
     ErrorCode.NOT_LEADER: grpc.StatusCode.UNAVAILABLE,
     ErrorCode.CANCELLED: grpc.StatusCode.CANCELLED,
 }
+
+
+def _gap(value: float) -> float:
+    """A compute-gap hint: anything not finite and >= 0 counts as unknown (0)."""
+    return value if math.isfinite(value) and value >= 0 else 0.0
 
 
 class _StreamSink:
@@ -268,7 +274,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                                             ErrorCode.INVALID_PHASE, str(exc)), 1)
                         continue
                     service.enter(e.job_id, e.rank, phase, e.request_id, timeout_s, sink,
-                                  e.iteration)
+                                  e.iteration, e.nbytes, _gap(e.compute_gap_s))
                 elif kind == "release":
                     r = req.release
                     try:
@@ -311,7 +317,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             timeout_s = max(remaining, 1e-6)
         sink = _FutureSink()
         self._service.enter(request.job_id, request.rank, phase, request.request_id, timeout_s,
-                            sink, request.iteration)
+                            sink, request.iteration, request.nbytes,
+                            _gap(request.compute_gap_s))
         try:
             decision, steps = await sink.future
         except asyncio.CancelledError:

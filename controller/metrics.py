@@ -73,6 +73,13 @@ PROVISIONING = Gauge(
     ["job", "outcome"],
     registry=REGISTRY,
 )
+RECONFIGURE_DECISIONS = Counter(
+    "lightrail_reconfigure_decisions_total",
+    "Reconfigure-or-not decisions (PCCL) by outcome: switch to the phase's own circuits or "
+    "stay on the circuits already there; the numbers behind each are in the job's events.",
+    ["job", "decision"],
+    registry=REGISTRY,
+)
 JOBS = Gauge("lightrail_jobs", "Registered jobs.", registry=REGISTRY)
 CIRCUITS = Gauge(
     "lightrail_cross_connects",

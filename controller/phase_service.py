@@ -18,6 +18,7 @@ from prometheus_client import Histogram
 from controller import metrics
 from controller.coordinator import (
     Admit,
+    Decided,
     Decision,
     ErrorCode,
     PhaseCoordinator,
@@ -148,6 +149,8 @@ class PhaseService:
         timeout_s: float,
         sink: ReplySink,
         iteration: int = 0,
+        nbytes: int = 0,
+        compute_gap_s: float = 0.0,
     ) -> None:
         """Ask for admission; the answer goes to ``sink`` (maybe before this returns).
 
@@ -155,7 +158,7 @@ class PhaseService:
         that waits replaces the rank's reply route, so a refused duplicate can never steal
         the route of the rank's pending request."""
         decisions = self.coordinator.enter(job_id, rank, phase, request_id, self.now(),
-                                           timeout_s, iteration)
+                                           timeout_s, iteration, nbytes, compute_gap_s)
         answered = False
         rest: list[Decision] = []
         for d in decisions:
@@ -240,9 +243,27 @@ class PhaseService:
                     self._events.publish(JobEvent(d.job_id, JobEventKind.PHASE_ERROR, d.message,
                                                   fields={"rank": str(d.rank),
                                                           "code": d.code.value}))
+            elif isinstance(d, Decided):
+                self._on_decided(d)
             else:
                 self._start_reconfiguration(d)
         self._arm_timer()
+
+    def _on_decided(self, d: Decided) -> None:
+        dec = d.decision
+        outcome = "switch" if dec.switch else "stay"
+        metrics.RECONFIGURE_DECISIONS.labels(d.job_id, outcome).inc()
+        self._events.publish(JobEvent(
+            d.job_id, JobEventKind.DECISION, f"phase {d.phase}: {dec.reason}",
+            fields={
+                "phase": str(d.phase), "decision": outcome,
+                "provisioning": str(d.provisioning).lower(),
+                "current_circuits_time_s": f"{dec.current_circuits_time_s:.9f}",
+                "new_circuits_time_s": f"{dec.new_circuits_time_s:.9f}",
+                "delta_s": f"{dec.delta_s:.9f}",
+                "compute_gap_s": f"{dec.compute_gap_s:.9f}",
+                "delta_exposed_s": f"{dec.delta_exposed_s:.9f}",
+            }))
 
     def _on_admit(self, d: Admit) -> None:
         key = (d.job_id, d.phase.collective.value)

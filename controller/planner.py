@@ -179,6 +179,12 @@ def _hosts_per_switch(layout: JobLayout, group: ProcessGroup) -> dict[str, list[
     return out
 
 
+def hosts_per_switch(layout: JobLayout, group: ProcessGroup) -> dict[str, list[Endpoint]]:
+    """The group's endpoints on each switch, one per host, in the order the planner connects
+    them (lowest group rank first). Raises ``PlanError`` for a rank outside the job."""
+    return _hosts_per_switch(layout, group)
+
+
 def all_to_all_steps(layout: JobLayout, group: ProcessGroup) -> int:
     """Number of sub-phases (shift permutations) an all-to-all on ``group`` takes: k-1 for the
     largest number k of hosts the group spans on one rail; 1 when it needs no circuit."""

@@ -427,3 +427,59 @@ def test_release_checks_the_iteration(coord: PhaseCoordinator) -> None:
     with pytest.raises(ReleaseError, match="of iteration 4"):
         coord.release("job", 0, PP01, 0.2, iteration=4)
     coord.release("job", 0, PP01, 0.2, iteration=5)
+
+
+def ron_coordinator(delay_s: float) -> PhaseCoordinator:
+    """Rail 0 carries the ring host0 -> host2 -> host1 -> host0 (the reverse of what an
+    all-reduce over ranks 0, 2, 4 plans: host0 -> host1 -> host2 -> host0)."""
+    from controller.advisor import CostAdvisor
+
+    fabric = rail_fabric("t", 4, 2, delay_s=delay_s)
+    c = PhaseCoordinator(fabric, advisor=CostAdvisor(fabric), provisioning=False)
+    c.register_job("job", "t", place())
+    c.set_confirmed("ocs-rail0", [CrossConnect(1, N + 3), CrossConnect(3, N + 2),
+                                  CrossConnect(2, N + 1)])
+    return c
+
+
+THREE = PhaseKey(ProcessGroup.of([0, 2, 4]), Collective.ALL_REDUCE)
+
+
+def test_reconfigure_or_not_stays_when_delta_is_large() -> None:
+    """100 ms MEMS delay, 1 MB all-reduce: forwarding over the reversed ring (2 hops per
+    flow) costs far less than switching."""
+    from controller.coordinator import Decided
+
+    c = ron_coordinator(0.1)
+    out = c.enter("job", 0, THREE, 1, 0.3, nbytes=1_000_000, compute_gap_s=0.001)
+    (dec,) = [d for d in out if isinstance(d, Decided)]
+    assert not dec.decision.switch and dec.decision.delta_s == pytest.approx(0.1)
+    assert dec.decision.current_circuits_time_s > dec.decision.new_circuits_time_s
+    assert "stay" in dec.decision.reason
+    assert [(d.rank, d.noop) for d in out if isinstance(d, Admit)] == [(0, True)]
+    assert not only(out, Reconfigure)
+    out = c.enter("job", 4, THREE, 2, 0.3, nbytes=1_000_000)
+    assert [(d.rank, d.noop) for d in out if isinstance(d, Admit)] == [(4, True)]
+    assert not [d for d in out if isinstance(d, Decided)]  # one decision per phase instance
+    # the ranks hold the circuits they run on: nothing else may break them meanwhile
+    pair = PhaseKey(ProcessGroup.of([0, 2]), Collective.ALL_REDUCE)
+    assert c.enter("job", 2, pair, 3, 0.3) == []
+
+
+def test_reconfigure_or_not_switches_when_delta_is_microseconds() -> None:
+    from controller.coordinator import Decided
+
+    c = ron_coordinator(4e-6)  # silicon photonics
+    out = c.enter("job", 0, THREE, 1, 0.3, nbytes=100_000_000, compute_gap_s=0.0)
+    (dec,) = [d for d in out if isinstance(d, Decided)]
+    assert dec.decision.switch
+    assert len(only(out, Reconfigure)) == 1 and not only(out, Admit)
+
+
+def test_no_hint_means_no_decision_and_a_switch() -> None:
+    from controller.coordinator import Decided
+
+    c = ron_coordinator(0.1)
+    out = c.enter("job", 0, THREE, 1, 0.3)
+    assert not [d for d in out if isinstance(d, Decided)]
+    assert len(only(out, Reconfigure)) == 1

@@ -154,6 +154,7 @@ class _JobEventKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_JobEvent
     JOB_PLACEMENT_CHANGED: _JobEventKind.ValueType  # 3
     JOB_UNREGISTERED: _JobEventKind.ValueType  # 4
     JOB_PHASE_ERROR: _JobEventKind.ValueType  # 5
+    JOB_RECONFIGURE_DECISION: _JobEventKind.ValueType  # 6
 
 class JobEventKind(_JobEventKind, metaclass=_JobEventKindEnumTypeWrapper): ...
 
@@ -163,6 +164,7 @@ JOB_RECONFIGURED: JobEventKind.ValueType  # 2
 JOB_PLACEMENT_CHANGED: JobEventKind.ValueType  # 3
 JOB_UNREGISTERED: JobEventKind.ValueType  # 4
 JOB_PHASE_ERROR: JobEventKind.ValueType  # 5
+JOB_RECONFIGURE_DECISION: JobEventKind.ValueType  # 6
 Global___JobEventKind: _TypeAlias = JobEventKind  # noqa: Y015
 
 @_typing.final
@@ -417,6 +419,8 @@ class EnterPhaseRequest(_message.Message):
     ITERATION_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    NBYTES_FIELD_NUMBER: _builtins.int
+    COMPUTE_GAP_S_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     rank: _builtins.int
     iteration: _builtins.int
@@ -424,6 +428,11 @@ class EnterPhaseRequest(_message.Message):
     """Chosen by the caller, echoed in the reply; unique per (job, rank) among pending requests."""
     timeout_s: _builtins.float
     """How long the rank is willing to wait for admission, in seconds; 0 = controller default."""
+    nbytes: _builtins.int
+    """Hints for reconfigure-or-not (PCCL): bytes of the collective (0 = unknown: always switch)
+    and the compute time before it, in seconds, in which a reconfiguration can hide.
+    """
+    compute_gap_s: _builtins.float
     @_builtins.property
     def phase(self) -> Global___PhaseKey: ...
     def __init__(
@@ -435,10 +444,12 @@ class EnterPhaseRequest(_message.Message):
         iteration: _builtins.int = ...,
         request_id: _builtins.int = ...,
         timeout_s: _builtins.float = ...,
+        nbytes: _builtins.int = ...,
+        compute_gap_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["phase", b"phase"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["iteration", b"iteration", "job_id", b"job_id", "phase", b"phase", "rank", b"rank", "request_id", b"request_id", "timeout_s", b"timeout_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["compute_gap_s", b"compute_gap_s", "iteration", b"iteration", "job_id", b"job_id", "nbytes", b"nbytes", "phase", b"phase", "rank", b"rank", "request_id", b"request_id", "timeout_s", b"timeout_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
