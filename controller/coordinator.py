@@ -691,7 +691,7 @@ class PhaseCoordinator:
                 view[xc.egress] = xc
         inst = op.instance
         if inst is None:
-            return self._provisioned(op, now, error)
+            return self._provisioned(op, now, error, device_s)
         inst.op_id = None
         job = self._jobs.get(inst.job_id)
         if job is not op.job:
@@ -717,7 +717,7 @@ class PhaseCoordinator:
         self._dequeue(inst)
         if job is not None:
             self._maybe_drop(job, inst)
-        out.extend(self._schedule(now))
+        out.extend(self._schedule(now, device_s if error is None else 0.0))
         return out
 
     def next_deadline(self) -> float | None:
@@ -941,7 +941,9 @@ class PhaseCoordinator:
         out.append(Reconfigure(op_id, job.layout.job_id, phase, targets, provisioning=True))
         return out
 
-    def _provisioned(self, op: _Op, now: float, error: str | None) -> list[Decision]:
+    def _provisioned(
+        self, op: _Op, now: float, error: str | None, device_s: float
+    ) -> list[Decision]:
         """A provisioning op ended (the view was already updated by ``reconfigured``)."""
         job = self._jobs.get(op.job_id)
         if job is op.job:
@@ -949,7 +951,7 @@ class PhaseCoordinator:
                 job.reconfigurations += 1
             else:
                 job.provisioned.pop(op.phase, None)
-        return self._schedule(now)
+        return self._schedule(now, device_s if error is None else 0.0)
 
     def _claimed_by_older(self, plan: Plan) -> bool:
         """True when a waiting (not yet switching) phase needs one of ``plan``'s ports or must
@@ -1016,7 +1018,10 @@ class PhaseCoordinator:
             return "cross-connects still held by " + "; ".join(sorted(held_by))
         return "ports claimed by an earlier waiting phase or being switched"
 
-    def _schedule(self, now: float) -> list[Decision]:
+    def _schedule(self, now: float, device_s: float = 0.0) -> list[Decision]:
+        """Start what can start, oldest waiting phase first. ``device_s`` > 0: called as a
+        reconfiguration of that duration completed; phases admitted now were waiting on it, so
+        their admissions say so (not a no-op, with that device time)."""
         out: list[Decision] = []
         if not self._queue:
             return out
@@ -1037,11 +1042,13 @@ class PhaseCoordinator:
             if self._ready(inst.plan) and not any(
                 not t.ports.isdisjoint(claimed.get(t.switch_id, ())) for t in inst.plan.targets
             ):
+                switched = device_s > 0
                 for w in inst.waiters.values():
                     self._admit_rank(job, job.ranks[w.rank], w.rank, inst)
-                    job.admitted_noop += 1
-                    out.append(Admit(inst.job_id, w.rank, w.request_id, inst.phase, True,
-                                     now - w.arrived_s))
+                    if not switched:
+                        job.admitted_noop += 1
+                    out.append(Admit(inst.job_id, w.rank, w.request_id, inst.phase,
+                                     not switched, now - w.arrived_s, device_s))
                 inst.waiters.clear()
                 self._dequeue(inst)
                 continue
