@@ -122,7 +122,28 @@ class Decided:
     provisioning: bool
 
 
-Decision = Admit | Reject | Reconfigure | Decided
+@dataclass(frozen=True, slots=True)
+class Rewire:
+    """Failover: move a failed endpoint's cross-connects to a spare's ports (``targets`` as in
+    ``Reconfigure``). Report back with ``PhaseCoordinator.reconfigured(op_id)``."""
+
+    op_id: int
+    job_id: str
+    rank: int
+    old: RankPlacement
+    new: RankPlacement
+    targets: tuple[SwitchTarget, ...]
+
+
+class FailoverError(ValueError):
+    """A rank cannot be moved to the given GPU; the message names the field and value."""
+
+
+class FailoverBusy(FailoverError):
+    """The ports involved are being switched right now: retry once that completes."""
+
+
+Decision = Admit | Reject | Reconfigure | Decided | Rewire
 
 
 class DuplicateJob(ValueError):
@@ -221,7 +242,7 @@ class _Successor:
 
 @dataclass(slots=True, eq=False)
 class _Job:
-    layout: JobLayout
+    layout: JobLayout  # replaced on failover
     tenant: str
     declared: tuple[PhaseKey, ...]
     ranks: list[_Rank]
@@ -249,10 +270,10 @@ class _Recovery:
 
 @dataclass(slots=True)
 class _Op:
-    instance: _Instance | None  # None: provisioning ahead of the phase
+    instance: _Instance | None  # None: provisioning ahead of the phase, or a failover rewire
     job: _Job
     job_id: str
-    phase: PhaseKey
+    phase: PhaseKey | None  # None: a failover rewire
     plan: Plan
     ports: dict[str, frozenset[int]]
 
@@ -413,6 +434,108 @@ class PhaseCoordinator:
             if port in job.layout.owned_ports.get(switch_id, frozenset()):
                 return job_id
         return None
+
+    # --- failover ---------------------------------------------------------------------------
+
+    def gpus_in_use(self) -> Mapping[tuple[str, int], str]:
+        """(host, gpu) -> the job using it."""
+        return dict(self._gpus)
+
+    def replace_rank(self, job_id: str, rank: int, host: str, gpu: int,
+                     now: float) -> list[Decision]:
+        """Fail ``rank`` of ``job_id`` over to ``gpu`` of ``host`` (LUMION / Morphlux: rewire a
+        spare instead of migrating the job).
+
+        The job restarts from its checkpoint, so its collectives in flight are void: every
+        waiting rank gets ``PLACEMENT_CHANGED`` and every hold of the job is dropped (the
+        failed rank cannot release, and its peers abandon the collective). Then the failed
+        endpoint's cross-connects are moved to the spare's ports in one ``Rewire`` (breaking
+        only cross-connects on ports of this job and the spare, never another job's), and the
+        placement is updated. Raises ``UnknownJob`` and ``FailoverError`` (rank out of range,
+        the GPU unknown, in use, or not wired to the same switch as the failed one).
+        """
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise UnknownJob(job_id)
+        layout = job.layout
+        if not 0 <= rank < layout.world_size:
+            raise FailoverError(f"rank: {rank} out of range 0..{layout.world_size - 1}")
+        if not self.fabric.has_gpu(host, gpu):
+            raise FailoverError(f"spare: {host}/gpu{gpu} is not a wired GPU")
+        user = self._gpus.get((host, gpu))
+        if user is not None:
+            raise FailoverError(f"spare: {host}/gpu{gpu} is used by job {user!r}")
+        old_ep = layout.endpoints[rank]
+        new_ep = self.fabric.endpoint_of_gpu(host, gpu)
+        if new_ep.switch_id != old_ep.switch_id:
+            raise FailoverError(
+                f"spare: {host}/gpu{gpu} is wired to {new_ep.switch_id!r}, the failed "
+                f"{old_ep.endpoint_id} to {old_ep.switch_id!r}: its circuits cannot move there")
+        # The failed endpoint's cross-connects, moved to the spare's ports (computed first:
+        # nothing changes if the ports are busy).
+        sid = old_ep.switch_id
+        view = self._confirmed[sid]
+        old_ports = {old_ep.tx_port, old_ep.rx_port}
+        new_of = {old_ep.tx_port: new_ep.tx_port, old_ep.rx_port: new_ep.rx_port}
+        moved: set[CrossConnect] = set()
+        touched: set[int] = set(old_ports) | {new_ep.tx_port, new_ep.rx_port}
+        for p in old_ports:
+            xc = view.get(p)
+            if xc is None:
+                continue
+            a, b = new_of.get(xc.ingress, xc.ingress), new_of.get(xc.egress, xc.egress)
+            if a > b and self.fabric.switches[sid].capabilities.kind.value == "duplex":
+                a, b = b, a
+            moved.add(CrossConnect(a, b))
+            touched.update(xc.ports())
+        for p in (new_ep.tx_port, new_ep.rx_port):
+            stale = view.get(p)
+            if stale is not None:
+                if self._held.get((sid, stale)):
+                    raise FailoverError(f"spare: port {sid}:{p} carries a held cross-connect")
+                touched.update(stale.ports())
+        if self._blocked(sid, frozenset(touched)):
+            raise FailoverBusy(f"switch {sid!r}: ports {sorted(touched)} of the failed or the "
+                               "spare endpoint are being switched; retry when that completes")
+        out: list[Decision] = []
+        # 1. the job's collectives in flight are void
+        for inst in job.instances.values():
+            for w in inst.waiters.values():
+                out.append(Reject(job_id, w.rank, w.request_id, ErrorCode.PLACEMENT_CHANGED,
+                                  f"rank {rank} failed over from {old_ep.endpoint_id} to "
+                                  f"{new_ep.endpoint_id}; restart from the last checkpoint"))
+            inst.waiters.clear()
+            if inst.holders:
+                self._unhold(inst.plan)
+                inst.holders.clear()
+        self._queue = [i for i in self._queue if i.job_id != job_id]
+        for inst in job.instances.values():
+            inst.queued = False
+        job.instances = {k: i for k, i in job.instances.items() if i.op_id is not None}
+        for rs in job.ranks:
+            rs.state = _RankState.IDLE
+            rs.instance = None
+        # 2. the new placement
+        old_p = layout.placements[rank]
+        new_p = RankPlacement(rank, host, gpu)
+        placements = list(layout.placements)
+        placements[rank] = new_p
+        del self._gpus[(old_p.host, old_p.gpu)]
+        job.layout = layout_job(self.fabric, job_id, placements, self._gpus)
+        self._gpus[(host, gpu)] = job_id
+        job.plans.clear()
+        job.steps.clear()
+        job.successors = {p: s for p, s in job.successors.items() if s.declared}
+        job.last_on_port.clear()
+        job.provisioned.clear()
+        op_id = self._next_op
+        self._next_op += 1
+        target = SwitchTarget(sid, frozenset(moved), frozenset(touched))
+        plan = Plan((target,))
+        self._ops[op_id] = _Op(None, job, job_id, None, plan, {sid: target.ports})
+        self._inflight[sid].update(target.ports)
+        out.append(Rewire(op_id, job_id, rank, old_p, new_p, (target,)))
+        return out
 
     # --- recovery ---------------------------------------------------------------------------
 
@@ -949,7 +1072,7 @@ class PhaseCoordinator:
         if job is op.job:
             if error is None:
                 job.reconfigurations += 1
-            else:
+            elif op.phase is not None:
                 job.provisioned.pop(op.phase, None)
         return self._schedule(now, device_s if error is None else 0.0)
 

@@ -24,6 +24,7 @@ from controller.coordinator import (
     PhaseCoordinator,
     Reconfigure,
     Reject,
+    Rewire,
     UnknownJob,
 )
 from controller.events import EventBus, JobEvent, JobEventKind
@@ -102,6 +103,7 @@ class PhaseService:
         self._admit_hist: dict[tuple[str, str], Histogram] = {}
         self._inflight: set[asyncio.Task[None]] = set()
         self._reading_back: set[str] = set()
+        self._rewires: dict[int, asyncio.Future[float]] = {}
         self._read_back_tasks: set[asyncio.Task[None]] = set()
         self.listeners: list[Callable[[ReconfigurationDone], None]] = []
 
@@ -245,6 +247,8 @@ class PhaseService:
                                                           "code": d.code.value}))
             elif isinstance(d, Decided):
                 self._on_decided(d)
+            elif isinstance(d, Rewire):
+                self._start_rewire(d)
             else:
                 self._start_reconfiguration(d)
         self._arm_timer()
@@ -279,6 +283,48 @@ class PhaseService:
         if sink is not None:
             steps = self.coordinator.steps(d.job_id, d.phase)
             sink.deliver(d, steps)
+
+    # --- failover -----------------------------------------------------------------------------
+
+    def failover(self, job_id: str, rank: int, host: str, gpu: int) -> asyncio.Future[float]:
+        """Move ``rank`` of ``job_id`` to ``gpu`` of ``host`` (``PhaseCoordinator.replace_rank``):
+        waiting ranks get PLACEMENT_CHANGED at once; the returned future resolves with the
+        device time (s) once the switch confirmed the rewire, or raises the ``DriverError``.
+        Raises ``UnknownJob``, ``FailoverError`` (``FailoverBusy``: retry later)."""
+        decisions = self.coordinator.replace_rank(job_id, rank, host, gpu, self.now())
+        fut: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        for d in decisions:
+            if isinstance(d, Rewire):
+                self._rewires[d.op_id] = fut
+        self._dispatch(decisions)
+        return fut
+
+    def _start_rewire(self, rw: Rewire) -> None:
+        assert self._tg is not None, "PhaseService.start() not called"
+        task = self._tg.create_task(self._rewire(rw), name=f"rewire-op{rw.op_id}")
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
+    async def _rewire(self, rw: Rewire) -> None:
+        fut = self._rewires.pop(rw.op_id, None)
+        t0 = self.now()
+        (target,) = rw.targets
+        try:
+            await self._reconciler.reconcile(target.switch_id, target.ports,
+                                             target.cross_connects)
+        except DriverError as exc:
+            self._dispatch(self.coordinator.reconfigured(
+                rw.op_id, self.now(), str(exc), 0.0, [target.switch_id]))
+            self._start_read_back(target.switch_id)
+            if fut is not None and not fut.done():
+                fut.set_exception(exc)
+            return
+        device_s = self.now() - t0
+        self._dispatch(self.coordinator.reconfigured(rw.op_id, self.now(), None, device_s))
+        metrics.CIRCUITS.labels(target.switch_id).set(
+            len(self.coordinator.confirmed(target.switch_id)))
+        if fut is not None and not fut.done():
+            fut.set_result(device_s)
 
     def _start_reconfiguration(self, rec: Reconfigure) -> None:
         assert self._tg is not None, "PhaseService.start() not called"
