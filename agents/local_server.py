@@ -113,6 +113,15 @@ class LocalAgentServicer(agent_pb2_grpc.AgentServiceServicer):
         finally:
             call.cancel()
 
+    async def HealthStream(  # noqa: N802
+        self,
+        request_iterator: AsyncIterator[agent_pb2.HealthReport],
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> AsyncIterator[agent_pb2.HealthAck]:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                            "HealthStream is the agent's own link to the controller")
+        yield agent_pb2.HealthAck()  # unreachable: makes this an async generator
+
     async def PhaseStream(  # noqa: N802
         self,
         request_iterator: AsyncIterator[agent_pb2.PhaseRequestBatch],

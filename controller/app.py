@@ -31,6 +31,7 @@ from controller.coordinator import ErrorCode, PhaseCoordinator
 from controller.costmodel import LinkModel
 from controller.events import EventBus
 from controller.fabric import Fabric
+from controller.failover import FailoverManager
 from controller.grpc_agent import AgentServicer
 from controller.grpc_operator import OperatorServicer
 from controller.jobs import CorruptJobRecord, EtcdJobRepository
@@ -182,11 +183,15 @@ async def _serve(
             def is_leader() -> bool:
                 return election.is_leader.is_set()
 
+            failover = FailoverManager(service, repo, events,
+                                       heartbeat_interval_s=ccfg.heartbeat_interval_s,
+                                       heartbeat_deadline_s=ccfg.heartbeat_deadline_s)
+            failover.start(tg)
             server = grpc.aio.server()
             agent_pb2_grpc.add_AgentServiceServicer_to_server(
-                AgentServicer(service, repo, events, is_leader), server)
+                AgentServicer(service, repo, events, is_leader, failover), server)
             operator_pb2_grpc.add_OperatorServiceServicer_to_server(
-                OperatorServicer(fabric, service, ccfg.replica_id, is_leader), server)
+                OperatorServicer(fabric, service, ccfg.replica_id, is_leader, failover), server)
             health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
             port = server.add_insecure_port(ccfg.listen)
             host = ccfg.listen.rsplit(":", 1)[0]
@@ -215,6 +220,7 @@ async def _serve(
                 "controller lost its leader lease" if lost else "controller shutting down",
             )
             await server.stop(grace=min(1.0, timeout))
+            await failover.stop(timeout)
             await service.drain(timeout)
             await writer.flush(timeout)
             writer_task.cancel()

@@ -84,6 +84,12 @@ class ControllerSection(_Strict):
                              description="rail link bandwidth for the cost model, Gb/s")
     link_alpha_us: float = Field(default=5.0, ge=0, le=1_000_000,
                                  description="per-hop latency for the cost model, µs")
+    heartbeat_interval_s: float = Field(
+        default=1.0, gt=0, le=60,
+        description="how often host agents send a health heartbeat")
+    heartbeat_deadline_s: float = Field(
+        default=3.0, gt=0, le=600,
+        description="a host silent this long counts as failed (all its GPUs fail over)")
     recovery_grace_s: float = Field(
         default=10.0, ge=0, le=3600,
         description="after a restart, how long a recovered job's circuits stay frozen while "

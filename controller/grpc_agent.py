@@ -30,6 +30,7 @@ from controller.convert import (
 )
 from controller.coordinator import Admit, DuplicateJob, ErrorCode, Reject, ReleaseError, UnknownJob
 from controller.events import EventBus, JobEvent, JobEventKind, SubscriberOverflow
+from controller.failover import FailoverManager, GpuState
 from controller.jobs import JobRecord, JobRepository
 from controller.model import PhaseKey
 from controller.parallelism import ParallelismError
@@ -55,6 +56,14 @@ _UNARY_STATUS = {
 def _gap(value: float) -> float:
     """A compute-gap hint: anything not finite and >= 0 counts as unknown (0)."""
     return value if math.isfinite(value) and value >= 0 else 0.0
+
+
+_GPU_STATE = {
+    agent_pb2.GPU_HEALTHY: GpuState.HEALTHY,
+    agent_pb2.GPU_DEGRADED: GpuState.DEGRADED,
+    agent_pb2.GPU_FAILED: GpuState.FAILED,
+    agent_pb2.GPU_UNKNOWN: GpuState.UNKNOWN,
+}
 
 
 class _StreamSink:
@@ -117,7 +126,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         jobs: JobRepository,
         events: EventBus,
         is_leader: Callable[[], bool],
+        failover: FailoverManager | None = None,
     ) -> None:
+        self._failover = failover
         self._service = service
         self._jobs = jobs
         self._events = events
@@ -220,6 +231,39 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 yield event_to_pb(event)
         except SubscriberOverflow as exc:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+
+    # --- health -----------------------------------------------------------------------------
+
+    async def HealthStream(  # noqa: N802
+        self,
+        request_iterator: AsyncIterator[agent_pb2.HealthReport],
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> AsyncIterator[agent_pb2.HealthAck]:
+        manager = self._failover
+        if manager is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "failover is not enabled")
+        assert manager is not None
+        hosts = self._service.coordinator.fabric.hosts
+        async for report in request_iterator:
+            host = hosts.get(report.host)
+            if host is None:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    f"host: unknown host {report.host!r}")
+            assert host is not None
+            manager.heartbeat(report.host)
+            for g in report.gpus:
+                state = _GPU_STATE.get(g.state)
+                if state is None or g.gpu >= host.gpu_count:
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                        f"gpus[{g.gpu}]: unknown GPU or state {g.state} on "
+                                        f"{report.host}")
+                assert state is not None
+                reason = g.reason or state.value
+                if g.has_xid:
+                    reason = f"XID {g.xid}: {reason}"
+                manager.report(report.host, g.gpu, state, reason)
+            yield agent_pb2.HealthAck(heartbeat_interval_s=manager.heartbeat_interval_s,
+                                      failed_gpus=manager.failed_gpus(report.host))
 
     # --- phases -----------------------------------------------------------------------------
 

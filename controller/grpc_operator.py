@@ -10,7 +10,11 @@ from collections.abc import Callable
 import grpc
 from lightrail.v1 import operator_pb2, operator_pb2_grpc
 
+from controller.coordinator import FailoverError, UnknownJob
 from controller.fabric import Fabric
+from controller.failover import FailoverManager, FailoverTimeline
+from controller.spares import NoSpare
+from drivers.base import DriverError
 from controller.phase_service import PhaseService, ReconfigurationDone
 
 VERSION = "0.1.0"
@@ -25,7 +29,9 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         service: PhaseService,
         replica_id: str,
         is_leader: Callable[[], bool],
+        failover: FailoverManager | None = None,
     ) -> None:
+        self._failover = failover
         self._fabric = fabric
         self._service = service
         self._replica_id = replica_id
@@ -74,6 +80,80 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
             out.append(operator_pb2.HostInfo(name=h.name, failure_domain=h.failure_domain,
                                              gpus=h.gpu_count, spare=h.spare, wired_gpus=wired))
         return operator_pb2.ListHostsResponse(hosts=out)
+
+    async def ListGpus(  # noqa: N802
+        self,
+        request: operator_pb2.ListGpusRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> operator_pb2.ListGpusResponse:
+        coord = self._service.coordinator
+        ranks: dict[tuple[str, int], tuple[str, int]] = {}
+        for job_id in coord.job_ids():
+            for p in coord.job(job_id).placements:
+                ranks[(p.host, p.gpu)] = (job_id, p.rank)
+        out = []
+        for h in self._fabric.hosts.values():
+            age = self._failover.heartbeat_age_s(h.name) if self._failover else None
+            for g in range(h.gpu_count):
+                rec = self._failover.record(h.name, g) if self._failover else None
+                job_rank = ranks.get((h.name, g))
+                out.append(operator_pb2.GpuInfo(
+                    host=h.name, gpu=g, failure_domain=h.failure_domain, spare_host=h.spare,
+                    state=rec.state.value if rec else "unreported",
+                    reason=rec.reason if rec else "",
+                    job_id=job_rank[0] if job_rank else "",
+                    rank=job_rank[1] if job_rank else 0, has_rank=job_rank is not None,
+                    heartbeat_age_s=age if age is not None else -1.0))
+        return operator_pb2.ListGpusResponse(gpus=out)
+
+    @staticmethod
+    def _timeline_pb(tl: FailoverTimeline) -> operator_pb2.FailoverResponse:
+        return operator_pb2.FailoverResponse(
+            job_id=tl.job_id, rank=tl.rank, from_host=tl.from_host, from_gpu=tl.from_gpu,
+            to_host=tl.to_host, to_gpu=tl.to_gpu, planned_s=tl.planned_s,
+            device_confirmed_s=tl.device_confirmed_s, job_notified_s=tl.job_notified_s)
+
+    async def Failover(  # noqa: N802
+        self,
+        request: operator_pb2.FailoverRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> operator_pb2.FailoverResponse:
+        if self._failover is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "failover is not enabled")
+        assert self._failover is not None
+        spare = (request.spare_host, request.spare_gpu) if request.spare_host else None
+        try:
+            tl = await self._failover.failover(request.job_id, request.rank,
+                                               request.reason or "manual failover",
+                                               spare=spare)
+        except UnknownJob:
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"job_id: unknown job {request.job_id!r}")
+        except NoSpare as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, exc.reason)
+        except FailoverError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except DriverError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        return self._timeline_pb(tl)
+
+    async def Drain(  # noqa: N802
+        self,
+        request: operator_pb2.DrainRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> operator_pb2.DrainResponse:
+        if self._failover is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "failover is not enabled")
+        assert self._failover is not None
+        if request.host not in self._fabric.hosts:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"host: unknown host {request.host!r}")
+        try:
+            tls = await self._failover.drain(request.host, request.reason or "operator")
+        except NoSpare as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, exc.reason)
+        except (FailoverError, DriverError) as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        return operator_pb2.DrainResponse(failovers=[self._timeline_pb(t) for t in tls])
 
     async def ListSwitches(  # noqa: N802
         self,

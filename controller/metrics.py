@@ -80,6 +80,23 @@ RECONFIGURE_DECISIONS = Counter(
     ["job", "decision"],
     registry=REGISTRY,
 )
+FAILOVER_SECONDS = Histogram(
+    "lightrail_failover_seconds",
+    "Failover timeline: seconds from detection to each stage (planned, device_confirmed, "
+    "job_notified).",
+    ["stage"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+    registry=REGISTRY,
+)
+FAILOVER_NO_SPARE = Counter(
+    "lightrail_failover_no_spare_total",
+    "Failures that found no spare (alert on this: the job waits for an operator).",
+    ["job"],
+    registry=REGISTRY,
+)
+GPUS_FAILED = Gauge(
+    "lightrail_gpus_failed", "GPUs the controller records as failed.", registry=REGISTRY,
+)
 JOBS = Gauge("lightrail_jobs", "Registered jobs.", registry=REGISTRY)
 CIRCUITS = Gauge(
     "lightrail_cross_connects",

@@ -167,6 +167,28 @@ JOB_PHASE_ERROR: JobEventKind.ValueType  # 5
 JOB_RECONFIGURE_DECISION: JobEventKind.ValueType  # 6
 Global___JobEventKind: _TypeAlias = JobEventKind  # noqa: Y015
 
+class _GpuState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _GpuStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_GpuState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    GPU_STATE_UNSPECIFIED: _GpuState.ValueType  # 0
+    GPU_HEALTHY: _GpuState.ValueType  # 1
+    GPU_DEGRADED: _GpuState.ValueType  # 2
+    GPU_FAILED: _GpuState.ValueType  # 3
+    GPU_UNKNOWN: _GpuState.ValueType  # 4
+
+class GpuState(_GpuState, metaclass=_GpuStateEnumTypeWrapper):
+    """GPU health as a host agent sees it (NVML XIDs, ECC, temperature, NVLink; or emulated)."""
+
+GPU_STATE_UNSPECIFIED: GpuState.ValueType  # 0
+GPU_HEALTHY: GpuState.ValueType  # 1
+GPU_DEGRADED: GpuState.ValueType  # 2
+GPU_FAILED: GpuState.ValueType  # 3
+GPU_UNKNOWN: GpuState.ValueType  # 4
+Global___GpuState: _TypeAlias = GpuState  # noqa: Y015
+
 @_typing.final
 class PhaseKey(_message.Message):
     """A phase: a collective on a process group (its rank set), the seq-th such phase of the
@@ -834,3 +856,90 @@ class JobEvent(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___JobEvent: _TypeAlias = JobEvent  # noqa: Y015
+
+@_typing.final
+class GpuHealth(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GPU_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    XID_FIELD_NUMBER: _builtins.int
+    HAS_XID_FIELD_NUMBER: _builtins.int
+    gpu: _builtins.int
+    state: Global___GpuState.ValueType
+    reason: _builtins.str
+    xid: _builtins.int
+    """NVML XID of the event that set the state, when there was one."""
+    has_xid: _builtins.bool
+    def __init__(
+        self,
+        *,
+        gpu: _builtins.int = ...,
+        state: Global___GpuState.ValueType = ...,
+        reason: _builtins.str = ...,
+        xid: _builtins.int = ...,
+        has_xid: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpu", b"gpu", "has_xid", b"has_xid", "reason", b"reason", "state", b"state", "xid", b"xid"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GpuHealth: _TypeAlias = GpuHealth  # noqa: Y015
+
+@_typing.final
+class HealthReport(_message.Message):
+    """A heartbeat from a host agent: every GPU's health (a full snapshot each time)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOST_FIELD_NUMBER: _builtins.int
+    SENT_UNIX_S_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
+    host: _builtins.str
+    sent_unix_s: _builtins.float
+    @_builtins.property
+    def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuHealth]: ...
+    def __init__(
+        self,
+        *,
+        host: _builtins.str = ...,
+        sent_unix_s: _builtins.float = ...,
+        gpus: _abc.Iterable[Global___GpuHealth] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpus", b"gpus", "host", b"host", "sent_unix_s", b"sent_unix_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HealthReport: _TypeAlias = HealthReport  # noqa: Y015
+
+@_typing.final
+class HealthAck(_message.Message):
+    """The controller's answer to each report: the heartbeat interval it expects, and GPUs whose
+    failure the controller has recorded (the controller's record wins over a restarted agent's).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _builtins.int
+    FAILED_GPUS_FIELD_NUMBER: _builtins.int
+    heartbeat_interval_s: _builtins.float
+    @_builtins.property
+    def failed_gpus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        heartbeat_interval_s: _builtins.float = ...,
+        failed_gpus: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["failed_gpus", b"failed_gpus", "heartbeat_interval_s", b"heartbeat_interval_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HealthAck: _TypeAlias = HealthAck  # noqa: Y015

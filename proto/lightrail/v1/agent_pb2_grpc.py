@@ -34,6 +34,11 @@ class AgentServiceStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.HealthStream = channel.stream_stream(
+                '/lightrail.v1.AgentService/HealthStream',
+                request_serializer=lightrail_dot_v1_dot_agent__pb2.HealthReport.SerializeToString,
+                response_deserializer=lightrail_dot_v1_dot_agent__pb2.HealthAck.FromString,
+                _registered_method=True)
         self.RegisterJob = channel.unary_unary(
                 '/lightrail.v1.AgentService/RegisterJob',
                 request_serializer=lightrail_dot_v1_dot_agent__pb2.RegisterJobRequest.SerializeToString,
@@ -68,6 +73,14 @@ class AgentServiceStub:
 
 class AgentServiceServicer:
     """Missing associated documentation comment in .proto file."""
+
+    def HealthStream(self, request_iterator, context):
+        """One per host agent: heartbeats and health up, acknowledgements down. Missing heartbeats
+        beyond the controller's deadline count as a failure of every GPU of the host.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
 
     def RegisterJob(self, request, context):
         """Missing associated documentation comment in .proto file."""
@@ -112,6 +125,11 @@ class AgentServiceServicer:
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'HealthStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.HealthStream,
+                    request_deserializer=lightrail_dot_v1_dot_agent__pb2.HealthReport.FromString,
+                    response_serializer=lightrail_dot_v1_dot_agent__pb2.HealthAck.SerializeToString,
+            ),
             'RegisterJob': grpc.unary_unary_rpc_method_handler(
                     servicer.RegisterJob,
                     request_deserializer=lightrail_dot_v1_dot_agent__pb2.RegisterJobRequest.FromString,
@@ -152,6 +170,33 @@ def add_AgentServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class AgentService:
     """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def HealthStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/lightrail.v1.AgentService/HealthStream',
+            lightrail_dot_v1_dot_agent__pb2.HealthReport.SerializeToString,
+            lightrail_dot_v1_dot_agent__pb2.HealthAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def RegisterJob(request,

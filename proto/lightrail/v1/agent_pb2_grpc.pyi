@@ -38,6 +38,10 @@ class AgentServiceStub:
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> AgentServiceAsyncStub: ...
+    HealthStream: _grpc.StreamStreamMultiCallable[_agent_pb2.HealthReport, _agent_pb2.HealthAck]
+    """One per host agent: heartbeats and health up, acknowledgements down. Missing heartbeats
+    beyond the controller's deadline count as a failure of every GPU of the host.
+    """
     RegisterJob: _grpc.UnaryUnaryMultiCallable[_agent_pb2.RegisterJobRequest, _agent_pb2.RegisterJobResponse]
     UnregisterJob: _grpc.UnaryUnaryMultiCallable[_agent_pb2.UnregisterJobRequest, _agent_pb2.UnregisterJobResponse]
     PhaseStream: _grpc.StreamStreamMultiCallable[_agent_pb2.PhaseRequestBatch, _agent_pb2.PhaseReplyBatch]
@@ -53,6 +57,10 @@ class AgentServiceStub:
 @_typing.type_check_only
 class AgentServiceAsyncStub(AgentServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
+    HealthStream: _aio.StreamStreamMultiCallable[_agent_pb2.HealthReport, _agent_pb2.HealthAck]  # type: ignore[assignment]
+    """One per host agent: heartbeats and health up, acknowledgements down. Missing heartbeats
+    beyond the controller's deadline count as a failure of every GPU of the host.
+    """
     RegisterJob: _aio.UnaryUnaryMultiCallable[_agent_pb2.RegisterJobRequest, _agent_pb2.RegisterJobResponse]  # type: ignore[assignment]
     UnregisterJob: _aio.UnaryUnaryMultiCallable[_agent_pb2.UnregisterJobRequest, _agent_pb2.UnregisterJobResponse]  # type: ignore[assignment]
     PhaseStream: _aio.StreamStreamMultiCallable[_agent_pb2.PhaseRequestBatch, _agent_pb2.PhaseReplyBatch]  # type: ignore[assignment]
@@ -66,6 +74,16 @@ class AgentServiceAsyncStub(AgentServiceStub):
     WatchJob: _aio.UnaryStreamMultiCallable[_agent_pb2.WatchJobRequest, _agent_pb2.JobEvent]  # type: ignore[assignment]
 
 class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
+    @_abc_1.abstractmethod
+    def HealthStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_agent_pb2.HealthReport],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_agent_pb2.HealthAck], _abc.AsyncIterator[_agent_pb2.HealthAck]]:
+        """One per host agent: heartbeats and health up, acknowledgements down. Missing heartbeats
+        beyond the controller's deadline count as a failure of every GPU of the host.
+        """
+
     @_abc_1.abstractmethod
     def RegisterJob(
         self,

@@ -390,3 +390,207 @@ class ListHostsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListHostsResponse: _TypeAlias = ListHostsResponse  # noqa: Y015
+
+@_typing.final
+class ListGpusRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListGpusRequest: _TypeAlias = ListGpusRequest  # noqa: Y015
+
+@_typing.final
+class GpuInfo(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOST_FIELD_NUMBER: _builtins.int
+    GPU_FIELD_NUMBER: _builtins.int
+    FAILURE_DOMAIN_FIELD_NUMBER: _builtins.int
+    SPARE_HOST_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    HAS_RANK_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_AGE_S_FIELD_NUMBER: _builtins.int
+    host: _builtins.str
+    gpu: _builtins.int
+    failure_domain: _builtins.str
+    spare_host: _builtins.bool
+    state: _builtins.str
+    """healthy, degraded, failed, unknown, or "unreported" (no agent has spoken for it yet)"""
+    reason: _builtins.str
+    job_id: _builtins.str
+    rank: _builtins.int
+    has_rank: _builtins.bool
+    heartbeat_age_s: _builtins.float
+    """Seconds since the host's last heartbeat; negative when it never sent one."""
+    def __init__(
+        self,
+        *,
+        host: _builtins.str = ...,
+        gpu: _builtins.int = ...,
+        failure_domain: _builtins.str = ...,
+        spare_host: _builtins.bool = ...,
+        state: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        job_id: _builtins.str = ...,
+        rank: _builtins.int = ...,
+        has_rank: _builtins.bool = ...,
+        heartbeat_age_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["failure_domain", b"failure_domain", "gpu", b"gpu", "has_rank", b"has_rank", "heartbeat_age_s", b"heartbeat_age_s", "host", b"host", "job_id", b"job_id", "rank", b"rank", "reason", b"reason", "spare_host", b"spare_host", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GpuInfo: _TypeAlias = GpuInfo  # noqa: Y015
+
+@_typing.final
+class ListGpusResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GPUS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuInfo]: ...
+    def __init__(
+        self,
+        *,
+        gpus: _abc.Iterable[Global___GpuInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpus", b"gpus"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListGpusResponse: _TypeAlias = ListGpusResponse  # noqa: Y015
+
+@_typing.final
+class FailoverRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    SPARE_HOST_FIELD_NUMBER: _builtins.int
+    SPARE_GPU_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    rank: _builtins.int
+    spare_host: _builtins.str
+    """The spare to use; empty = the controller picks one (healthy, same failure domain, same
+    switch).
+    """
+    spare_gpu: _builtins.int
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        rank: _builtins.int = ...,
+        spare_host: _builtins.str = ...,
+        spare_gpu: _builtins.int = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "rank", b"rank", "reason", b"reason", "spare_gpu", b"spare_gpu", "spare_host", b"spare_host"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FailoverRequest: _TypeAlias = FailoverRequest  # noqa: Y015
+
+@_typing.final
+class FailoverResponse(_message.Message):
+    """The timeline of one failover, seconds from detection."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    FROM_HOST_FIELD_NUMBER: _builtins.int
+    FROM_GPU_FIELD_NUMBER: _builtins.int
+    TO_HOST_FIELD_NUMBER: _builtins.int
+    TO_GPU_FIELD_NUMBER: _builtins.int
+    PLANNED_S_FIELD_NUMBER: _builtins.int
+    DEVICE_CONFIRMED_S_FIELD_NUMBER: _builtins.int
+    JOB_NOTIFIED_S_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    rank: _builtins.int
+    from_host: _builtins.str
+    from_gpu: _builtins.int
+    to_host: _builtins.str
+    to_gpu: _builtins.int
+    planned_s: _builtins.float
+    device_confirmed_s: _builtins.float
+    job_notified_s: _builtins.float
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        rank: _builtins.int = ...,
+        from_host: _builtins.str = ...,
+        from_gpu: _builtins.int = ...,
+        to_host: _builtins.str = ...,
+        to_gpu: _builtins.int = ...,
+        planned_s: _builtins.float = ...,
+        device_confirmed_s: _builtins.float = ...,
+        job_notified_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device_confirmed_s", b"device_confirmed_s", "from_gpu", b"from_gpu", "from_host", b"from_host", "job_id", b"job_id", "job_notified_s", b"job_notified_s", "planned_s", b"planned_s", "rank", b"rank", "to_gpu", b"to_gpu", "to_host", b"to_host"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FailoverResponse: _TypeAlias = FailoverResponse  # noqa: Y015
+
+@_typing.final
+class DrainRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOST_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    host: _builtins.str
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        host: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["host", b"host", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DrainRequest: _TypeAlias = DrainRequest  # noqa: Y015
+
+@_typing.final
+class DrainResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FAILOVERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def failovers(self) -> _containers.RepeatedCompositeFieldContainer[Global___FailoverResponse]: ...
+    def __init__(
+        self,
+        *,
+        failovers: _abc.Iterable[Global___FailoverResponse] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["failovers", b"failovers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DrainResponse: _TypeAlias = DrainResponse  # noqa: Y015

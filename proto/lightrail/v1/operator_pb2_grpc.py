@@ -34,6 +34,21 @@ class OperatorServiceStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.ListGpus = channel.unary_unary(
+                '/lightrail.v1.OperatorService/ListGpus',
+                request_serializer=lightrail_dot_v1_dot_operator__pb2.ListGpusRequest.SerializeToString,
+                response_deserializer=lightrail_dot_v1_dot_operator__pb2.ListGpusResponse.FromString,
+                _registered_method=True)
+        self.Failover = channel.unary_unary(
+                '/lightrail.v1.OperatorService/Failover',
+                request_serializer=lightrail_dot_v1_dot_operator__pb2.FailoverRequest.SerializeToString,
+                response_deserializer=lightrail_dot_v1_dot_operator__pb2.FailoverResponse.FromString,
+                _registered_method=True)
+        self.Drain = channel.unary_unary(
+                '/lightrail.v1.OperatorService/Drain',
+                request_serializer=lightrail_dot_v1_dot_operator__pb2.DrainRequest.SerializeToString,
+                response_deserializer=lightrail_dot_v1_dot_operator__pb2.DrainResponse.FromString,
+                _registered_method=True)
         self.ListHosts = channel.unary_unary(
                 '/lightrail.v1.OperatorService/ListHosts',
                 request_serializer=lightrail_dot_v1_dot_operator__pb2.ListHostsRequest.SerializeToString,
@@ -63,6 +78,26 @@ class OperatorServiceStub:
 
 class OperatorServiceServicer:
     """Missing associated documentation comment in .proto file."""
+
+    def ListGpus(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Failover(self, request, context):
+        """Move a rank to a spare now (maintenance, or a failure the agent did not see).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Drain(self, request, context):
+        """Take a host out of service: its GPUs are marked failed and every rank on them fails over.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
 
     def ListHosts(self, request, context):
         """Missing associated documentation comment in .proto file."""
@@ -97,6 +132,21 @@ class OperatorServiceServicer:
 
 def add_OperatorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'ListGpus': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListGpus,
+                    request_deserializer=lightrail_dot_v1_dot_operator__pb2.ListGpusRequest.FromString,
+                    response_serializer=lightrail_dot_v1_dot_operator__pb2.ListGpusResponse.SerializeToString,
+            ),
+            'Failover': grpc.unary_unary_rpc_method_handler(
+                    servicer.Failover,
+                    request_deserializer=lightrail_dot_v1_dot_operator__pb2.FailoverRequest.FromString,
+                    response_serializer=lightrail_dot_v1_dot_operator__pb2.FailoverResponse.SerializeToString,
+            ),
+            'Drain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drain,
+                    request_deserializer=lightrail_dot_v1_dot_operator__pb2.DrainRequest.FromString,
+                    response_serializer=lightrail_dot_v1_dot_operator__pb2.DrainResponse.SerializeToString,
+            ),
             'ListHosts': grpc.unary_unary_rpc_method_handler(
                     servicer.ListHosts,
                     request_deserializer=lightrail_dot_v1_dot_operator__pb2.ListHostsRequest.FromString,
@@ -132,6 +182,87 @@ def add_OperatorServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class OperatorService:
     """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def ListGpus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightrail.v1.OperatorService/ListGpus',
+            lightrail_dot_v1_dot_operator__pb2.ListGpusRequest.SerializeToString,
+            lightrail_dot_v1_dot_operator__pb2.ListGpusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Failover(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightrail.v1.OperatorService/Failover',
+            lightrail_dot_v1_dot_operator__pb2.FailoverRequest.SerializeToString,
+            lightrail_dot_v1_dot_operator__pb2.FailoverResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightrail.v1.OperatorService/Drain',
+            lightrail_dot_v1_dot_operator__pb2.DrainRequest.SerializeToString,
+            lightrail_dot_v1_dot_operator__pb2.DrainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def ListHosts(request,

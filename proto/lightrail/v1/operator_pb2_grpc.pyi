@@ -31,6 +31,11 @@ class OperatorServiceStub:
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> OperatorServiceAsyncStub: ...
+    ListGpus: _grpc.UnaryUnaryMultiCallable[_operator_pb2.ListGpusRequest, _operator_pb2.ListGpusResponse]
+    Failover: _grpc.UnaryUnaryMultiCallable[_operator_pb2.FailoverRequest, _operator_pb2.FailoverResponse]
+    """Move a rank to a spare now (maintenance, or a failure the agent did not see)."""
+    Drain: _grpc.UnaryUnaryMultiCallable[_operator_pb2.DrainRequest, _operator_pb2.DrainResponse]
+    """Take a host out of service: its GPUs are marked failed and every rank on them fails over."""
     ListHosts: _grpc.UnaryUnaryMultiCallable[_operator_pb2.ListHostsRequest, _operator_pb2.ListHostsResponse]
     GetStatus: _grpc.UnaryUnaryMultiCallable[_operator_pb2.GetStatusRequest, _operator_pb2.GetStatusResponse]
     ListSwitches: _grpc.UnaryUnaryMultiCallable[_operator_pb2.ListSwitchesRequest, _operator_pb2.ListSwitchesResponse]
@@ -40,6 +45,11 @@ class OperatorServiceStub:
 @_typing.type_check_only
 class OperatorServiceAsyncStub(OperatorServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
+    ListGpus: _aio.UnaryUnaryMultiCallable[_operator_pb2.ListGpusRequest, _operator_pb2.ListGpusResponse]  # type: ignore[assignment]
+    Failover: _aio.UnaryUnaryMultiCallable[_operator_pb2.FailoverRequest, _operator_pb2.FailoverResponse]  # type: ignore[assignment]
+    """Move a rank to a spare now (maintenance, or a failure the agent did not see)."""
+    Drain: _aio.UnaryUnaryMultiCallable[_operator_pb2.DrainRequest, _operator_pb2.DrainResponse]  # type: ignore[assignment]
+    """Take a host out of service: its GPUs are marked failed and every rank on them fails over."""
     ListHosts: _aio.UnaryUnaryMultiCallable[_operator_pb2.ListHostsRequest, _operator_pb2.ListHostsResponse]  # type: ignore[assignment]
     GetStatus: _aio.UnaryUnaryMultiCallable[_operator_pb2.GetStatusRequest, _operator_pb2.GetStatusResponse]  # type: ignore[assignment]
     ListSwitches: _aio.UnaryUnaryMultiCallable[_operator_pb2.ListSwitchesRequest, _operator_pb2.ListSwitchesResponse]  # type: ignore[assignment]
@@ -47,6 +57,29 @@ class OperatorServiceAsyncStub(OperatorServiceStub):
     ListJobs: _aio.UnaryUnaryMultiCallable[_operator_pb2.ListJobsRequest, _operator_pb2.ListJobsResponse]  # type: ignore[assignment]
 
 class OperatorServiceServicer(metaclass=_abc_1.ABCMeta):
+    @_abc_1.abstractmethod
+    def ListGpus(
+        self,
+        request: _operator_pb2.ListGpusRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_pb2.ListGpusResponse, _abc.Awaitable[_operator_pb2.ListGpusResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Failover(
+        self,
+        request: _operator_pb2.FailoverRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_pb2.FailoverResponse, _abc.Awaitable[_operator_pb2.FailoverResponse]]:
+        """Move a rank to a spare now (maintenance, or a failure the agent did not see)."""
+
+    @_abc_1.abstractmethod
+    def Drain(
+        self,
+        request: _operator_pb2.DrainRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_pb2.DrainResponse, _abc.Awaitable[_operator_pb2.DrainResponse]]:
+        """Take a host out of service: its GPUs are marked failed and every rank on them fails over."""
+
     @_abc_1.abstractmethod
     def ListHosts(
         self,
