@@ -391,6 +391,48 @@ def cmd_jobs(args: argparse.Namespace) -> int:
                      render)
 
 
+def cmd_gpus(args: argparse.Namespace) -> int:
+    def render(r: operator_pb2.ListGpusResponse) -> Table:
+        return _table("GPUs", ["host", "gpu", "domain", "spare host", "health", "reason",
+                               "job", "rank", "heartbeat age s"],
+                      [[g.host, g.gpu, g.failure_domain, g.spare_host, g.state, g.reason or "-",
+                        g.job_id or "-", g.rank if g.has_rank else "-",
+                        f"{g.heartbeat_age_s:.1f}" if g.heartbeat_age_s >= 0 else "-"]
+                       for g in r.gpus])
+    return _operator(args, lambda s: s.ListGpus(operator_pb2.ListGpusRequest(), timeout=10),
+                     render)
+
+
+def _timeline_table(title: str, fos: Sequence[operator_pb2.FailoverResponse]) -> Table:
+    return _table(title, ["job", "rank", "from", "to", "planned ms", "confirmed ms",
+                          "notified ms"],
+                  [[f.job_id, f.rank, f"{f.from_host}/gpu{f.from_gpu}",
+                    f"{f.to_host}/gpu{f.to_gpu}", f"{f.planned_s * 1e3:.1f}",
+                    f"{f.device_confirmed_s * 1e3:.1f}", f"{f.job_notified_s * 1e3:.1f}"]
+                   for f in fos])
+
+
+def cmd_failover(args: argparse.Namespace) -> int:
+    spare_host, spare_gpu = "", 0
+    if args.to:
+        host, _, gpu = args.to.rpartition(":")
+        if not host or not gpu.isdigit():
+            print(f"lightrail failover: --to: expected HOST:GPU, got {args.to!r}",
+                  file=sys.stderr)
+            return 2
+        spare_host, spare_gpu = host, int(gpu)
+    req = operator_pb2.FailoverRequest(job_id=args.job, rank=args.rank, spare_host=spare_host,
+                                       spare_gpu=spare_gpu, reason=args.reason)
+    return _operator(args, lambda s: s.Failover(req, timeout=60),
+                     lambda r: _timeline_table("failover", [r]))
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    req = operator_pb2.DrainRequest(host=args.host, reason=args.reason)
+    return _operator(args, lambda s: s.Drain(req, timeout=120),
+                     lambda r: _timeline_table(f"drained {args.host}", list(r.failovers)))
+
+
 def cmd_hosts(args: argparse.Namespace) -> int:
     def render(r: operator_pb2.ListHostsResponse) -> Table:
         return _table("hosts", ["host", "failure domain", "gpus", "spare"],
@@ -481,6 +523,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("circuits", cmd_circuits, "confirmed cross-connects"),
         ("jobs", cmd_jobs, "registered jobs"),
         ("hosts", cmd_hosts, "hosts of the fabric"),
+        ("gpus", cmd_gpus, "GPU health and which job rank runs where"),
     ):
         c = sub.add_parser(name, help=doc)
         c.add_argument("--controller", default=DEFAULT_TARGET)
@@ -489,6 +532,24 @@ def build_parser() -> argparse.ArgumentParser:
             c.add_argument("--switch")
             c.add_argument("--job")
         c.set_defaults(func=func)
+
+    c = sub.add_parser("failover", help="move a job rank to a spare GPU now")
+    c.add_argument("--controller", default=DEFAULT_TARGET)
+    c.add_argument("--json", action="store_true")
+    c.add_argument("--job", required=True, help="job id")
+    c.add_argument("--rank", required=True, type=int, help="rank to move")
+    c.add_argument("--to", default="", help="spare as HOST:GPU (default: the controller picks "
+                                             "a healthy one in the same failure domain and "
+                                             "on the same switch)")
+    c.add_argument("--reason", default="manual failover")
+    c.set_defaults(func=cmd_failover)
+
+    c = sub.add_parser("drain", help="take a host out of service (its ranks fail over)")
+    c.add_argument("host")
+    c.add_argument("--controller", default=DEFAULT_TARGET)
+    c.add_argument("--json", action="store_true")
+    c.add_argument("--reason", default="operator drain")
+    c.set_defaults(func=cmd_drain)
     return p
 
 

@@ -1,0 +1,162 @@
+"""Failover over real gRPC and etcd: manual failover, missed heartbeats, a fatal XID reported
+twice, no spare, and the job library seeing the new placement."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+import pytest_asyncio
+from lightrail.v1 import agent_pb2, agent_pb2_grpc, operator_pb2, operator_pb2_grpc
+
+from agents.client import ControllerClient
+from agents.errors import PlacementChanged
+from controller.app import RunningController
+from controller.config import FabricSection
+from controller.embedded import embedded_config, running_controller
+from controller.etcd_server import EmbeddedEtcd
+from controller.events import JobEventKind
+from controller.model import Collective, PhaseKey, ProcessGroup
+from controller.planner import RankPlacement
+from controller.store import EtcdStore
+from drivers.base import CrossConnect
+from emulator.ocs import EmulatedFabricDevices
+
+PLACE = [RankPlacement(r, f"host{r // 2}", r % 2) for r in range(8)]
+RING = PhaseKey(ProcessGroup.of(range(8)), Collective.ALL_REDUCE)
+N = 5  # 4 job hosts + 1 spare host per rail
+
+
+def xc(a: int, b: int) -> CrossConnect:
+    return CrossConnect(a + 1, N + b + 1)
+
+
+@pytest_asyncio.fixture
+async def devices() -> EmulatedFabricDevices:
+    return EmulatedFabricDevices()
+
+
+@pytest_asyncio.fixture
+async def ctl(etcd: EmbeddedEtcd, devices: EmulatedFabricDevices
+              ) -> AsyncIterator[RunningController]:
+    cfg = embedded_config(etcd.endpoint, FabricSection.model_validate(
+        {"rail": {"hosts": 4, "gpus_per_host": 2, "spares": 1}, "reconfiguration_delay_ms": 2}))
+    cfg = cfg.model_copy(update={"controller": cfg.controller.model_copy(update={
+        "heartbeat_interval_s": 0.05, "heartbeat_deadline_s": 0.3})})
+    async with running_controller(cfg, devices=devices) as rc:
+        yield rc
+
+
+async def start_ring(client: ControllerClient) -> None:
+    await client.register_job("job", PLACE)
+    await asyncio.gather(*(client.enter("job", r, RING, timeout_s=5) for r in range(8)))
+
+
+async def next_event(events: AsyncIterator[object], kind: JobEventKind) -> object:
+    async def find() -> object:
+        async for ev in events:
+            if getattr(ev, "kind", None) is kind:
+                return ev
+        raise AssertionError("event stream ended")
+    return await asyncio.wait_for(find(), 10)
+
+
+async def test_manual_failover_moves_circuits_and_tells_the_job(
+    ctl: RunningController, devices: EmulatedFabricDevices, etcd: EmbeddedEtcd
+) -> None:
+    async with ControllerClient(ctl.grpc_target) as client:
+        await start_ring(client)
+        events = client.watch("job")
+        placement = asyncio.ensure_future(next_event(events, JobEventKind.PLACEMENT_CHANGED))
+        await asyncio.sleep(0)
+        for r in range(8):
+            await client.release_phase("job", r, RING)
+        # rank 1 (host0 gpu1) moves to the spare host4, same rail (gpu1)
+        async with grpc.aio.insecure_channel(ctl.grpc_target) as ch:
+            op = operator_pb2_grpc.OperatorServiceStub(ch)
+            resp = await op.Failover(operator_pb2.FailoverRequest(job_id="job", rank=1,
+                                                                   reason="test"))
+            assert (resp.from_host, resp.from_gpu, resp.to_host, resp.to_gpu) == (
+                "host0", 1, "host4", 1)
+            assert 0 <= resp.planned_s <= resp.device_confirmed_s <= resp.job_notified_s
+            gpus = await op.ListGpus(operator_pb2.ListGpusRequest())
+            by = {(g.host, g.gpu): g for g in gpus.gpus}
+            assert by[("host4", 1)].job_id == "job" and by[("host4", 1)].rank == 1
+            assert not by[("host0", 1)].has_rank
+        ev = await placement
+        assert "host4/gpu1" in getattr(ev, "message", "")
+        # rail 1's ring now runs through host4 instead of host0
+        assert devices["ocs-rail1"].cross_connects == {xc(4, 1), xc(1, 2), xc(2, 3), xc(3, 4)}
+        assert devices["ocs-rail0"].cross_connects == {xc(i, (i + 1) % 4) for i in range(4)}
+        async with EtcdStore.connect(etcd.endpoint) as store:
+            rec = await store.get_json("jobs/job")
+        assert isinstance(rec, dict) and [1, "host4", 1] in rec["ranks"]
+        await events.aclose()  # type: ignore[attr-defined]
+
+
+async def test_missed_heartbeats_fail_the_host_over(
+    ctl: RunningController, devices: EmulatedFabricDevices
+) -> None:
+    async with ControllerClient(ctl.grpc_target) as client:
+        await start_ring(client)
+        for r in (4, 6):
+            await client.release_phase("job", r, RING)
+        # rank 4 waits for the next phase (its peers hold the ring) when host2 goes silent
+        waiting = asyncio.ensure_future(client.enter(
+            "job", 4, PhaseKey(ProcessGroup.of([4, 6]), Collective.SEND_RECV, 1), timeout_s=30))
+        async with grpc.aio.insecure_channel(ctl.grpc_target) as ch:
+            stub = agent_pb2_grpc.AgentServiceStub(ch)
+            call = stub.HealthStream()  # type: ignore[call-arg]
+            await call.write(agent_pb2.HealthReport(host="host2", gpus=[
+                agent_pb2.GpuHealth(gpu=0, state=agent_pb2.GPU_HEALTHY),
+                agent_pb2.GpuHealth(gpu=1, state=agent_pb2.GPU_HEALTHY)]))
+            ack = await call.read()
+            assert ack.heartbeat_interval_s == pytest.approx(0.05)
+            # ... and then nothing: the watchdog fails both GPUs of host2 over
+            with pytest.raises(PlacementChanged):
+                await asyncio.wait_for(waiting, 10)
+            call.cancel()
+        coord = ctl.service.coordinator
+        for _ in range(200):
+            if {coord.job("job").placements[r].host for r in (4, 5)} == {"host4"}:
+                break
+            await asyncio.sleep(0.01)
+        assert coord.job("job").placements[4] == RankPlacement(4, "host4", 0)
+        assert coord.job("job").placements[5] == RankPlacement(5, "host4", 1)
+
+
+async def test_fatal_xid_reported_twice_fails_over_once_and_no_spare_is_clear(
+    ctl: RunningController,
+) -> None:
+    async with ControllerClient(ctl.grpc_target) as client:
+        await start_ring(client)
+        async with grpc.aio.insecure_channel(ctl.grpc_target) as ch:
+            stub = agent_pb2_grpc.AgentServiceStub(ch)
+            call = stub.HealthStream()  # type: ignore[call-arg]
+            lost = agent_pb2.GpuHealth(gpu=0, state=agent_pb2.GPU_FAILED, reason="lost",
+                                       xid=79, has_xid=True)
+            for _ in range(2):  # kernel message and XID 79: one failure
+                await call.write(agent_pb2.HealthReport(host="host1", gpus=[lost]))
+                ack = await call.read()
+            assert list(ack.failed_gpus) == [0]
+            coord = ctl.service.coordinator
+            for _ in range(300):
+                if coord.job("job").placements[2].host == "host4":
+                    break
+                await asyncio.sleep(0.01)
+            assert coord.job("job").placements[2] == RankPlacement(2, "host4", 0)
+            # a second failure on rail 0 finds no spare: a clear state, the daemon goes on
+            await call.write(agent_pb2.HealthReport(host="host2", gpus=[lost]))
+            await call.read()
+            op = operator_pb2_grpc.OperatorServiceStub(ch)
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await op.Failover(operator_pb2.FailoverRequest(job_id="job", rank=0))
+            assert e.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "in use or unhealthy" in (e.value.details() or "")
+            with pytest.raises(grpc.aio.AioRpcError) as e2:  # wrong switch refused
+                await op.Failover(operator_pb2.FailoverRequest(
+                    job_id="job", rank=6, spare_host="host4", spare_gpu=1))
+            assert e2.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            call.cancel()
