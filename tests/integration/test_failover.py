@@ -113,6 +113,7 @@ async def test_missed_heartbeats_fail_the_host_over(
                 agent_pb2.GpuHealth(gpu=0, state=agent_pb2.GPU_HEALTHY),
                 agent_pb2.GpuHealth(gpu=1, state=agent_pb2.GPU_HEALTHY)]))
             ack = await call.read()
+            assert isinstance(ack, agent_pb2.HealthAck)
             assert ack.heartbeat_interval_s == pytest.approx(0.05)
             # ... and then nothing: the watchdog fails both GPUs of host2 over
             with pytest.raises(PlacementChanged):
@@ -140,6 +141,7 @@ async def test_fatal_xid_reported_twice_fails_over_once_and_no_spare_is_clear(
             for _ in range(2):  # kernel message and XID 79: one failure
                 await call.write(agent_pb2.HealthReport(host="host1", gpus=[lost]))
                 ack = await call.read()
+            assert isinstance(ack, agent_pb2.HealthAck)
             assert list(ack.failed_gpus) == [0]
             coord = ctl.service.coordinator
             for _ in range(300):
