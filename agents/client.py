@@ -232,6 +232,23 @@ class ControllerClient:
 _SCALE_UP = Admission(noop=True, steps=1, device_s=0.0)
 
 
+def placement_of(event: JobEvent) -> list[RankPlacement] | None:
+    """The job's new placement carried by a PLACEMENT_CHANGED event (None for other events).
+    Raises ``ValueError`` on a malformed placement field."""
+    if event.kind is not JobEventKind.PLACEMENT_CHANGED:
+        return None
+    out = []
+    for item in event.fields.get("placement", "").split(";"):
+        if not item:
+            continue
+        rank, _, where = item.partition("=")
+        host, _, gpu = where.rpartition("/gpu")
+        if not host or not gpu.isdigit() or not rank.isdigit():
+            raise ValueError(f"placement: malformed entry {item!r}")
+        out.append(RankPlacement(int(rank), host, int(gpu)))
+    return sorted(out, key=lambda p: p.rank)
+
+
 class RankSession:
     """One rank's view of the phase protocol.
 

@@ -29,12 +29,17 @@ from dataclasses import dataclass, field
 import grpc
 from lightrail.v1 import operator_pb2, operator_pb2_grpc
 
-from agents.client import ControllerClient, RankSession
-from agents.errors import PhaseError
+from agents.client import ControllerClient, RankSession, placement_of
+from agents.errors import PhaseError, PlacementChanged
 from agents.host_agent import HostAgent
 from agents.trace.model import CommOp, Workload
+from controller.events import JobEvent
 from controller.model import Collective, PhaseKey, ProcessGroup
 from controller.planner import RankPlacement
+
+
+class _Restart(Exception):
+    """The job restarts the iteration after a placement change (seen by another rank)."""
 
 
 class ReplayError(RuntimeError):
@@ -141,6 +146,8 @@ class HoldRecord:
     phase: PhaseKey
     admitted_s: float
     released_s: float
+    attempt: int = 0
+    """Index into ``Replayer.placement_history``: which placement the job ran on."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,7 +248,18 @@ class Replayer:
                              "rank are replayed (--max-ops)")
         self.notes = tuple(notes)
         self.placements = place_ranks(workload.world_size, hosts)
-        self._instances: dict[tuple[int, PhaseKey], _Instance] = {}
+        self._instances: dict[tuple[int, int, PhaseKey], _Instance] = {}
+        self._agents: dict[str, HostAgent] = {}
+        self._attempt = 0
+        self._arrived = 0
+        self._restart = asyncio.Event()
+        self._restart_done = asyncio.Event()
+        self._new_placement: list[RankPlacement] | None = None
+        self.restarts = 0
+        """How many times the job restarted from its checkpoint after a failover."""
+        self.placement_events: list[JobEvent] = []
+        self.placement_history: list[tuple[RankPlacement, ...]] = [tuple(self.placements)]
+        """The placement of each attempt (a failover starts a new one)."""
         self._stall_s = 0.0
         self._unplanned = 0
         self._done_iters: dict[int, int] = {}
@@ -256,7 +274,7 @@ class Replayer:
         ``JobRegistrationError`` if the controller refuses the job."""
         await client.register_job(self.job_id, self.placements, tenant="replay")
         try:
-            report = await self._run_ranks()
+            report = await self._run_ranks(client)
             return dataclasses.replace(report, provisioning=await self._provisioning())
         finally:
             await client.unregister_job(self.job_id)
@@ -272,58 +290,110 @@ class Replayer:
                                          j.provisioning_misses, j.schedule_learned)
         return None
 
-    async def _run_ranks(self) -> ReplayReport:
-        hosts = sorted({p.host for p in self.placements})
-        agents = {h: HostAgent(h, self.target) for h in hosts}
+    async def _agent(self, host: str) -> HostAgent:
+        agent = self._agents.get(host)
+        if agent is None:
+            agent = HostAgent(host, self.target)
+            self._agents[host] = agent
+            agent.start()
+            await agent.wait_connected(10.0)
+        return agent
+
+    async def _run_ranks(self, client: ControllerClient) -> ReplayReport:
         start = time.monotonic()
+        watcher = asyncio.create_task(self._watch(client), name="replay-watch")
         try:
-            for a in agents.values():
-                a.start()
-            for a in agents.values():
-                await a.wait_connected(10.0)
+            for h in sorted({p.host for p in self.placements}):
+                await self._agent(h)
             try:
                 async with asyncio.TaskGroup() as tg:
                     for p in self.placements:
-                        tg.create_task(self._rank(agents[p.host], p.rank), name=f"rank{p.rank}")
+                        tg.create_task(self._rank(p.rank), name=f"rank{p.rank}")
             except* PhaseError as eg:
                 first = eg.exceptions[0]
                 raise ReplayError(f"replay failed: {first}") from first
         finally:
-            for a in agents.values():
+            watcher.cancel()
+            for a in self._agents.values():
                 await a.close()
         return self._report(time.monotonic() - start)
 
-    async def _rank(self, agent: HostAgent, rank: int) -> None:
-        session = RankSession(agent, self.job_id, rank, timeout_s=self.timeout_s,
-                              hosts=self._hosts)
-        ops = self.ops.get(rank, [])
-        tail = self.workload.tail_gap_s.get(rank, 0.0)
-        for it in range(self.iterations):
-            session.start_iteration(it)
-            for op in ops:
-                if op.gap_s > 0 and self.time_scale > 0:
-                    await asyncio.sleep(op.gap_s * self.time_scale)
-                if op.group is None:
-                    self._unplanned += 1
-                    continue
-                if session.is_scale_up_only(op.group):
-                    self._scale_up += 1  # NVLink inside the host: no circuit, no controller
-                    continue
-                if op.collective is Collective.ALL_TO_ALL:
-                    await self._all_to_all(session, rank, it, op)
-                else:
-                    await self._collective(session, rank, it, op)
-            if tail > 0 and self.time_scale > 0:
-                await asyncio.sleep(tail * self.time_scale)
+    async def _watch(self, client: ControllerClient) -> None:
+        """A placement change (failover) restarts the job from its last checkpoint: here, the
+        iteration in progress, on the new placement."""
+        async for ev in client.watch(self.job_id):
+            placement = placement_of(ev)
+            if placement is not None:
+                self.placement_events.append(ev)
+                self._new_placement = placement
+                self._restart.set()
+
+    async def _rejoin(self, rank: int) -> RankSession:
+        """Wait until every rank has given up the iteration, then continue on the new
+        placement (the failed rank's process now runs on the spare's host)."""
+        self._restart.set()
+        done = self._restart_done
+        self._arrived += 1
+        if self._arrived == len(self.placements):
+            if self._new_placement is not None:
+                self.placements = list(self._new_placement)
+                self._hosts = [p.host for p in self.placements]
+            self.placement_history.append(tuple(self.placements))
+            self._attempt += 1
+            self.restarts += 1
+            self._arrived = 0
+            self._restart_done = asyncio.Event()
+            self._restart.clear()
+            done.set()
+        else:
+            await asyncio.wait_for(done.wait(), self.timeout_s)
+        agent = await self._agent(self.placements[rank].host)
+        return RankSession(agent, self.job_id, rank, timeout_s=self.timeout_s,
+                           hosts=self._hosts)
+
+    async def _rank(self, rank: int) -> None:
+        session = RankSession(await self._agent(self.placements[rank].host), self.job_id, rank,
+                              timeout_s=self.timeout_s, hosts=self._hosts)
+        it = 0
+        while it < self.iterations:
+            try:
+                await self._iteration(session, rank, it)
+            except (PlacementChanged, _Restart):
+                session = await self._rejoin(rank)
+                continue  # the same iteration again, from its checkpoint
             self._done_iters[it] = self._done_iters.get(it, 0) + 1
             if self.on_progress is not None and self._done_iters[it] == len(self.placements):
                 self.on_progress(it + 1, self.iterations)
+            it += 1
+
+    async def _iteration(self, session: RankSession, rank: int, it: int) -> None:
+        ops = self.ops.get(rank, [])
+        tail = self.workload.tail_gap_s.get(rank, 0.0)
+        session.start_iteration(it)
+        for op in ops:
+            if self._restart.is_set():
+                raise _Restart
+            if op.gap_s > 0 and self.time_scale > 0:
+                await asyncio.sleep(op.gap_s * self.time_scale)
+            if op.group is None:
+                self._unplanned += 1
+                continue
+            if session.is_scale_up_only(op.group):
+                self._scale_up += 1  # NVLink inside the host: no circuit, no controller
+                continue
+            if op.collective is Collective.ALL_TO_ALL:
+                await self._all_to_all(session, rank, it, op)
+            else:
+                await self._collective(session, rank, it, op)
+        if tail > 0 and self.time_scale > 0:
+            await asyncio.sleep(tail * self.time_scale)
 
     def _instance(self, it: int, key: PhaseKey, label: str, expected: int) -> _Instance:
-        inst = self._instances.get((it, key))
+        ikey = (self._attempt, it, key)
+        inst = self._instances.get(ikey)
         if inst is None:
             inst = _Instance(label, expected)
-            self._instances[(it, key)] = inst
+            self._instances[ikey] = inst
         return inst
 
     async def _transfer(self, nbytes: int) -> None:
@@ -343,7 +413,7 @@ class Replayer:
                          adm.device_s)
             await self._barrier(it, key)
             await self._transfer(op.nbytes)
-            self.holds.append(HoldRecord(rank, key, t1, time.monotonic()))
+            self.holds.append(HoldRecord(rank, key, t1, time.monotonic(), self._attempt))
 
     async def _all_to_all(self, session: RankSession, rank: int, it: int, op: ReplayOp) -> None:
         assert op.group is not None
@@ -357,7 +427,7 @@ class Replayer:
                          adm.device_s)
             await self._barrier(it, key)
             await self._transfer(op.nbytes // adm.steps)
-            self.holds.append(HoldRecord(rank, key, t1, time.monotonic()))
+            self.holds.append(HoldRecord(rank, key, t1, time.monotonic(), self._attempt))
             t0 = time.monotonic()
 
     def _record(self, inst: _Instance, t_send: float, t_admit: float, noop: bool,
@@ -372,9 +442,25 @@ class Replayer:
             inst.all_in.set()
 
     async def _barrier(self, it: int, key: PhaseKey) -> None:
-        """A collective completes only when every rank of the group is in it."""
-        inst = self._instances[(it, key)]
-        await asyncio.wait_for(inst.all_in.wait(), self.timeout_s)
+        """A collective completes only when every rank of the group is in it (or the job
+        restarts after a failover: ``_Restart``)."""
+        inst = self._instances[(self._attempt, it, key)]
+        if inst.all_in.is_set():
+            return
+        waits = {asyncio.ensure_future(inst.all_in.wait()),
+                 asyncio.ensure_future(self._restart.wait())}
+        try:
+            await asyncio.wait(waits, timeout=self.timeout_s,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        if inst.all_in.is_set():
+            return
+        if self._restart.is_set():
+            raise _Restart
+        raise TimeoutError(f"collective {key} of iteration {it}: peers did not arrive within "
+                           f"{self.timeout_s} s")
 
     def _report(self, wall_s: float) -> ReplayReport:
         by_label: dict[str, list[_Instance]] = {}

@@ -203,6 +203,22 @@ async def _hosts(target: str) -> list[Any]:
     return [HostSlot(h.name, tuple(h.wired_gpus)) for h in resp.hosts if not h.spare]
 
 
+async def _inject_gpu_failure(
+    target: str, gpu: tuple[str, int], reached: asyncio.Event
+) -> None:
+    """Once ``reached`` is set, report ``gpu`` lost (XID 79) as its host agent would."""
+    from lightrail.v1 import agent_pb2, agent_pb2_grpc
+
+    await reached.wait()
+    async with grpc.aio.insecure_channel(target) as ch:
+        call = agent_pb2_grpc.AgentServiceStub(ch).HealthStream()  # type: ignore[call-arg]
+        await call.write(agent_pb2.HealthReport(host=gpu[0], gpus=[agent_pb2.GpuHealth(
+            gpu=gpu[1], state=agent_pb2.GPU_FAILED, reason="GPU has fallen off the bus",
+            xid=79, has_xid=True)]))
+        await call.read()
+        await asyncio.Event().wait()  # keep the stream (the host's heartbeat) open
+
+
 async def replay_main(
     trace: Path,
     *,
@@ -215,9 +231,13 @@ async def replay_main(
     as_json: bool,
     progress: bool,
     max_ops: int | None = None,
+    fail_gpu: tuple[str, int] | None = None,
+    fail_after: int = 2,
 ) -> int:
     """Load ``trace``, run it through a controller (embedded when ``controller`` is None),
-    print the summary. Returns the exit code."""
+    print the summary. ``fail_gpu`` (host, gpu): after ``fail_after`` iterations that GPU's
+    emulated host reports it lost (NVML XID 79) and the job goes on with a spare. Returns the
+    exit code."""
     from agents.client import ControllerClient, JobRegistrationError
     from agents.replay import Replayer, ReplayError, report_to_json
     from agents.trace.loader import load_workload
@@ -242,15 +262,37 @@ async def replay_main(
         bar = Progress(TextColumn("replaying {task.description}"), BarColumn(),
                        MofNCompleteColumn(), TimeElapsedColumn(), console=err,
                        disable=not progress or as_json)
+        reached = asyncio.Event()
         with bar:
             task = bar.add_task(trace.name, total=iterations)
-            replayer.on_progress = lambda done, _total: bar.update(task, completed=done)
+
+            def on_progress(done: int, _total: int) -> None:
+                bar.update(task, completed=done)
+                if done >= fail_after:
+                    reached.set()
+
+            replayer.on_progress = on_progress
+            injector = (asyncio.create_task(_inject_gpu_failure(target, fail_gpu, reached),
+                                            name="inject-failure")
+                        if fail_gpu is not None else None)
             async with ControllerClient(target) as client:
                 try:
                     report = await replayer.run(client)
                 except (ReplayError, JobRegistrationError) as exc:
                     err.print(f"lightrail replay: {exc}")
                     return 1
+                finally:
+                    if injector is not None:
+                        injector.cancel()
+        if fail_gpu is not None and not as_json:
+            for ev in replayer.placement_events:
+                f = ev.fields
+                err.print(
+                    f"[bold]failover[/]: {ev.message}\n  timeline from detection: planned "
+                    f"{float(f.get('planned_s', 0)) * 1e3:.1f} ms, switch confirmed "
+                    f"{float(f.get('device_confirmed_s', 0)) * 1e3:.1f} ms, placement stored "
+                    f"{float(f.get('stored_s', 0)) * 1e3:.1f} ms; the job restarted the "
+                    f"iteration from its checkpoint ({replayer.restarts} restart(s))")
         if as_json:
             print(json.dumps(report_to_json(report), indent=2))
         else:
@@ -263,8 +305,15 @@ async def replay_main(
     from controller.embedded import embedded_config, spawn_controller
     from controller.etcd_server import EmbeddedEtcd
 
-    section = FabricSection.model_validate(
-        {"builtin": fabric_name, "reconfiguration_delay_ms": delay_ms})
+    if fail_gpu is not None and fabric_name == "demo-4x2":
+        # the demo fabric plus one spare host wired to both rails (failover needs a spare)
+        section = FabricSection.model_validate(
+            {"rail": {"hosts": 4, "gpus_per_host": 2, "spares": 1}, "name": "demo-4x2+spare",
+             "reconfiguration_delay_ms": delay_ms})
+        fabric_name = "demo-4x2+spare"
+    else:
+        section = FabricSection.model_validate(
+            {"builtin": fabric_name, "reconfiguration_delay_ms": delay_ms})
     if progress and not as_json:
         err.print(f"starting an embedded etcd and a controller process (fabric {fabric_name}) "
                   "...")
@@ -287,6 +336,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     configure_logging("warning", "console")
     trace = Path(args.trace) if args.trace else shared_data_dir() / DLRM_TRACE
+    fail_gpu = None
+    if args.fail_gpu:
+        host, _, gpu = args.fail_gpu.rpartition(":")
+        if not host or not gpu.isdigit():
+            print(f"lightrail demo: --fail-gpu: expected HOST:GPU, got {args.fail_gpu!r}",
+                  file=sys.stderr)
+            return 2
+        fail_gpu = (host, int(gpu))
     if not trace.exists():
         print(f"lightrail demo: trace not found: {trace} (set LIGHTRAIL_DATA to the folder "
               "holding traces/param-dlrm-8rank)", file=sys.stderr)
@@ -298,7 +355,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return _run(replay_main(
         trace, controller=None, fabric="demo-4x2", delay_ms=args.delay_ms,
         iterations=args.iterations, time_scale=args.time_scale, job_id="dlrm-demo",
-        as_json=False, progress=True,
+        as_json=False, progress=True, fail_gpu=fail_gpu,
     ))
 
 
@@ -496,6 +553,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--trace", default=None,
                    help="trace to replay (default: the DLRM 8-rank Kineto trace in "
                         "$LIGHTRAIL_DATA or ../shared/data)")
+    c.add_argument("--fail-gpu", nargs="?", const="host1:0", default=None, metavar="HOST:GPU",
+                   help="fail this GPU (default host1:0) after 2 iterations: the controller "
+                        "rewires a spare host into the job's circuits and the job goes on")
     replay_opts(c, 5)
     c.set_defaults(func=cmd_demo)
 

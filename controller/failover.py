@@ -217,6 +217,7 @@ class FailoverManager:
             new_layout = coord.job(job_id)
             await self._jobs.save(JobRecord(job_id, coord.tenant(job_id), new_layout.placements,
                                             coord.declared_phases(job_id)))
+            stored = self._clock()
             self._events.publish(JobEvent(
                 job_id, JobEventKind.PLACEMENT_CHANGED,
                 f"rank {rank} moved from {old.host}/gpu{old.gpu} to {to[0]}/gpu{to[1]} "
@@ -224,7 +225,10 @@ class FailoverManager:
                 fields={"rank": str(rank), "from": f"{old.host}/gpu{old.gpu}",
                         "to": f"{to[0]}/gpu{to[1]}", "reason": reason,
                         "placement": ";".join(f"{p.rank}={p.host}/gpu{p.gpu}"
-                                              for p in new_layout.placements)}))
+                                              for p in new_layout.placements),
+                        "planned_s": f"{planned - detected:.6f}",
+                        "device_confirmed_s": f"{confirmed - detected:.6f}",
+                        "stored_s": f"{stored - detected:.6f}"}))
             notified = self._clock()
             tl = FailoverTimeline(job_id, rank, old.host, old.gpu, to[0], to[1],
                                   planned - detected, confirmed - detected, notified - detected)

@@ -13,9 +13,9 @@ from lightrail.v1 import operator_pb2, operator_pb2_grpc
 from controller.coordinator import FailoverError, UnknownJob
 from controller.fabric import Fabric
 from controller.failover import FailoverManager, FailoverTimeline
+from controller.phase_service import PhaseService, ReconfigurationDone
 from controller.spares import NoSpare
 from drivers.base import DriverError
-from controller.phase_service import PhaseService, ReconfigurationDone
 
 VERSION = "0.1.0"
 

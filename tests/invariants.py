@@ -34,14 +34,18 @@ class Violation:
 
 def check_holds(
     fabric: Fabric,
-    placements: Sequence[RankPlacement],
+    placements: Sequence[RankPlacement] | Sequence[Sequence[RankPlacement]],
     holds: Iterable[HoldRecord],
     change_logs: Mapping[str, Sequence[ChangeRecord]],
     initial: Mapping[str, frozenset[CrossConnect]] | None = None,
 ) -> list[Violation]:
-    """Every violation of the invariant; empty when it held. ``initial`` is the switches' state
-    before the first logged change (default: empty)."""
-    layout = layout_job(fabric, "check", placements)
+    """Every violation of the invariant; empty when it held. ``placements`` is one placement
+    or one per attempt (``HoldRecord.attempt`` indexes it: failovers change the placement).
+    ``initial`` is the switches' state before the first logged change (default: empty)."""
+    per_attempt: list[Sequence[RankPlacement]] = (
+        [placements] if placements and isinstance(placements[0], RankPlacement)  # type: ignore[list-item]
+        else list(placements))  # type: ignore[arg-type]
+    layouts = [layout_job(fabric, f"check{i}", p) for i, p in enumerate(per_attempt)]
     timeline: dict[tuple[str, CrossConnect], list[tuple[float, ChangeAction]]] = {}
     for sid, log in change_logs.items():
         for rec in log:
@@ -50,6 +54,7 @@ def check_holds(
         events.sort(key=lambda e: e[0])
     out: list[Violation] = []
     for h in holds:
+        layout = layouts[min(h.attempt, len(layouts) - 1)]
         for target in plan_phase(layout, h.phase).targets:
             for xc in target.cross_connects:
                 events = timeline.get((target.switch_id, xc), [])
