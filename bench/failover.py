@@ -51,7 +51,9 @@ async def next_placement(events: asyncio.Queue[JobEvent], timeout_s: float) -> J
             return ev
 
 
-async def run(failures: int, delay_ms: float, heartbeat_ms: float, mode: str) -> dict[str, list[float]]:
+async def run(
+    failures: int, delay_ms: float, heartbeat_ms: float, mode: str
+) -> dict[str, list[float]]:
     section = FabricSection.model_validate(
         {"rail": {"hosts": 4, "gpus_per_host": 2, "spares": 2 * failures},
          "reconfiguration_delay_ms": delay_ms})
@@ -129,9 +131,8 @@ def main() -> None:
     print(f"failover timeline, {args.delay_ms:g} ms OCS delay, {args.heartbeat_ms:g} ms "
           "heartbeat (deadline 3 heartbeats); ms from detection")
     print(f"{'mode':10} {'n':>4} {'part':28} {'p50 ms':>9} {'p99 ms':>9}")
-    for mode, n in (("xid", args.failures), ("heartbeat", max(4, args.failures // 4))):
-        if mode == "heartbeat":
-            n = min(n, args.failures // 2)  # two spares per silent host
+    silent = min(max(4, args.failures // 4), args.failures // 2)  # two spares per silent host
+    for mode, n in (("xid", args.failures), ("heartbeat", silent)):
         res = asyncio.run(run(n, args.delay_ms, args.heartbeat_ms, mode))
         labels = {"planned": "control plane (to command)", "confirmed": "switch confirmed",
                   "stored": "placement stored + notified",
