@@ -49,7 +49,16 @@ def _emulated(switch: Switch, context: DriverContext) -> Driver:
     return emulated.make_driver(switch, context.emulated_devices)
 
 
-FACTORIES: Mapping[str, DriverFactory] = MappingProxyType({"emulated": _emulated})
+def _siph(switch: Switch, context: DriverContext) -> Driver:
+    from drivers import siph
+
+    return siph.make_driver(switch, context)
+
+
+FACTORIES: Mapping[str, DriverFactory] = MappingProxyType({
+    "emulated": _emulated,
+    "siph": _siph,
+})
 """Driver factory by ``model`` name."""
 
 
