@@ -55,9 +55,16 @@ def _siph(switch: Switch, context: DriverContext) -> Driver:
     return siph.make_driver(switch, context)
 
 
+def _restconf(switch: Switch, context: DriverContext) -> Driver:
+    from drivers import restconf
+
+    return restconf.make_driver(switch, context)
+
+
 FACTORIES: Mapping[str, DriverFactory] = MappingProxyType({
     "emulated": _emulated,
     "siph": _siph,
+    "restconf": _restconf,
 })
 """Driver factory by ``model`` name."""
 
