@@ -162,3 +162,45 @@ async def test_fatal_xid_reported_twice_fails_over_once_and_no_spare_is_clear(
                     job_id="job", rank=6, spare_host="host4", spare_gpu=1))
             assert e2.value.code() is grpc.StatusCode.INVALID_ARGUMENT
             call.cancel()
+
+
+async def test_host_agent_health_reporter_drives_failover(ctl: RunningController) -> None:
+    """The agent side: an emulated health source behind a HealthReporter; an XID 79 on it
+    fails the rank over, and a stopped heartbeat is noticed by the watchdog."""
+    from agents.health import GpuId, HealthState
+    from agents.health_reporter import HealthReporter
+    from emulator.gpus import EmulatedHealthSource
+
+    async with ControllerClient(ctl.grpc_target) as client:
+        await start_ring(client)
+        src1 = EmulatedHealthSource("host1", 2)
+        src2 = EmulatedHealthSource("host2", 2)
+        reporters = [HealthReporter(s, ctl.grpc_target, interval_s=0.05) for s in (src1, src2)]
+        tasks = [asyncio.create_task(r.run()) for r in reporters]
+        try:
+            for r in reporters:
+                await asyncio.wait_for(r.acked.wait(), 10)
+            src1.fail(0)  # XID 79
+            coord = ctl.service.coordinator
+            for _ in range(500):
+                if coord.job("job").placements[2].host == "host4":
+                    break
+                await asyncio.sleep(0.01)
+            assert coord.job("job").placements[2] == RankPlacement(2, "host4", 0)
+            # the agent restarts and reports the GPU healthy: the controller's record wins
+            tasks[0].cancel()
+            restarted = EmulatedHealthSource("host1", 2)
+            again = HealthReporter(restarted, ctl.grpc_target, interval_s=0.05)
+            tasks.append(asyncio.create_task(again.run()))
+            await asyncio.wait_for(again.acked.wait(), 10)
+            assert restarted.snapshot()[GpuId("host1", 0)].state is HealthState.FAILED
+            assert restarted.snapshot()[GpuId("host1", 1)].state is HealthState.HEALTHY
+            src2.stop_heartbeat()  # host2 goes silent: ranks 4 and 5 move (rank 4 to host4)
+            for _ in range(500):
+                if coord.job("job").placements[5].host != "host2":
+                    break
+                await asyncio.sleep(0.01)
+            assert coord.job("job").placements[5] == RankPlacement(5, "host4", 1)
+        finally:
+            for t in tasks:
+                t.cancel()
