@@ -140,6 +140,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, "json")
 
     async def main() -> int:
+        from agents.health import HealthConfig, NvmlUnavailableError, create_health_source
+        from agents.health_reporter import HealthReporter
         from agents.host_agent import HostAgent
         from agents.local_server import serve_local
 
@@ -147,8 +149,19 @@ def cmd_agent(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        async with HostAgent(args.host, args.controller) as agent:
+        try:
+            source = await create_health_source(args.host, HealthConfig(
+                emulated_fallback=args.health == "auto", emulated_gpus=args.emulated_gpus))
+        except NvmlUnavailableError as exc:
+            print(f"lightrail agent: {exc}", file=sys.stderr)
+            return 1
+        reporter = HealthReporter(source, args.controller)
+        async with HostAgent(args.host, args.controller) as agent, asyncio.TaskGroup() as tg:
+            monitor = tg.create_task(source.run(), name="health-monitor")
+            link = tg.create_task(reporter.run(), name="health-reporter")
             await serve_local(agent, args.controller, args.socket, stop)
+            monitor.cancel()
+            link.cancel()
         return 0
 
     return _run(main())
@@ -523,6 +536,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--socket", default="/run/lightrail/agent.sock",
                    help="Unix socket for the job-side library")
     c.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    c.add_argument("--health", choices=["nvml", "auto"], default="auto",
+                   help="GPU health from NVML; auto falls back to emulated GPUs where NVML is "
+                        "missing (default auto)")
+    c.add_argument("--emulated-gpus", type=positive_int, default=8,
+                   help="GPUs of the emulated health source (default 8)")
     c.set_defaults(func=cmd_agent)
 
     def replay_opts(c: argparse.ArgumentParser, iterations: int) -> None:
