@@ -145,6 +145,10 @@ class RailFabricConfig(_Strict):
     spares: int = Field(default=0, ge=0, le=MAX_GPUS)
     hosts_per_domain: int | None = Field(default=None, gt=0)
     model: str = "emulated"
+    models: dict[str, str] = Field(
+        default_factory=dict, description="driver model per switch id (default: model)")
+    switch_options: dict[str, dict[str, OptionValue]] = Field(
+        default_factory=dict, description="driver options per switch id (ocs-rail<r>)")
 
 
 class FabricSection(_Strict):
@@ -248,7 +252,8 @@ def build_fabric(section: FabricSection) -> Fabric:
         r = section.rail
         return rail_fabric(section.name or f"rail-{r.hosts}x{r.gpus_per_host}", r.hosts,
                            r.gpus_per_host, delay_s=delay_s, model=r.model, spares=r.spares,
-                           hosts_per_domain=r.hosts_per_domain)
+                           hosts_per_domain=r.hosts_per_domain, switch_options=r.switch_options,
+                           models=r.models)
     hosts = [Host(h.name, h.failure_domain, h.gpus, h.spare) for h in section.hosts]
     switches = [
         Switch(

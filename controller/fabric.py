@@ -167,12 +167,16 @@ def rail_fabric(
     model: str = "emulated",
     spares: int = 0,
     hosts_per_domain: int | None = None,
+    switch_options: Mapping[str, Mapping[str, str | int | float | bool]] | None = None,
+    models: Mapping[str, str] | None = None,
 ) -> Fabric:
     """A rail-optimised fabric: ``hosts + spares`` hosts of ``gpus_per_host`` GPUs, one NIC per
     GPU, rail *g* = NIC *g* of every host, one N x N OCS per rail with N = hosts + spares.
 
     Host *i* (0-based) lands on ingress *i+1* and egress *N+i+1* of every rail's switch
     (Opus testbed wiring). ``hosts_per_domain`` groups hosts into failure domains (default: one).
+    ``switch_options`` and ``models`` give a switch (by id, ``ocs-rail<r>``) driver options and
+    its own model (default ``model``).
     """
     total = hosts + spares
     per_domain = hosts_per_domain or total
@@ -188,8 +192,10 @@ def rail_fabric(
     caps = SwitchCapabilities(
         kind=SwitchKind.NXN, port_count=total, atomic_bulk=True, settle_time_s=delay_s
     )
+    opts = switch_options or {}
     switches = [
-        Switch(switch_id=f"ocs-rail{r}", model=model, capabilities=caps, rail=r)
+        Switch(switch_id=f"ocs-rail{r}", model=(models or {}).get(f"ocs-rail{r}", model),
+               capabilities=caps, rail=r, options=dict(opts.get(f"ocs-rail{r}", {})))
         for r in range(gpus_per_host)
     ]
     endpoints = [
