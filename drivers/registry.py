@@ -55,6 +55,12 @@ def _siph(switch: Switch, context: DriverContext) -> Driver:
     return siph.make_driver(switch, context)
 
 
+def _tl1(switch: Switch, context: DriverContext) -> Driver:
+    from drivers import tl1
+
+    return tl1.make_driver(switch, context)
+
+
 def _restconf(switch: Switch, context: DriverContext) -> Driver:
     from drivers import restconf
 
@@ -64,6 +70,7 @@ def _restconf(switch: Switch, context: DriverContext) -> Driver:
 FACTORIES: Mapping[str, DriverFactory] = MappingProxyType({
     "emulated": _emulated,
     "siph": _siph,
+    "tl1": _tl1,
     "restconf": _restconf,
 })
 """Driver factory by ``model`` name."""
