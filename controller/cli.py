@@ -30,7 +30,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from controller.config import ConfigError, FabricSection, load_config
+from controller.config import ConfigError, load_config
 from controller.logs import configure_logging
 
 DEFAULT_TARGET = os.environ.get("LIGHTRAIL_CONTROLLER", "127.0.0.1:50051")
@@ -129,8 +129,21 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         print(exc, file=sys.stderr)
         return 2
     from controller.config import build_fabric
+    from drivers.registry import DriverConfigError, DriverContext, create_driver
+    from emulator.ocs import EmulatedFabricDevices
 
     fabric = build_fabric(cfg.fabric)
+    context = DriverContext(emulated_devices=EmulatedFabricDevices())
+    problems = []
+    for sw in fabric.switches.values():
+        try:
+            create_driver(sw, context=context)  # validates model and options; opens nothing
+        except DriverConfigError as exc:
+            problems.append(str(exc))
+    if problems:
+        print(f"{args.config}: invalid configuration:\n  " + "\n  ".join(problems),
+              file=sys.stderr)
+        return 2
     print(f"{args.config}: OK: fabric {fabric.name!r}, {len(fabric.hosts)} hosts, "
           f"{len(fabric.switches)} switches, {len(fabric.endpoints)} endpoints")
     return 0
@@ -246,6 +259,7 @@ async def replay_main(
     max_ops: int | None = None,
     fail_gpu: tuple[str, int] | None = None,
     fail_after: int = 2,
+    devices: str = "tl1",
 ) -> int:
     """Load ``trace``, run it through a controller (embedded when ``controller`` is None),
     print the summary. ``fail_gpu`` (host, gpu): after ``fail_after`` iterations that GPU's
@@ -317,21 +331,21 @@ async def replay_main(
         return await run(controller)
     from controller.embedded import embedded_config, spawn_controller
     from controller.etcd_server import EmbeddedEtcd
+    from emulator.fabric_servers import emulated_rails, rail_section
+    from emulator.ocs import EmulatedFabricDevices
 
-    if fail_gpu is not None and fabric_name == "demo-4x2":
-        # the demo fabric plus one spare host wired to both rails (failover needs a spare)
-        section = FabricSection.model_validate(
-            {"rail": {"hosts": 4, "gpus_per_host": 2, "spares": 1}, "name": "demo-4x2+spare",
-             "reconfiguration_delay_ms": delay_ms})
-        fabric_name = "demo-4x2+spare"
-    else:
-        section = FabricSection.model_validate(
-            {"builtin": fabric_name, "reconfiguration_delay_ms": delay_ms})
+    # the demo fabric plus one spare host wired to both rails when failover needs a spare
+    spares = 1 if fail_gpu is not None else 0
+    section = rail_section(fabric_name, spares=spares, delay_ms=delay_ms)
+    fabric_name = section.name or fabric_name
     if progress and not as_json:
-        err.print(f"starting an embedded etcd and a controller process (fabric {fabric_name}) "
-                  "...")
-    async with EmbeddedEtcd() as etcd:
-        cfg = embedded_config(etcd.endpoint, section)
+        how = {"tl1": "TL1 (Polatis dialect) over TCP", "restconf": "RESTCONF over HTTP",
+               "emulated": "the in-process driver"}[devices]
+        err.print(f"starting an embedded etcd, emulated switches speaking {how}, and a "
+                  f"controller process (fabric {fabric_name}) ...")
+    async with EmbeddedEtcd() as etcd, \
+            emulated_rails(section, EmulatedFabricDevices(), devices) as served:
+        cfg = embedded_config(etcd.endpoint, served)
         async with spawn_controller(cfg) as child:
             return await run(child.grpc_target)
 
@@ -342,7 +356,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         Path(args.trace), controller=args.controller, fabric=args.fabric,
         delay_ms=args.delay_ms, iterations=args.iterations, time_scale=args.time_scale,
         job_id=args.job_id, as_json=args.json, progress=not args.no_progress,
-        max_ops=args.max_ops,
+        max_ops=args.max_ops, devices=args.devices,
     ))
 
 
@@ -362,13 +376,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
               "holding traces/param-dlrm-8rank)", file=sys.stderr)
         return 2
     console = _console(stderr=True)
-    console.print("[bold]Lightrail demo[/]: an embedded etcd, the controller with 2 emulated "
-                  "rail OCSes (4 hosts x 2 GPUs), and 4 host agents replaying the recorded "
-                  "DLRM training step of 8 ranks (PyTorch Kineto).")
+    console.print("[bold]Lightrail demo[/]: an embedded etcd, the controller driving 2 emulated "
+                  "rail OCSes over TL1 sockets (4 hosts x 2 GPUs), and 4 host agents replaying "
+                  "the recorded DLRM training step of 8 ranks (PyTorch Kineto)"
+                  + (", failing a GPU after 2 iterations." if args.fail_gpu else "."))
     return _run(replay_main(
         trace, controller=None, fabric="demo-4x2", delay_ms=args.delay_ms,
         iterations=args.iterations, time_scale=args.time_scale, job_id="dlrm-demo",
-        as_json=False, progress=True, fail_gpu=fail_gpu,
+        as_json=False, progress=True, fail_gpu=fail_gpu, devices=args.devices,
     ))
 
 
@@ -514,6 +529,24 @@ def cmd_hosts(args: argparse.Namespace) -> int:
 # --- parser ----------------------------------------------------------------------------------
 
 
+def cmd_slices(args: argparse.Namespace) -> int:
+    """``lightrail slices-eval``: torus slice allocation, contiguous-only vs photonic stitching
+    (Morphlux) on one seeded trace; prints a table, writes CSV/JSON/PNG with ``--out``."""
+    from controller.torus_eval import evaluate_slices, render_table
+
+    try:
+        ev = evaluate_slices(seed=args.seed, torus=args.torus, requests=args.requests,
+                             load=args.load, spares_per_rack=args.spares,
+                             out_dir=Path(args.out) if args.out else None)
+    except ValueError as exc:
+        print(f"lightrail slices-eval: {exc}", file=sys.stderr)
+        return 2
+    print(render_table(ev))
+    if args.out:
+        print(f"wrote slices_eval.csv, slices_eval.json, slices_eval.png to {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``lightrail`` argument parser."""
     p = argparse.ArgumentParser(prog="lightrail", description=__doc__.splitlines()[0])
@@ -552,6 +585,9 @@ def build_parser() -> argparse.ArgumentParser:
         c.add_argument("--delay-ms", type=non_negative_float, default=10.0,
                        help="reconfiguration delay of the emulated OCSes, embedded controller "
                             "only (default 10)")
+        c.add_argument("--devices", choices=["tl1", "restconf", "emulated"], default="tl1",
+                       help="how the embedded controller reaches its emulated switches: TL1 or "
+                            "RESTCONF over sockets, or the in-process driver (default tl1)")
 
     c = sub.add_parser("replay", help="replay a recorded trace or workload through a controller")
     c.add_argument("trace", help="Kineto dir/tarball/JSON, AICB CSV or SimAI text")
@@ -594,6 +630,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="NVLink Gb/s per GPU (default 2400 = 300 GB/s)")
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=cmd_evaluate)
+
+    c = sub.add_parser("slices-eval", help="torus slice allocation: contiguous-only vs photonic "
+                                           "stitching (Morphlux) on a seeded trace")
+    c.add_argument("--seed", type=int, default=0, help="trace seed (default 0)")
+    c.add_argument("--torus", default="8x8x8", help="torus extents in chips (default 8x8x8)")
+    c.add_argument("--requests", type=positive_int, default=1000,
+                   help="slice requests in the trace (default 1000)")
+    c.add_argument("--load", type=non_negative_float, default=1.0,
+                   help="offered load: requested chip-time / tenant chip-time (default 1)")
+    c.add_argument("--spares", type=int, default=0, help="spare chips per rack (default 0)")
+    c.add_argument("--out", default=None,
+                   help="directory for slices_eval.csv, slices_eval.json, slices_eval.png")
+    c.set_defaults(func=cmd_slices)
 
     for name, func, doc in (
         ("status", cmd_status, "controller status"),

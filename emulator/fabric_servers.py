@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from controller.config import FabricSection, build_fabric
 from controller.fabric import Fabric
 from emulator.ocs import EmulatedFabricDevices
 from emulator.restconf_server import RestconfServer
@@ -22,6 +23,47 @@ EMULATOR_USER = "admin"
 EMULATOR_PASSWORD = "root"  # the emulated devices' built-in account, not a real secret
 
 OptionValue = str | int | float | bool
+
+
+RAIL_BUILTINS = {"demo-4x2": (4, 2), "rail-16x8": (16, 8)}
+"""Built-in fabric names as (hosts, GPUs per host) of a rail fabric."""
+
+
+def rail_section(
+    name: str,
+    *,
+    spares: int = 0,
+    delay_ms: float,
+    protocol: str = "emulated",
+    switch_options: dict[str, dict[str, OptionValue]] | None = None,
+) -> FabricSection:
+    """The config section of built-in rail fabric ``name`` (plus ``spares`` hosts), its
+    switches driven by ``protocol`` with ``switch_options``. Raises ``KeyError`` for an unknown
+    name."""
+    hosts, gpus = RAIL_BUILTINS[name]
+    return FabricSection.model_validate({
+        "name": name + (f"+{spares}spare" if spares else ""),
+        "rail": {"hosts": hosts, "gpus_per_host": gpus, "spares": spares, "model": protocol,
+                 "switch_options": switch_options or {}},
+        "reconfiguration_delay_ms": delay_ms,
+    })
+
+
+@asynccontextmanager
+async def emulated_rails(
+    section: FabricSection, devices: EmulatedFabricDevices, protocol: str = "tl1"
+) -> AsyncIterator[FabricSection]:
+    """Serve the switches of a generated rail fabric over ``protocol`` ("tl1", "restconf";
+    "emulated" serves nothing: the in-process driver) and yield the section that points the
+    controller's drivers at them."""
+    if protocol == "emulated":
+        yield section
+        return
+    fabric = build_fabric(section)
+    async with serve_fabric(fabric, devices, protocol) as options:
+        assert section.rail is not None
+        rail = section.rail.model_copy(update={"model": protocol, "switch_options": options})
+        yield section.model_copy(update={"rail": rail})
 
 
 @asynccontextmanager

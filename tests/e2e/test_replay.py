@@ -16,6 +16,7 @@ from agents.trace.loader import load_workload
 from controller.config import FabricSection, build_fabric
 from controller.embedded import embedded_config, running_controller
 from controller.etcd_server import EmbeddedEtcd
+from emulator.fabric_servers import emulated_rails, rail_section
 from emulator.ocs import EmulatedFabricDevices
 from tests.invariants import check_holds
 
@@ -36,13 +37,14 @@ async def replay_checked(
     etcd: EmbeddedEtcd, path: Path, fabric_name: str, iterations: int, max_ops: int | None,
     delay_ms: float = 1.0,
 ) -> tuple[ReplayReport, Replayer]:
-    section = FabricSection.model_validate(
-        {"builtin": fabric_name, "reconfiguration_delay_ms": delay_ms})
+    section = rail_section(fabric_name, delay_ms=delay_ms)
     fabric = build_fabric(section)
     devices = EmulatedFabricDevices()
     workload = load_workload(path)
-    cfg = embedded_config(etcd.endpoint, section, admission_timeout_s=60.0)
-    async with running_controller(cfg, devices=devices) as rc:
+    # the rails are emulated Polatis switches the controller drives over TL1 sockets
+    async with emulated_rails(section, devices, "tl1") as served, running_controller(
+            embedded_config(etcd.endpoint, served, admission_timeout_s=60.0),
+            devices=devices) as rc:
         hosts = [HostSlot(h.name, tuple(range(h.gpu_count))) for h in fabric.hosts.values()]
         replayer = Replayer(workload, rc.grpc_target, hosts, job_id="e2e",
                             iterations=iterations, time_scale=0.0, timeout_s=60.0,

@@ -22,6 +22,7 @@ from controller.app import RunningController, run_controller
 from controller.config import Config, ControllerSection, FabricSection, build_fabric
 from controller.embedded import embedded_config
 from controller.etcd_server import EmbeddedEtcd
+from emulator.fabric_servers import emulated_rails, rail_section
 from emulator.ocs import EmulatedFabricDevices
 from tests.invariants import check_holds
 
@@ -53,14 +54,20 @@ def start(cfg: Config, devices: EmulatedFabricDevices
 async def test_controller_restart_mid_replay(etcd: EmbeddedEtcd) -> None:
     if not DLRM.exists():
         pytest.skip(f"{DLRM} not present")
-    section = FabricSection.model_validate(
-        {"builtin": "demo-4x2", "reconfiguration_delay_ms": 2})
+    devices = EmulatedFabricDevices()
+    # the switches speak TL1 over sockets and outlive the controller, as real ones would
+    async with emulated_rails(rail_section("demo-4x2", delay_ms=2), devices, "tl1") as section:
+        await restart_mid_replay(etcd, section, devices)
+
+
+async def restart_mid_replay(
+    etcd: EmbeddedEtcd, section: FabricSection, devices: EmulatedFabricDevices
+) -> None:
     fabric = build_fabric(section)
     base = embedded_config(etcd.endpoint, section, admission_timeout_s=60.0)
     cfg = base.model_copy(update={"controller": ControllerSection(
         replica_id="ctl-a", listen=f"127.0.0.1:{free_port()}", metrics_listen="127.0.0.1:0",
         admission_timeout_s=60.0, shutdown_timeout_s=5.0)})
-    devices = EmulatedFabricDevices()
 
     task_a, started_a, _ = start(cfg, devices)
     rc_a = await asyncio.wait_for(started_a, 30)
