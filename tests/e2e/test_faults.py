@@ -1,0 +1,98 @@
+"""Fault injection on TL1-driven rails: whatever the devices do (partial apply, a lying device,
+a denied port, a slow device), no rank is admitted onto circuits the device did not confirm."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import pytest
+
+from agents.client import ControllerClient
+from agents.errors import PhaseError
+from agents.replay import HoldRecord
+from controller.config import build_fabric
+from controller.coordinator import ErrorCode
+from controller.embedded import embedded_config, running_controller
+from controller.etcd_server import EmbeddedEtcd
+from controller.model import Collective, PhaseKey, ProcessGroup
+from controller.planner import RankPlacement
+from drivers.base import CrossConnect
+from emulator.fabric_servers import emulated_rails, rail_section
+from emulator.ocs import EmulatedFabricDevices, EmulatedOcs
+from tests.invariants import check_holds
+
+PLACE = [RankPlacement(r, f"host{r // 2}", r % 2) for r in range(8)]
+RING = PhaseKey(ProcessGroup.of(range(8)), Collective.ALL_REDUCE)
+N = 4
+
+# fault -> (inject, persistent): a one-off partial apply is retried by the reconciler; a lying
+# device and a denied port fail every attempt
+FAULTS: dict[str, tuple[Callable[[EmulatedOcs], None], bool]] = {
+    "partial apply": (lambda d: d.fail_make(2), False),
+    "lying device": (lambda d: d.drop_makes_silently(1), True),
+    "denied port": (lambda d: d.deny_port(2), True),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+async def test_no_admission_onto_unconfirmed_circuits(etcd: EmbeddedEtcd, fault: str) -> None:
+    section = rail_section("demo-4x2", delay_ms=1)
+    fabric = build_fabric(section)
+    devices = EmulatedFabricDevices()
+    holds: list[HoldRecord] = []
+    async with emulated_rails(section, devices, "tl1") as served, running_controller(
+            embedded_config(etcd.endpoint, served, admission_timeout_s=20), devices=devices
+    ) as rc, ControllerClient(rc.grpc_target) as client:
+        await client.register_job("job", PLACE)
+        inject, persistent = FAULTS[fault]
+        inject(devices["ocs-rail0"])
+
+        async def enter(rank: int, iteration: int) -> float | PhaseError:
+            try:
+                await client.enter("job", rank, RING, iteration, timeout_s=20)
+            except PhaseError as exc:
+                return exc
+            return time.monotonic()
+
+        first = await asyncio.gather(*(enter(r, 0) for r in range(8)))
+        errors = [x for x in first if isinstance(x, PhaseError)]
+        assert bool(errors) == persistent, (fault, errors)
+        assert all(e.code is ErrorCode.DEVICE_FAILURE for e in errors)
+        for r, x in enumerate(first):  # ranks admitted meanwhile (rail 1 only) release
+            if not isinstance(x, PhaseError):
+                holds.append(HoldRecord(r, RING, x, time.monotonic()))
+                await client.release_phase("job", r, RING, 0)
+        devices["ocs-rail0"].clear_faults()
+        # the job retries: now every rank gets the ring, confirmed by both switches
+        second = await asyncio.gather(*(enter(r, 1) for r in range(8)))
+        assert not [x for x in second if isinstance(x, PhaseError)]
+        for r, x in enumerate(second):
+            assert isinstance(x, float)
+            holds.append(HoldRecord(r, RING, x, time.monotonic()))
+    assert devices["ocs-rail0"].cross_connects == {
+        CrossConnect(i + 1, N + (i + 1) % 4 + 1) for i in range(4)}
+    violations = check_holds(fabric, PLACE, holds,
+                             {sid: dev.change_log for sid, dev in devices.items()})
+    assert violations == [], violations[:5]
+
+
+async def test_slow_device_delays_admission_but_never_skips_confirmation(
+    etcd: EmbeddedEtcd,
+) -> None:
+    section = rail_section("demo-4x2", delay_ms=1)
+    fabric = build_fabric(section)
+    devices = EmulatedFabricDevices()
+    async with emulated_rails(section, devices, "tl1") as served, running_controller(
+            embedded_config(etcd.endpoint, served, admission_timeout_s=20), devices=devices
+    ) as rc, ControllerClient(rc.grpc_target) as client:
+        await client.register_job("job", PLACE)
+        devices["ocs-rail1"].set_extra_delay(0.05)
+        admitted = await asyncio.gather(*(client.enter("job", r, RING, timeout_s=20)
+                                          for r in range(8)))
+        at = time.monotonic()
+    assert any(not a.noop for a in admitted)
+    holds = [HoldRecord(r, RING, at, at + 1.0) for r in range(8)]
+    assert check_holds(fabric, PLACE, holds,
+                       {sid: dev.change_log for sid, dev in devices.items()}) == []
