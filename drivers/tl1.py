@@ -1025,6 +1025,8 @@ class Tl1Driver:
 
     def _chunks(self, xcs: list[CrossConnect]) -> list[list[CrossConnect]]:
         limit = self._caps.max_batch
+        if not xcs:
+            return []  # nothing to send: an ENT-PATCH needs at least one port
         if limit is None or len(xcs) <= limit:
             return [xcs]
         return [xcs[i : i + limit] for i in range(0, len(xcs), limit)]
