@@ -31,7 +31,7 @@ from controller.coordinator import ErrorCode, PhaseCoordinator
 from controller.costmodel import LinkModel
 from controller.events import EventBus
 from controller.fabric import Fabric
-from controller.failover import FailoverManager
+from controller.failover import EtcdHealthStore, FailoverManager
 from controller.grpc_agent import AgentServicer
 from controller.grpc_operator import OperatorServicer
 from controller.jobs import CorruptJobRecord, EtcdJobRepository
@@ -183,9 +183,12 @@ async def _serve(
             def is_leader() -> bool:
                 return election.is_leader.is_set()
 
+            health_store = EtcdHealthStore(store, writer.put)
             failover = FailoverManager(service, repo, events,
                                        heartbeat_interval_s=ccfg.heartbeat_interval_s,
-                                       heartbeat_deadline_s=ccfg.heartbeat_deadline_s)
+                                       heartbeat_deadline_s=ccfg.heartbeat_deadline_s,
+                                       store=health_store)
+            failover.restore_failed(await health_store.load_failed())
             failover.start(tg)
             server = grpc.aio.server()
             agent_pb2_grpc.add_AgentServiceServicer_to_server(

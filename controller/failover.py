@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import structlog
 
@@ -30,6 +32,7 @@ from controller.events import EventBus, JobEvent, JobEventKind
 from controller.jobs import JobRecord, JobRepository
 from controller.phase_service import PhaseService
 from controller.spares import NoSpare, pick_spare
+from controller.store import EtcdStore, Lease, StoreError
 
 log = structlog.get_logger(__name__)
 
@@ -67,6 +70,18 @@ class FailoverTimeline:
     job_notified_s: float
 
 
+class HealthStore(Protocol):
+    """Where the manager keeps what must survive a controller restart (etcd in the daemon):
+    GPU failure records (``gpus/<host>/<gpu>``) and host presence (``hosts/<host>/presence``,
+    under a lease that lives while the host's health stream is open)."""
+
+    def put(self, key: str, obj: object) -> None: ...
+
+    async def host_online(self, host: str, ttl_s: int) -> object: ...
+
+    async def host_offline(self, token: object) -> None: ...
+
+
 class FailoverManager:
     """Owns GPU health records and host heartbeats; runs failovers one at a time per job.
 
@@ -83,7 +98,9 @@ class FailoverManager:
         heartbeat_interval_s: float = 1.0,
         heartbeat_deadline_s: float = 3.0,
         clock: Callable[[], float] = time.monotonic,
+        store: HealthStore | None = None,
     ) -> None:
+        self._store = store
         self._service = service
         self._jobs = jobs
         self._events = events
@@ -129,8 +146,33 @@ class FailoverManager:
             return
         self._gpus[key] = GpuRecord(state, reason, self._clock())
         if state is GpuState.FAILED:
+            self._persist(host, gpu, reason)
             self._count_failed()
             self._spawn_failover(host, gpu, reason)
+
+    def _persist(self, host: str, gpu: int, reason: str) -> None:
+        if self._store is not None:
+            self._store.put(f"gpus/{host}/{gpu}", {"state": GpuState.FAILED.value,
+                                                   "reason": reason, "at_unix_s": time.time()})
+
+    def restore_failed(self, records: dict[tuple[str, int], str]) -> None:
+        """Failure records read back from etcd at start: they stay failed (and are never picked
+        as spares) until an operator clears them."""
+        for (host, gpu), reason in records.items():
+            self._gpus[(host, gpu)] = GpuRecord(GpuState.FAILED, reason, self._clock())
+        self._count_failed()
+
+    async def stream_opened(self, host: str) -> object | None:
+        """A host's health stream opened: record its presence (etcd lease while it lasts)."""
+        if self._store is None:
+            return None
+        ttl = max(2, math.ceil(self.heartbeat_deadline_s))
+        return await self._store.host_online(host, ttl)
+
+    async def stream_closed(self, token: object | None) -> None:
+        """The stream ended: its presence key goes with its lease."""
+        if self._store is not None and token is not None:
+            await self._store.host_offline(token)
 
     def _count_failed(self) -> None:
         metrics.GPUS_FAILED.set(sum(1 for r in self._gpus.values()
@@ -249,6 +291,7 @@ class FailoverManager:
         for gpu in range(gpus):
             self._gpus[(host, gpu)] = GpuRecord(GpuState.FAILED, f"drained: {reason}",
                                                 self._clock())
+            self._persist(host, gpu, f"drained: {reason}")
         self._count_failed()
         for gpu in range(gpus):
             user = coord.gpus_in_use().get((host, gpu))
@@ -274,3 +317,44 @@ class FailoverManager:
                 for gpu in range(gpus):
                     self.report(host, gpu, GpuState.FAILED,
                                 f"no heartbeat for {now - last:.2f} s")
+
+
+class EtcdHealthStore:
+    """``HealthStore`` over etcd: records through the coalescing writer, presence as a key under
+    a lease the store keeps alive while the host's stream is open. etcd trouble is logged and
+    never fails a health stream (failover itself does not depend on it)."""
+
+    def __init__(self, store: EtcdStore, put: Callable[[str, object], None]) -> None:
+        self._store = store
+        self._put = put
+
+    def put(self, key: str, obj: object) -> None:
+        self._put(key, obj)
+
+    async def host_online(self, host: str, ttl_s: int) -> object:
+        try:
+            lease = await self._store.grant_lease(ttl_s)
+            await self._store.put_json(f"hosts/{host}/presence",
+                                       {"host": host, "since_unix_s": time.time()}, lease=lease)
+        except StoreError as exc:
+            log.warning("presence_not_recorded", host=host, error=str(exc))
+            return None
+        return lease
+
+    async def host_offline(self, token: object) -> None:
+        if not isinstance(token, Lease):
+            return
+        try:
+            await self._store.revoke(token)
+        except StoreError as exc:
+            log.warning("presence_not_revoked", error=str(exc))
+
+    async def load_failed(self) -> dict[tuple[str, int], str]:
+        """GPU failure records stored by earlier runs: (host, gpu) -> reason."""
+        snap = await self._store.get_prefix_json("gpus/")
+        out: dict[tuple[str, int], str] = {}
+        for key, value in snap.items.items():
+            _, host, gpu = key.split("/", 2)
+            if gpu.isdigit() and isinstance(value, dict) and value.get("state") == "failed":
+                out[(host, int(gpu))] = str(value.get("reason", "failed"))
+        return out

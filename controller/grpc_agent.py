@@ -244,26 +244,43 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "failover is not enabled")
         assert manager is not None
         hosts = self._service.coordinator.fabric.hosts
-        async for report in request_iterator:
-            host = hosts.get(report.host)
-            if host is None:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                    f"host: unknown host {report.host!r}")
-            assert host is not None
-            manager.heartbeat(report.host)
-            for g in report.gpus:
-                state = _GPU_STATE.get(g.state)
-                if state is None or g.gpu >= host.gpu_count:
+        presence: object | None = None
+        try:
+            async for report in request_iterator:
+                host = hosts.get(report.host)
+                if host is None:
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                        f"gpus[{g.gpu}]: unknown GPU or state {g.state} on "
-                                        f"{report.host}")
-                assert state is not None
-                reason = g.reason or state.value
-                if g.has_xid:
-                    reason = f"XID {g.xid}: {reason}"
-                manager.report(report.host, g.gpu, state, reason)
-            yield agent_pb2.HealthAck(heartbeat_interval_s=manager.heartbeat_interval_s,
-                                      failed_gpus=manager.failed_gpus(report.host))
+                                        f"host: unknown host {report.host!r}")
+                assert host is not None
+                if presence is None:
+                    presence = await manager.stream_opened(report.host)
+                async for ack in self._health_report(manager, report, host.gpu_count, context):
+                    yield ack
+        finally:
+            await manager.stream_closed(presence)
+
+    async def _health_report(
+        self,
+        manager: FailoverManager,
+        report: agent_pb2.HealthReport,
+        gpu_count: int,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> AsyncIterator[agent_pb2.HealthAck]:
+        """Apply one report; yield its acknowledgement."""
+        manager.heartbeat(report.host)
+        for g in report.gpus:
+            state = _GPU_STATE.get(g.state)
+            if state is None or g.gpu >= gpu_count:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    f"gpus[{g.gpu}]: unknown GPU or state {g.state} on "
+                                    f"{report.host}")
+            assert state is not None
+            reason = g.reason or state.value
+            if g.has_xid:
+                reason = f"XID {g.xid}: {reason}"
+            manager.report(report.host, g.gpu, state, reason)
+        yield agent_pb2.HealthAck(heartbeat_interval_s=manager.heartbeat_interval_s,
+                                  failed_gpus=manager.failed_gpus(report.host))
 
     # --- phases -----------------------------------------------------------------------------
 

@@ -204,3 +204,31 @@ async def test_host_agent_health_reporter_drives_failover(ctl: RunningController
         finally:
             for t in tasks:
                 t.cancel()
+
+
+async def test_presence_lease_and_failure_records_live_in_etcd(
+    ctl: RunningController, etcd: EmbeddedEtcd
+) -> None:
+    async with grpc.aio.insecure_channel(ctl.grpc_target) as ch, \
+            EtcdStore.connect(etcd.endpoint) as store:
+        call = agent_pb2_grpc.AgentServiceStub(ch).HealthStream()  # type: ignore[call-arg]
+        await call.write(agent_pb2.HealthReport(host="host3", gpus=[agent_pb2.GpuHealth(
+            gpu=1, state=agent_pb2.GPU_FAILED, reason="uncontained ECC", xid=95,
+            has_xid=True)]))
+        await call.read()
+        presence = await store.get("hosts/host3/presence")
+        assert presence is not None and presence.lease_id is not None  # held by a lease
+        record = None
+        for _ in range(300):  # the coalescing writer stores it shortly after
+            record = await store.get_json("gpus/host3/1")
+            if record is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert isinstance(record, dict) and record["state"] == "failed"
+        assert "XID 95" in record["reason"]
+        call.cancel()
+        for _ in range(300):  # the stream ended: its lease and the presence key go
+            if await store.get("hosts/host3/presence") is None:
+                break
+            await asyncio.sleep(0.01)
+        assert await store.get("hosts/host3/presence") is None
