@@ -1,11 +1,11 @@
 # Lightrail — `make demo` and `make test` work on a fresh Debian machine.
 # They create .venv (pinned requirements.lock) and, when run as root, apt-get install
-# the Debian packages the tests and the demo need (etcd-server; mosquitto for MQTT tests).
+# the Debian package the tests and the demo need (etcd-server).
 
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-APT_PACKAGES := etcd-server mosquitto
+APT_PACKAGES := etcd-server
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint typecheck check proto bench system-deps clean
@@ -22,7 +22,6 @@ venv: $(STAMP)
 system-deps:
 	@missing=""; \
 	command -v etcd >/dev/null 2>&1 || missing="$$missing etcd-server"; \
-	command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || missing="$$missing mosquitto"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = "0" ]; then \
 	    echo "installing Debian packages:$$missing"; \
