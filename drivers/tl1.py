@@ -73,6 +73,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import structlog
 
+from drivers.alarm_stream import AlarmStream
 from drivers.base import (
     AlarmSeverity,
     ApplyMode,
@@ -589,41 +590,6 @@ class Tl1Session:
 # --- the driver ----------------------------------------------------------------------------------
 
 
-class _AlarmStream(AsyncIterator[DeviceAlarm]):
-    """Alarms of one ``events()`` call, in order; a bounded queue that drops the oldest alarm
-    when a slow reader lets it fill (counted in ``dropped``)."""
-
-    def __init__(self, driver: Tl1Driver) -> None:
-        self._driver = driver
-        self._queue: asyncio.Queue[DeviceAlarm | None] = asyncio.Queue(_ALARM_QUEUE_SIZE)
-        self._closed = False
-        self.dropped = 0
-
-    def __aiter__(self) -> _AlarmStream:
-        return self
-
-    async def __anext__(self) -> DeviceAlarm:
-        if self._closed and self._queue.empty():
-            raise StopAsyncIteration
-        alarm = await self._queue.get()
-        if alarm is None:
-            raise StopAsyncIteration
-        return alarm
-
-    def _offer(self, alarm: DeviceAlarm | None) -> None:
-        if self._queue.full():
-            self._queue.get_nowait()
-            self.dropped += 1
-        self._queue.put_nowait(alarm)
-
-    async def aclose(self) -> None:
-        """Stop this stream; a pending ``__anext__`` ends with ``StopAsyncIteration``."""
-        if not self._closed:
-            self._closed = True
-            self._driver._unsubscribe(self)
-            self._offer(None)
-
-
 class Tl1Driver:
     """A ``drivers.base.Driver`` speaking Polatis TL1 to ``options.host:options.port``.
 
@@ -656,7 +622,7 @@ class Tl1Driver:
         self._connect_lock = asyncio.Lock()
         self._apply_lock = asyncio.Lock()
         self._opened = False
-        self._subscribers: set[_AlarmStream] = set()
+        self._subscribers: set[AlarmStream] = set()
         self._reconnect_task: asyncio.Task[None] | None = None
         self._log = _log.bind(switch=switch.switch_id)
 
@@ -871,7 +837,7 @@ class Tl1Driver:
         Raises ``DeviceUnreachable`` when not open."""
         if not self._opened:
             raise DeviceUnreachable(self._switch_id, "driver is not open")
-        stream = _AlarmStream(self)
+        stream = AlarmStream(self._unsubscribe, _ALARM_QUEUE_SIZE)
         self._subscribers.add(stream)
         if self._session is None or not self._session.alive:
             self._start_reconnect()
@@ -1246,9 +1212,9 @@ class Tl1Driver:
                 severity=event.severity.value,
             )
             for stream in self._subscribers:
-                stream._offer(event)
+                stream.offer(event)
 
-    def _unsubscribe(self, stream: _AlarmStream) -> None:
+    def _unsubscribe(self, stream: AlarmStream) -> None:
         self._subscribers.discard(stream)
 
 

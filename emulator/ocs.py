@@ -21,7 +21,6 @@ import asyncio
 import enum
 import time
 from collections.abc import (
-    AsyncIterator,
     Awaitable,
     Callable,
     Iterable,
@@ -33,6 +32,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from drivers.alarm_stream import AlarmStream
 from drivers.base import (
     AlarmSeverity,
     ApplyResult,
@@ -105,42 +105,8 @@ class _MakeFailure:
     reason: str
 
 
-class AlarmSubscription(AsyncIterator[DeviceAlarm]):
-    """Alarms of one device from the moment of subscription, in order.
-
-    Backed by a bounded ``asyncio.Queue``; when a slow reader lets it fill up the oldest alarm
-    is dropped and counted in ``dropped``. ``aclose`` ends the iteration.
-    """
-
-    def __init__(self, device: EmulatedOcs) -> None:
-        self._device = device
-        self._queue: asyncio.Queue[DeviceAlarm | None] = asyncio.Queue(_ALARM_QUEUE_SIZE)
-        self._closed = False
-        self.dropped = 0
-
-    def __aiter__(self) -> AlarmSubscription:
-        return self
-
-    async def __anext__(self) -> DeviceAlarm:
-        if self._closed and self._queue.empty():
-            raise StopAsyncIteration
-        alarm = await self._queue.get()
-        if alarm is None:
-            raise StopAsyncIteration
-        return alarm
-
-    def _offer(self, alarm: DeviceAlarm | None) -> None:
-        if self._queue.full():
-            self._queue.get_nowait()
-            self.dropped += 1
-        self._queue.put_nowait(alarm)
-
-    async def aclose(self) -> None:
-        """Unsubscribe; a pending ``__anext__`` ends with ``StopAsyncIteration``."""
-        if not self._closed:
-            self._closed = True
-            self._device._unsubscribe(self)
-            self._offer(None)
+AlarmSubscription = AlarmStream
+"""Alarms of one device from the moment of subscription (``drivers.alarm_stream``)."""
 
 
 class EmulatedOcs:
@@ -323,7 +289,7 @@ class EmulatedOcs:
 
     def alarms(self) -> AlarmSubscription:
         """Subscribe to this device's alarms from now on."""
-        sub = AlarmSubscription(self)
+        sub = AlarmStream(self._unsubscribe, _ALARM_QUEUE_SIZE)
         self._subscribers.add(sub)
         return sub
 
@@ -340,7 +306,7 @@ class EmulatedOcs:
             "alarm", port=port, condition=condition, severity=severity.value
         )
         for sub in self._subscribers:
-            sub._offer(alarm)
+            sub.offer(alarm)
 
     # --- device commands -----------------------------------------------------------------------
 
