@@ -304,3 +304,50 @@ def check_partial_permutation(
             if other is not None and other != xc:
                 raise CrossConnectConflict(switch_id, xc, other)
             by_port[port] = xc
+
+
+def check_apply_request(
+    switch_id: str,
+    caps: SwitchCapabilities,
+    target: Iterable[CrossConnect],
+    ports: Iterable[int],
+) -> None:
+    """Validate an ``apply(target, ports)`` request before any device command: every port
+    exists, every target cross-connect lies within ``ports``, and ``target`` is a partial
+    permutation. Raises ``InvalidPort`` or ``CrossConnectConflict``."""
+    valid = caps.port_ids()
+    scope = frozenset(ports)
+    for port in scope:
+        if port not in valid:
+            raise InvalidPort(switch_id, port, "no such port")
+    targets = tuple(target)
+    for xc in targets:
+        for port in xc.ports():
+            if port not in scope:
+                raise InvalidPort(
+                    switch_id, port,
+                    f"target cross-connect {xc.ingress}->{xc.egress} leaves the ports given",
+                )
+    check_partial_permutation(switch_id, caps, targets)
+
+
+def cross_connects_on_ports(
+    switch_id: str, xcs: Iterable[CrossConnect], ports: frozenset[int]
+) -> frozenset[CrossConnect]:
+    """The cross-connects among ``xcs`` that lie on ``ports`` (what an apply restricted to
+    ``ports`` may break). Raises ``InvalidPort`` for one joining a port in ``ports`` to one
+    outside them: breaking it would touch a port the caller does not own."""
+    out: set[CrossConnect] = set()
+    for xc in xcs:
+        inside_in = xc.ingress in ports
+        inside_out = xc.egress in ports
+        if inside_in != inside_out:
+            outside = xc.egress if inside_in else xc.ingress
+            raise InvalidPort(
+                switch_id, outside,
+                f"cross-connect {xc.ingress}->{xc.egress} on the ports given also uses "
+                f"port {outside} outside them",
+            )
+        if inside_in:
+            out.add(xc)
+    return frozenset(out)

@@ -21,11 +21,11 @@ from drivers.base import (
     DeviceUnreachable,
     Driver,
     DriverError,
-    InvalidPort,
     PartialApply,
     PortAdmin,
     PortStatus,
-    check_partial_permutation,
+    check_apply_request,
+    cross_connects_on_ports,
 )
 from emulator.ocs import AlarmSubscription, EmulatedFabricDevices, EmulatedOcs
 
@@ -103,32 +103,8 @@ class EmulatedDriver:
         """
         device = self._dev()
         sid = self._switch_id
-        caps = device.capabilities
-        valid = caps.port_ids()
-        for port in ports:
-            if port not in valid:
-                raise InvalidPort(sid, port, "no such port")
-        for xc in target:
-            for port in xc.ports():
-                if port not in ports:
-                    raise InvalidPort(
-                        sid, port,
-                        f"target cross-connect {xc.ingress}->{xc.egress} leaves the ports given",
-                    )
-        check_partial_permutation(sid, caps, target)
-        on_ports: set[CrossConnect] = set()
-        for xc in device.cross_connects:
-            inside_in = xc.ingress in ports
-            inside_out = xc.egress in ports
-            if inside_in != inside_out:
-                outside = xc.egress if inside_in else xc.ingress
-                raise InvalidPort(
-                    sid, outside,
-                    f"cross-connect {xc.ingress}->{xc.egress} on the ports given also uses "
-                    f"port {outside} outside them",
-                )
-            if inside_in:
-                on_ports.add(xc)
+        check_apply_request(sid, device.capabilities, target, ports)
+        on_ports = cross_connects_on_ports(sid, device.cross_connects, ports)
         if mode is ApplyMode.MINIMAL:
             breaks = sorted(on_ports - target)
             makes = sorted(target - on_ports)
@@ -137,7 +113,7 @@ class EmulatedDriver:
             makes = sorted(target)
         if not breaks and not makes:
             return ApplyResult()
-        limit = caps.max_batch
+        limit = device.capabilities.max_batch
         if limit is None or len(breaks) + len(makes) <= limit:
             return await device.apply_bulk(breaks, makes)
         return await self._apply_chunked(device, breaks, makes, limit)

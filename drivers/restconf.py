@@ -103,7 +103,8 @@ from drivers.base import (
     ProtocolError,
     SwitchCapabilities,
     VerificationMismatch,
-    check_partial_permutation,
+    check_apply_request,
+    cross_connects_on_ports,
 )
 from drivers.restconf_wire import (
     PAIR_PATH,
@@ -561,20 +562,7 @@ class RestconfDriver:
     def _on_ports(
         self, state: frozenset[CrossConnect], ports: frozenset[int]
     ) -> set[CrossConnect]:
-        on_ports: set[CrossConnect] = set()
-        for xc in state:
-            inside_in = xc.ingress in ports
-            inside_out = xc.egress in ports
-            if inside_in != inside_out:
-                outside = xc.egress if inside_in else xc.ingress
-                raise InvalidPort(
-                    self._switch_id, outside,
-                    f"cross-connect {xc.ingress}->{xc.egress} on the ports given also uses "
-                    f"port {outside} outside them",
-                )
-            if inside_in:
-                on_ports.add(xc)
-        return on_ports
+        return set(cross_connects_on_ports(self._switch_id, state, ports))
 
     async def apply(
         self,
@@ -592,16 +580,7 @@ class RestconfDriver:
         ``VerificationMismatch``, ``ConcurrentModification``, ``HardwareFault``,
         ``AuthenticationFailed``, ``DeviceUnreachable``, ``DeviceTimeout``,
         ``ProtocolError``."""
-        sid = self._switch_id
-        self._check_ports(ports)
-        for xc in target:
-            for port in xc.ports():
-                if port not in ports:
-                    raise InvalidPort(
-                        sid, port,
-                        f"target cross-connect {xc.ingress}->{xc.egress} leaves the ports given",
-                    )
-        check_partial_permutation(sid, self._caps, target)
+        check_apply_request(self._switch_id, self._caps, target, ports)
         removed: list[CrossConnect] = []
         added: list[CrossConnect] = []
         wrote = False
@@ -629,7 +608,8 @@ class RestconfDriver:
                 if attempt == 1:
                     self._log.info("cross-connects changed under us; re-reading", reason=str(e))
                     continue
-                error = ConcurrentModification(sid, f"cross-connects keep changing: {e}")
+                error = ConcurrentModification(self._switch_id,
+                                               f"cross-connects keep changing: {e}")
                 await self._settle_failure(error, breaks, makes, removed, added, {}, False)
             except _WriteFailed as e:
                 await self._settle_failure(

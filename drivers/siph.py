@@ -94,7 +94,7 @@ from drivers.base import (
     SwitchCapabilities,
     SwitchKind,
     VerificationMismatch,
-    check_partial_permutation,
+    check_apply_request,
 )
 from drivers.benes import BenesNetwork, ElementState
 
@@ -607,19 +607,7 @@ class SiphDriver:
         return lit - self._fillers
 
     def _check_request(self, target: frozenset[CrossConnect], ports: frozenset[int]) -> None:
-        sid = self._switch_id
-        valid = self._caps.port_ids()
-        for port in ports:
-            if port not in valid:
-                raise InvalidPort(sid, port, "no such port")
-        for xc in target:
-            for port in xc.ports():
-                if port not in ports:
-                    raise InvalidPort(
-                        sid, port,
-                        f"target cross-connect {xc.ingress}->{xc.egress} leaves the ports given",
-                    )
-        check_partial_permutation(sid, self._caps, target)
+        check_apply_request(self._switch_id, self._caps, target, ports)
 
     async def apply(
         self,

@@ -97,7 +97,8 @@ from drivers.base import (
     SwitchCapabilities,
     SwitchKind,
     VerificationMismatch,
-    check_partial_permutation,
+    check_apply_request,
+    cross_connects_on_ports,
 )
 from drivers.tl1_wire import (
     FrameSplitter,
@@ -794,20 +795,7 @@ class Tl1Driver:
         effect; ``result`` says what, learnt by reading back), ``VerificationMismatch``,
         ``DeviceUnreachable``, ``DeviceTimeout``, ``ProtocolError``.
         """
-        sid = self._switch_id
-        caps = self._caps
-        valid = caps.port_ids()
-        for port in sorted(ports):
-            if port not in valid:
-                raise InvalidPort(sid, port, "no such port")
-        for xc in target:
-            for port in xc.ports():
-                if port not in ports:
-                    raise InvalidPort(
-                        sid, port,
-                        f"target cross-connect {xc.ingress}->{xc.egress} leaves the ports given",
-                    )
-        check_partial_permutation(sid, caps, target)
+        check_apply_request(self._switch_id, self._caps, target, ports)
         if not ports:
             return ApplyResult()
         async with self._apply_lock:
@@ -823,10 +811,10 @@ class Tl1Driver:
             self._log.debug("tl1 apply", breaks=len(breaks), makes=len(makes))
             await self._break(breaks, makes, ports)
             added = await self._make(breaks, makes, ports)
-            if self._opts.verify and caps.readback:
+            if self._opts.verify and self._caps.readback:
                 actual = self._on_ports(await self._read_patches(ports), ports)
                 if actual != target:
-                    raise VerificationMismatch(sid, target - actual, actual - target)
+                    raise VerificationMismatch(self._switch_id, target - actual, actual - target)
             return ApplyResult(tuple(breaks), tuple(added))
 
     def events(self) -> AsyncIterator[DeviceAlarm]:
@@ -974,20 +962,7 @@ class Tl1Driver:
     def _on_ports(
         self, xcs: Iterable[CrossConnect], ports: frozenset[int]
     ) -> frozenset[CrossConnect]:
-        out: set[CrossConnect] = set()
-        for xc in xcs:
-            inside_in = xc.ingress in ports
-            inside_out = xc.egress in ports
-            if inside_in != inside_out:
-                outside = xc.egress if inside_in else xc.ingress
-                raise InvalidPort(
-                    self._switch_id, outside,
-                    f"cross-connect {xc.ingress}->{xc.egress} on the ports given also uses "
-                    f"port {outside} outside them",
-                )
-            if inside_in:
-                out.add(xc)
-        return frozenset(out)
+        return cross_connects_on_ports(self._switch_id, xcs, ports)
 
     def _chunks(self, xcs: list[CrossConnect]) -> list[list[CrossConnect]]:
         limit = self._caps.max_batch
