@@ -8,12 +8,21 @@ a failure so a missing install step cannot pass unnoticed.
 from __future__ import annotations
 
 import os
+
+# Tests spawn etcd and controller processes while gRPC threads run in this one; gRPC's fork
+# handlers are for fork-without-exec and only add risk here. Set before grpc is imported.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
 
-from controller.etcd_server import EmbeddedEtcd, EtcdNotInstalledError, find_etcd_binary
+from controller.etcd_server import (
+    EmbeddedEtcd,
+    EtcdNotInstalledError,
+    find_etcd_binary,
+)
 
 REQUIRE_ETCD_ENV = "LIGHTRAIL_REQUIRE_ETCD"
 
