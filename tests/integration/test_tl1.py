@@ -65,6 +65,7 @@ from emulator.tl1_server import (
     UnreachableMode,
     WireFault,
 )
+from tests.manual_time import ManualTime
 
 DELAY_S = 0.025
 NXN8 = SwitchCapabilities(
@@ -85,43 +86,6 @@ def nxn(n: int, max_batch: int | None = None) -> SwitchCapabilities:
         settle_time_s=DELAY_S,
         max_batch=max_batch,
     )
-
-
-class ManualTime:
-    """A manual clock. With ``auto`` every sleep advances the clock at once; otherwise a sleep
-    blocks until ``advance`` moves the clock past its deadline."""
-
-    def __init__(self, start_s: float = 100.0, *, auto: bool = True) -> None:
-        self.now_s = start_s
-        self.auto = auto
-        self.waiting = 0
-        self._cond = asyncio.Condition()
-
-    def clock(self) -> float:
-        return self.now_s
-
-    async def sleep(self, delay_s: float) -> None:
-        if self.auto:
-            self.now_s += delay_s
-            await asyncio.sleep(0)
-            return
-        deadline_s = self.now_s + delay_s
-        async with self._cond:
-            self.waiting += 1
-            self._cond.notify_all()
-            try:
-                await self._cond.wait_for(lambda: self.now_s >= deadline_s)
-            finally:
-                self.waiting -= 1
-
-    async def advance(self, delta_s: float) -> None:
-        async with self._cond:
-            self.now_s += delta_s
-            self._cond.notify_all()
-
-    async def wait_sleepers(self, count: int, timeout_s: float = WAIT_S) -> None:
-        async with asyncio.timeout(timeout_s), self._cond:
-            await self._cond.wait_for(lambda: self.waiting >= count)
 
 
 @dataclass
