@@ -385,7 +385,7 @@ async def test_power_drops_while_switching_and_commands_pipeline(rig: RigFactory
     t = ManualTime(auto=False)
     r = await rig(time=t, initial=[xc(2, 10)])
     apply = asyncio.create_task(r.driver.apply(frozenset({xc(1, 9)}), frozenset({1, 9})))
-    await t.wait_sleepers(1)  # the device is switching: ENT-PATCH is unanswered
+    await t.wait_sleepers(1, WAIT_S)  # the device is switching: ENT-PATCH is unanswered
     power = await r.driver.get_power([1, 9, 2, 3])  # a second command in flight, answered first
     assert power == {1: NO_LIGHT_DBM, 9: NO_LIGHT_DBM, 2: CONNECTED_POWER_DBM, 3: NO_LIGHT_DBM}
     assert not apply.done()
@@ -457,7 +457,7 @@ async def test_device_down_refuses_then_comes_back(rig: RigFactory) -> None:
     t = ManualTime(auto=False)
     r = await rig(time=t, initial=[xc(1, 9)])
     reboot = asyncio.create_task(r.ocs.reboot(keep_cross_connects=True, down_s=1.0))
-    await t.wait_sleepers(1)  # the device is down
+    await t.wait_sleepers(1, WAIT_S)  # the device is down
     with pytest.raises(DeviceUnreachable):
         await r.driver.get_cross_connects()
     await t.advance(1.0)
@@ -501,7 +501,7 @@ async def test_slow_device_times_out_and_the_late_reply_is_dropped(rig: RigFacto
     with pytest.raises(DeviceTimeout, match="RTRV-PATCH"):
         await r.driver.get_cross_connects()
     r.ocs.set_extra_delay(0.0)
-    await t.wait_sleepers(1)  # the slow command is still inside the device
+    await t.wait_sleepers(1, WAIT_S)  # the slow command is still inside the device
     await t.advance(5.0)  # its late reply goes out now; no caller waits for that ctag
     assert await r.driver.get_cross_connects() == {xc(1, 9)}
 
