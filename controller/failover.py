@@ -248,11 +248,13 @@ class FailoverManager:
                     to = (choice.host, choice.gpu)
                 else:
                     to = spare
+                settled = self._service.ports_settled()
                 try:
                     fut = self._service.failover(job_id, rank, to[0], to[1])
                     break
                 except FailoverBusy:
-                    await asyncio.sleep(0.001)  # a reconfiguration on those ports completes
+                    # the ports are being switched (or read back): wait until that completes
+                    await asyncio.wait_for(settled.wait(), self.heartbeat_deadline_s + 30.0)
             planned = self._clock()
             await fut
             confirmed = self._clock()

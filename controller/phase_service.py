@@ -103,6 +103,7 @@ class PhaseService:
         self._admit_hist: dict[tuple[str, str], Histogram] = {}
         self._inflight: set[asyncio.Task[None]] = set()
         self._reading_back: set[str] = set()
+        self._settled = asyncio.Event()
         self._rewires: dict[int, asyncio.Future[float]] = {}
         self._read_back_tasks: set[asyncio.Task[None]] = set()
         self.listeners: list[Callable[[ReconfigurationDone], None]] = []
@@ -223,6 +224,7 @@ class PhaseService:
         self.coordinator.set_confirmed(switch_id, cross_connects)
         metrics.CIRCUITS.labels(switch_id).set(len(cross_connects))
         self._dispatch(self.coordinator.schedule(self.now()))
+        self._settled.set()
 
     def cancel_all(self, code: ErrorCode, message: str) -> None:
         """Answer every pending EnterPhase with ``code`` (shutdown, loss of leadership)."""
@@ -299,6 +301,13 @@ class PhaseService:
         self._dispatch(decisions)
         return fut
 
+    def ports_settled(self) -> asyncio.Event:
+        """An event set the next time a reconfiguration, rewire or read-back completes (ports
+        that were being switched or unknown may be free then)."""
+        if self._settled.is_set():
+            self._settled = asyncio.Event()
+        return self._settled
+
     def _start_rewire(self, rw: Rewire) -> None:
         assert self._tg is not None, "PhaseService.start() not called"
         task = self._tg.create_task(self._rewire(rw), name=f"rewire-op{rw.op_id}")
@@ -315,12 +324,14 @@ class PhaseService:
         except DriverError as exc:
             self._dispatch(self.coordinator.reconfigured(
                 rw.op_id, self.now(), str(exc), 0.0, [target.switch_id]))
+            self._settled.set()
             self._start_read_back(target.switch_id)
             if fut is not None and not fut.done():
                 fut.set_exception(exc)
             return
         device_s = self.now() - t0
         self._dispatch(self.coordinator.reconfigured(rw.op_id, self.now(), None, device_s))
+        self._settled.set()
         metrics.CIRCUITS.labels(target.switch_id).set(
             len(self.coordinator.confirmed(target.switch_id)))
         if fut is not None and not fut.done():
@@ -351,6 +362,7 @@ class PhaseService:
         error = "; ".join(str(e) for _, e in failed) if failed else None
         self._dispatch(self.coordinator.reconfigured(
             rec.op_id, self.now(), error, device_s, [sid for sid, _ in failed]))
+        self._settled.set()
         for switch_id, _ in failed:
             self._start_read_back(switch_id)
         switches = tuple(t.switch_id for t in rec.targets)

@@ -232,3 +232,31 @@ async def test_presence_lease_and_failure_records_live_in_etcd(
                 break
             await asyncio.sleep(0.01)
         assert await store.get("hosts/host3/presence") is None
+
+
+async def test_failure_during_a_reconfiguration_waits_for_it(
+    ctl: RunningController, devices: EmulatedFabricDevices
+) -> None:
+    """The failed GPU's ports are being switched when it fails: the failover waits for that
+    reconfiguration to settle (no rewire on ports in flight), then moves the rank."""
+    async with ControllerClient(ctl.grpc_target) as client:
+        await client.register_job("job", PLACE)
+        devices["ocs-rail0"].set_extra_delay(0.2)  # the ring's switch takes a while
+        ring = asyncio.gather(*(client.enter("job", r, RING, timeout_s=10) for r in range(8)),
+                              return_exceptions=True)
+        await asyncio.sleep(0)
+        async with grpc.aio.insecure_channel(ctl.grpc_target) as ch:
+            call = agent_pb2_grpc.AgentServiceStub(ch).HealthStream()  # type: ignore[call-arg]
+            events = client.watch("job")
+            moved = asyncio.ensure_future(next_event(events, JobEventKind.PLACEMENT_CHANGED))
+            await call.write(agent_pb2.HealthReport(host="host1", gpus=[agent_pb2.GpuHealth(
+                gpu=0, state=agent_pb2.GPU_FAILED, xid=79, has_xid=True)]))
+            await call.read()
+            ev = await moved
+            assert "host4/gpu0" in getattr(ev, "message", "")
+            call.cancel()
+            await events.aclose()  # type: ignore[attr-defined]
+        await ring
+    assert ctl.service.coordinator.job("job").placements[2] == RankPlacement(2, "host4", 0)
+    # the moved ring is what the switch holds: the spare host4 took host1's place on rail 0
+    assert any(x.ingress == 5 for x in devices["ocs-rail0"].cross_connects)
