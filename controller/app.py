@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -123,8 +123,7 @@ async def run_controller(
             await _serve(cfg, fabric, store, election, devices, stop, on_started)
         finally:
             metrics.LEADER.set(0)
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(election.resign(), ccfg.shutdown_timeout_s)
+            await _bounded("resign", election.resign(), ccfg.shutdown_timeout_s)
 
 
 async def _serve(
@@ -141,18 +140,20 @@ async def _serve(
     await store.put_json("inventory", fabric_to_json(fabric))
     context = DriverContext(emulated_devices=devices)
     drivers: dict[str, Driver] = {}
-    for sid, sw in fabric.switches.items():
-        drv = create_driver(sw, context=context)
-        await drv.open()
-        drivers[sid] = drv
     metrics_server, metrics_thread = None, None
     server: grpc.aio.Server | None = None
     health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
+    lost = False
     try:
+        for sid, sw in fabric.switches.items():  # inside the try: a failed open closes the rest
+            drv = create_driver(sw, context=context)
+            drivers[sid] = drv
+            await drv.open()
         async with asyncio.TaskGroup() as tg:
             writer = CoalescingWriter(store)
             writer_task = tg.create_task(writer.run(), name="etcd-writer")
-            reconciler = Reconciler(drivers)
+            # A fenced replica sends no device command: a new leader never races it on a switch.
+            reconciler = Reconciler(drivers, may_command=election.is_leader.is_set)
             reconciler.start(tg)
             advisor = CostAdvisor(fabric, LinkModel.from_gbps(
                 ccfg.link_gbps, ccfg.link_alpha_us * 1e-6)) if ccfg.reconfigure_or_not else None
@@ -163,6 +164,10 @@ async def _serve(
             events = EventBus()
             service = PhaseService(coordinator, reconciler, events, state_writer=writer.put)
             service.start(tg)
+            alarm_watchers = [
+                tg.create_task(service.watch_alarms(sid, drv.events()), name=f"alarms/{sid}")
+                for sid, drv in drivers.items()
+            ]
             state = await reconciler.read_back_all()
             for sid, xcs in state.items():
                 service.refresh_switch(sid, xcs)
@@ -223,25 +228,40 @@ async def _serve(
                 "controller lost its leader lease" if lost else "controller shutting down",
             )
             await server.stop(grace=min(1.0, timeout))
+            for watcher in alarm_watchers:
+                watcher.cancel()
             await failover.stop(timeout)
             await service.drain(timeout)
             await writer.flush(timeout)
             writer_task.cancel()
             await reconciler.stop(timeout)
-            if lost:
-                raise LeadershipLost("leader lease not renewed within half its TTL; fenced")
+        # raised outside the TaskGroup, so callers see it, not an ExceptionGroup
+        if lost:
+            raise LeadershipLost("leader lease not renewed within half its TTL; fenced")
     finally:
         if server is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(server.stop(grace=None), timeout)
+            await _bounded("grpc server stop", server.stop(grace=None), timeout)
         if metrics_server is not None:
-            metrics_server.shutdown()
-            metrics_server.server_close()
-        if metrics_thread is not None:
-            metrics_thread.join(timeout)
-        for drv in drivers.values():
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(drv.close(), timeout)
+            ms, mt = metrics_server, metrics_thread
+
+            def stop_metrics() -> None:  # blocking calls: run off the event loop
+                ms.shutdown()
+                ms.server_close()
+                if mt is not None:
+                    mt.join(timeout)
+
+            await _bounded("metrics server stop", asyncio.to_thread(stop_metrics), timeout)
+        for sid, drv in drivers.items():
+            await _bounded(f"driver close {sid}", drv.close(), timeout)
+
+
+async def _bounded(what: str, aw: Awaitable[object], timeout_s: float) -> None:
+    """Await a shutdown step for at most ``timeout_s``; a failure is logged, not raised (the
+    rest of the shutdown still runs)."""
+    try:
+        await asyncio.wait_for(aw, timeout_s)
+    except Exception as exc:
+        log.warning("shutdown_step_failed", step=what, error=repr(exc))
 
 
 async def _recover_jobs(repo: EtcdJobRepository, coordinator: PhaseCoordinator) -> None:

@@ -576,6 +576,12 @@ class PhaseCoordinator:
         self._confirmed[switch_id] = view
         self._unknown[switch_id] = set()
 
+    def distrust(self, switch_id: str) -> None:
+        """The switch may have changed behind our back (alarm, reboot): its ports are unknown
+        (nothing admitted or switched there) until ``set_confirmed`` with a read-back. Held
+        cross-connects stay visible to the hold checks."""
+        self._forget(switch_id, list(self._confirmed[switch_id]))
+
     def schedule(self, now: float) -> list[Decision]:
         """Re-examine waiting phases (after ``set_confirmed`` made ports known again)."""
         return self._schedule(now)

@@ -97,6 +97,12 @@ FAILOVER_NO_SPARE = Counter(
 GPUS_FAILED = Gauge(
     "lightrail_gpus_failed", "GPUs the controller records as failed.", registry=REGISTRY,
 )
+DEVICE_ALARMS = Counter(
+    "lightrail_device_alarms_total",
+    "Alarms raised by switches (each triggers a read-back of the switch).",
+    ["switch", "severity"],
+    registry=REGISTRY,
+)
 JOBS = Gauge("lightrail_jobs", "Registered jobs.", registry=REGISTRY)
 CIRCUITS = Gauge(
     "lightrail_cross_connects",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -29,7 +29,8 @@ from controller.coordinator import (
 )
 from controller.events import EventBus, JobEvent, JobEventKind
 from controller.model import PhaseKey
-from drivers.base import CrossConnect, DriverError
+from controller.reconciler import ReconcilerStopped
+from drivers.base import CrossConnect, DeviceAlarm, DeviceUnreachable, DriverError
 
 log = structlog.get_logger(__name__)
 
@@ -54,6 +55,8 @@ class ReconcilerLike(Protocol):
     ) -> ReconcileResult: ...
 
     async def read_back(self, switch_id: str) -> frozenset[CrossConnect]: ...
+
+    def invalidate(self, switch_id: str) -> None: ...
 
 
 StateWriter = Callable[[str, object], None]
@@ -301,6 +304,18 @@ class PhaseService:
         self._dispatch(decisions)
         return fut
 
+    async def watch_alarms(self, switch_id: str, alarms: AsyncIterator[DeviceAlarm]) -> None:
+        """Consume a switch's alarms until cancelled: every alarm (loss of signal, port
+        failure, reboot) makes the controller distrust its view of the switch and read it back,
+        so no rank is admitted as a no-op onto cross-connects a rebooted device lost."""
+        async for alarm in alarms:
+            log.warning("device_alarm", switch=switch_id, port=alarm.port,
+                        condition=alarm.condition, severity=alarm.severity.value)
+            metrics.DEVICE_ALARMS.labels(switch_id, alarm.severity.value).inc()
+            self.coordinator.distrust(switch_id)
+            self._reconciler.invalidate(switch_id)
+            self._start_read_back(switch_id)
+
     def ports_settled(self) -> asyncio.Event:
         """An event set the next time a reconfiguration, rewire or read-back completes (ports
         that were being switched or unknown may be free then)."""
@@ -321,6 +336,13 @@ class PhaseService:
         try:
             await self._reconciler.reconcile(target.switch_id, target.ports,
                                              target.cross_connects)
+        except ReconcilerStopped as stopped:  # shutdown: the device was not told
+            exc: DriverError = DeviceUnreachable(target.switch_id, str(stopped))
+            self._dispatch(self.coordinator.reconfigured(
+                rw.op_id, self.now(), str(exc), 0.0, [target.switch_id]))
+            if fut is not None and not fut.done():
+                fut.set_exception(exc)
+            return
         except DriverError as exc:
             self._dispatch(self.coordinator.reconfigured(
                 rw.op_id, self.now(), str(exc), 0.0, [target.switch_id]))
@@ -354,8 +376,13 @@ class PhaseService:
         )
         device_s = self.now() - t0
         failed: list[tuple[str, DriverError]] = []
+        stopping = False
         for target, result in zip(rec.targets, results, strict=True):
-            if isinstance(result, DriverError):
+            if isinstance(result, ReconcilerStopped):  # shutdown: the device was not told
+                failed.append((target.switch_id,
+                               DeviceUnreachable(target.switch_id, str(result))))
+                stopping = True
+            elif isinstance(result, DriverError):
                 failed.append((target.switch_id, result))
             elif isinstance(result, BaseException):
                 raise result
@@ -363,8 +390,9 @@ class PhaseService:
         self._dispatch(self.coordinator.reconfigured(
             rec.op_id, self.now(), error, device_s, [sid for sid, _ in failed]))
         self._settled.set()
-        for switch_id, _ in failed:
-            self._start_read_back(switch_id)
+        if not stopping:
+            for switch_id, _ in failed:
+                self._start_read_back(switch_id)
         switches = tuple(t.switch_id for t in rec.targets)
         for switch_id in switches:
             metrics.CIRCUITS.labels(switch_id).set(len(self.coordinator.confirmed(switch_id)))
@@ -410,6 +438,8 @@ class PhaseService:
             while True:
                 try:
                     state = await self._reconciler.read_back(switch_id)
+                except ReconcilerStopped:
+                    return  # shutting down
                 except DriverError as exc:
                     log.warning("read_back_failed", switch=switch_id, error=str(exc),
                                 retry_in_s=delay_s)

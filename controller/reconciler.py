@@ -31,6 +31,7 @@ from drivers.base import (
     Driver,
     DriverError,
     InvalidPort,
+    NotLeader,
     PartialApply,
     SwitchCapabilities,
     VerificationMismatch,
@@ -242,7 +243,9 @@ class Reconciler:
         clock: Clock = time.monotonic,
         sleep: Sleep = asyncio.sleep,
         on_reconfigured: Callable[[ReconfigurationRecord], None] | None = None,
+        may_command: Callable[[], bool] = lambda: True,
     ) -> None:
+        self._may_command = may_command
         self._workers = {sid: _Worker(sid, driver) for sid, driver in drivers.items()}
         self._retry = retry or RetryPolicy()
         self._clock = clock
@@ -508,7 +511,11 @@ class Reconciler:
         self, worker: _Worker, ports: frozenset[int], target: frozenset[CrossConnect]
     ) -> None:
         """One attempt: apply, count what changed on the device, then confirm (read back where
-        the device allows it, else trust the result). Raises ``VerificationMismatch``."""
+        the device allows it, else trust the result). Raises ``VerificationMismatch``, and
+        ``NotLeader`` without touching the device once ``may_command`` says no (fenced)."""
+        if not self._may_command():
+            raise NotLeader(worker.switch_id, "this controller lost its leader lease: no device "
+                                              "commands")
         try:
             result = await worker.driver.apply(target, ports, ApplyMode.MINIMAL)
         except PartialApply as e:

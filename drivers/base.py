@@ -237,6 +237,11 @@ class HardwareFault(DriverError):
     """The device reports a hardware fault (failed port, mirror, heater, over-current)."""
 
 
+class NotLeader(DriverError):
+    """This controller lost its leader lease (fenced itself): it may not command devices, so
+    that a new leader never races it on a switch (DESIGN.md "High availability")."""
+
+
 class ProtocolError(DriverError):
     """The device answered something the driver cannot parse."""
 
