@@ -498,23 +498,27 @@ class PhaseCoordinator:
             raise FailoverBusy(f"switch {sid!r}: ports {sorted(touched)} of the failed or the "
                                "spare endpoint are being switched; retry when that completes")
         out: list[Decision] = []
-        # 1. the job's collectives in flight are void
+        # 1. the job restarts: every waiting rank is told at once; the failed rank's holds go
+        # (it cannot release). Live ranks keep their holds until they release: their traffic may
+        # still be in flight, so nothing they hold changes except the cross-connects to or from
+        # the failed endpoint, which carry no live traffic any more.
         for inst in job.instances.values():
             for w in inst.waiters.values():
                 out.append(Reject(job_id, w.rank, w.request_id, ErrorCode.PLACEMENT_CHANGED,
                                   f"rank {rank} failed over from {old_ep.endpoint_id} to "
                                   f"{new_ep.endpoint_id}; restart from the last checkpoint"))
+                job.ranks[w.rank].state = _RankState.IDLE
+                job.ranks[w.rank].instance = None
             inst.waiters.clear()
-            if inst.holders:
-                self._unhold(inst.plan)
-                inst.holders.clear()
+            if rank in inst.holders:
+                self._remove_holder(inst, rank)
         self._queue = [i for i in self._queue if i.job_id != job_id]
         for inst in job.instances.values():
             inst.queued = False
-        job.instances = {k: i for k, i in job.instances.items() if i.op_id is not None}
-        for rs in job.ranks:
-            rs.state = _RankState.IDLE
-            rs.instance = None
+        job.instances = {k: i for k, i in job.instances.items()
+                         if i.op_id is not None or i.holders}
+        job.ranks[rank].state = _RankState.IDLE
+        job.ranks[rank].instance = None
         # 2. the new placement
         old_p = layout.placements[rank]
         new_p = RankPlacement(rank, host, gpu)
@@ -575,6 +579,10 @@ class PhaseCoordinator:
             view[xc.egress] = xc
         self._confirmed[switch_id] = view
         self._unknown[switch_id] = set()
+        for job in self._jobs.values():  # a read-back that lost a held circuit: nobody joins
+            for inst in job.instances.values():
+                if inst.holders and inst.verified and not self._present(inst.plan):
+                    inst.verified = False
 
     def distrust(self, switch_id: str) -> None:
         """The switch may have changed behind our back (alarm, reboot): its ports are unknown
@@ -589,6 +597,14 @@ class PhaseCoordinator:
     def confirmed(self, switch_id: str) -> frozenset[CrossConnect]:
         """The cross-connects the coordinator believes are confirmed on ``switch_id``."""
         return frozenset(self._confirmed.get(switch_id, {}).values())
+
+    def waiting_request(self, job_id: str, rank: int) -> int | None:
+        """The request id ``rank`` waits with, or None when it does not wait."""
+        job = self._jobs.get(job_id)
+        if job is None or not 0 <= rank < len(job.ranks):
+            return None
+        rs = job.ranks[rank]
+        return rs.request_id if rs.state is _RankState.WAITING else None
 
     def held_by_job(self, job_id: str) -> int:
         """How many ranks of ``job_id`` hold a phase now (0 for an unknown job)."""
@@ -635,6 +651,7 @@ class PhaseCoordinator:
                 and rs.instance.phase == phase and rs.instance.iteration == iteration:
             # The same request again, after the agent's stream broke: re-attach, never twice.
             if rs.state is _RankState.HOLDING:
+                rs.request_id = request_id  # a later cancel of this request may release it
                 return [Admit(job_id, rank, request_id, phase, True, 0.0)]
             w0 = rs.instance.waiters[rank]
             w0.request_id = request_id
@@ -920,6 +937,15 @@ class PhaseCoordinator:
                 if xc.ingress in inflight or xc.egress in inflight:
                     return False
                 if unknown and (xc.ingress in unknown or xc.egress in unknown):
+                    return False
+        return True
+
+    def _present(self, plan: Plan) -> bool:
+        """Every cross-connect of ``plan`` is in the confirmed view."""
+        for t in plan.targets:
+            view = self._confirmed[t.switch_id]
+            for xc in t.cross_connects:
+                if view.get(xc.ingress) != xc:
                     return False
         return True
 

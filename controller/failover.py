@@ -33,6 +33,7 @@ from controller.jobs import JobRecord, JobRepository
 from controller.phase_service import PhaseService
 from controller.spares import NoSpare, pick_spare
 from controller.store import EtcdStore, Lease, StoreError
+from drivers.base import DriverError
 
 log = structlog.get_logger(__name__)
 
@@ -68,6 +69,10 @@ class FailoverTimeline:
     planned_s: float
     device_confirmed_s: float
     job_notified_s: float
+
+
+class RankMoved(FailoverError):
+    """The rank is no longer on the failed GPU (another failover moved it first)."""
 
 
 class HealthStore(Protocol):
@@ -203,22 +208,31 @@ class FailoverManager:
                     if (p.host, p.gpu) == (host, gpu))
         detected = self._clock()
         assert self._tg is not None, "FailoverManager.start() not called"
-        task = self._tg.create_task(self._guarded(user, rank, reason, detected),
+        task = self._tg.create_task(self._guarded(user, rank, reason, detected, (host, gpu)),
                                     name=f"failover-{user}-r{rank}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _guarded(self, job_id: str, rank: int, reason: str, detected: float) -> None:
+    async def _guarded(self, job_id: str, rank: int, reason: str, detected: float,
+                       failed: tuple[str, int]) -> None:
+        """An automatic failover: whatever goes wrong is reported, never takes the daemon
+        down (a switch or etcd error leaves the rank failed, the job told)."""
         try:
-            await self.failover(job_id, rank, reason, detected_s=detected)
+            await self.failover(job_id, rank, reason, detected_s=detected, expected=failed)
+        except RankMoved as exc:
+            log.info("failover_not_needed", job=job_id, rank=rank, reason=str(exc))
         except NoSpare as exc:
             metrics.FAILOVER_NO_SPARE.labels(job_id).inc()
             log.error("failover_no_spare", job=job_id, rank=rank, reason=exc.reason)
             self._events.publish(JobEvent(job_id, JobEventKind.PHASE_ERROR,
                                           f"rank {rank} failed ({reason}) and {exc.reason}",
                                           fields={"rank": str(rank), "code": "no_spare"}))
-        except (FailoverError, UnknownJob) as exc:
-            log.error("failover_refused", job=job_id, rank=rank, error=str(exc))
+        except (FailoverError, UnknownJob, DriverError, StoreError) as exc:
+            log.error("failover_failed", job=job_id, rank=rank, error=str(exc))
+            self._events.publish(JobEvent(job_id, JobEventKind.PHASE_ERROR,
+                                          f"rank {rank} failed ({reason}); failover failed: "
+                                          f"{exc}", fields={"rank": str(rank),
+                                                             "code": "failover_failed"}))
 
     async def failover(
         self,
@@ -228,6 +242,7 @@ class FailoverManager:
         *,
         spare: tuple[str, int] | None = None,
         detected_s: float | None = None,
+        expected: tuple[str, int] | None = None,
     ) -> FailoverTimeline:
         """Move ``rank`` of ``job_id`` to ``spare`` (or the spare ``pick_spare`` chooses).
         Raises ``UnknownJob``, ``NoSpare``, ``FailoverError`` and the ``DriverError`` of a
@@ -240,6 +255,10 @@ class FailoverManager:
             if not 0 <= rank < layout.world_size:
                 raise FailoverError(f"rank: {rank} out of range 0..{layout.world_size - 1}")
             old = layout.placements[rank]
+            if expected is not None and (old.host, old.gpu) != expected:
+                # another failover (or a drain) moved the rank while this one waited for the lock
+                raise RankMoved(f"rank {rank} is no longer on {expected[0]}/gpu{expected[1]}"
+                                f" (now {old.host}/gpu{old.gpu})")
             unhealthy = {k for k, r in self._gpus.items() if r.state is GpuState.FAILED}
             while True:
                 if spare is None:
@@ -301,7 +320,11 @@ class FailoverManager:
                 continue
             rank = next(p.rank for p in coord.job(user).placements
                         if (p.host, p.gpu) == (host, gpu))
-            out.append(await self.failover(user, rank, f"drained: {reason}"))
+            try:
+                out.append(await self.failover(user, rank, f"drained: {reason}",
+                                               expected=(host, gpu)))
+            except RankMoved:
+                continue  # an automatic failover got there first
         return out
 
     # --- heartbeats -----------------------------------------------------------------------------

@@ -188,7 +188,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             try:
                 await self._jobs.save(record)
             except Exception as exc:
-                coord.unregister_job(request.job_id)
+                self._service.unregister_job(request.job_id)
                 log.error("job_save_failed", job=request.job_id, error=str(exc))
                 await context.abort(grpc.StatusCode.UNAVAILABLE, f"state store: {exc}")
         metrics.JOBS.set(len(coord.job_ids()))
@@ -253,6 +253,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                                         f"host: unknown host {report.host!r}")
                 assert host is not None
                 if presence is None:
+                    manager.heartbeat(report.host)  # before the etcd round trips below
                     presence = await manager.stream_opened(report.host)
                 async for ack in self._health_report(manager, report, host.gpu_count, context):
                     yield ack
@@ -321,12 +322,16 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             leader = self._is_leader()
             for req in batch.requests:
                 kind = req.WhichOneof("kind")
-                if kind == "enter":
-                    e = req.enter
-                    if not leader:
+                if not leader and kind != "define_group":
+                    # a follower or fenced replica moves no state: the agent resends everything
+                    # to the leader on reconnect
+                    if kind == "enter":
+                        e = req.enter
                         sink.deliver(Reject(e.job_id, e.rank, e.request_id, ErrorCode.NOT_LEADER,
                                             "not the leader"), 1)
-                        continue
+                    continue
+                if kind == "enter":
+                    e = req.enter
                     try:
                         phase = decode(e.phase)
                         timeout_s = check_timeout(e.timeout_s)

@@ -232,7 +232,9 @@ class PhaseService:
     def cancel_all(self, code: ErrorCode, message: str) -> None:
         """Answer every pending EnterPhase with ``code`` (shutdown, loss of leadership)."""
         for (job_id, rank), sink in list(self._sinks.items()):
-            sink.deliver(Reject(job_id, rank, 0, code, message), 1)
+            # the waiting request's own id: an agent matches answers by it
+            request_id = self.coordinator.waiting_request(job_id, rank) or 0
+            sink.deliver(Reject(job_id, rank, request_id, code, message), 1)
         self._sinks.clear()
 
     # --- decisions --------------------------------------------------------------------------

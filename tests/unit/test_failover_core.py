@@ -68,7 +68,8 @@ def test_failover_moves_the_failed_endpoint_circuits_to_the_spare() -> None:
     out = c.replace_rank("job", 2, "host4", 0, 0.4)
     rejects = [d for d in out if isinstance(d, Reject)]
     assert [(d.rank, d.code) for d in rejects] == [(0, ErrorCode.PLACEMENT_CHANGED)]
-    assert c.held_by_job("job") == 0  # the job restarts: its holds are void
+    # the failed rank's hold is gone; live ranks keep theirs until they release
+    assert c.held_by_job("job") == 6
     (rw,) = [d for d in out if isinstance(d, Rewire)]
     (t,) = rw.targets
     assert t.switch_id == "ocs-rail0"
@@ -81,7 +82,10 @@ def test_failover_moves_the_failed_endpoint_circuits_to_the_spare() -> None:
     layout = c.job("job")
     assert layout.placements[2] == RankPlacement(2, "host4", 0)
     assert ("host1", 0) not in c.gpus_in_use() and c.gpus_in_use()[("host4", 0)] == "job"
-    # the job restarts: the ring over the new placement is already there
+    # the job restarts: live ranks leave the old ring, and the ring over the new placement
+    # is already there
+    for r in (1, 3, 4, 5, 6, 7):
+        c.release("job", r, RING, 0.55)
     admitted = [d for r in range(8) for d in c.enter("job", r, RING, 200 + r, 0.6, iteration=1)]
     assert all(isinstance(d, Admit) and d.noop for d in admitted) and len(admitted) == 8
 
@@ -128,3 +132,30 @@ def test_failure_during_a_reconfiguration_waits_for_it() -> None:
         assert isinstance(d, Reconfigure)
         c.reconfigured(d.op_id, 0.1)
     assert any(isinstance(d, Rewire) for d in c.replace_rank("job", 2, "host4", 0, 0.2))
+
+
+def test_failover_keeps_live_ranks_holds() -> None:
+    """Review finding: a failover used to drop every hold of the job, so a new phase could
+    break circuits live ranks were still using."""
+    c = PhaseCoordinator(FABRIC)
+    c.register_job("job", "t", PLACE)
+    x = PhaseKey(ProcessGroup.of([2, 4]), Collective.SEND_RECV)  # host1 <-> host2, rail 0
+    for d in c.enter("job", 2, x, 1, 0.0) + c.enter("job", 4, x, 2, 0.0):
+        if isinstance(d, Reconfigure):
+            c.reconfigured(d.op_id, 0.1)
+    for d in c.replace_rank("job", 0, "host4", 0, 0.2):  # rank 0 (host0) fails
+        if isinstance(d, Rewire):
+            c.reconfigured(d.op_id, 0.3)
+    y = PhaseKey(ProcessGroup.of([2, 6]), Collective.SEND_RECV)  # host1 <-> host3: breaks X
+    c.release("job", 2, x, 0.4)
+    assert not [d for d in c.enter("job", 2, y, 3, 0.4) if isinstance(d, Reconfigure)]
+    out = c.release("job", 4, x, 0.5)  # X's last holder leaves: now Y may switch
+    assert [d.phase for d in out if isinstance(d, Reconfigure)] == [y]
+
+
+def test_read_back_that_lost_a_held_circuit_stops_blind_joins() -> None:
+    c = running()  # ranks 0..7 hold the ring
+    c.release("job", 7, RING, 0.2)
+    c.set_confirmed("ocs-rail0", [])  # the read-back finds rail 0 empty (hardware fault)
+    out = c.enter("job", 7, RING, 99, 0.3)
+    assert not [d for d in out if isinstance(d, Admit)]  # not joined onto missing circuits

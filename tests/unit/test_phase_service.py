@@ -48,6 +48,9 @@ class GatedReconciler:
     async def read_back(self, switch_id: str) -> frozenset[CrossConnect]:
         return frozenset()
 
+    def invalidate(self, switch_id: str) -> None:
+        """Nothing cached here."""
+
 
 def coordinator() -> PhaseCoordinator:
     c = PhaseCoordinator(rail_fabric("t", 4, 2, delay_s=0.0))
