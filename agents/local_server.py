@@ -20,23 +20,19 @@ from lightrail.v1 import agent_pb2, agent_pb2_grpc
 
 from agents.errors import PhaseError
 from agents.host_agent import HostAgent
-from controller.convert import InvalidRequest, PhaseKeyDecoder
-from controller.coordinator import ErrorCode
+from controller.convert import (
+    InvalidRequest,
+    PhaseKeyDecoder,
+    abort_refused,
+    check_timeout,
+    compute_gap_hint,
+)
 
 log = structlog.get_logger(__name__)
 
-_STATUS = {
-    ErrorCode.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
-    ErrorCode.UNKNOWN_JOB: grpc.StatusCode.NOT_FOUND,
-    ErrorCode.INVALID_RANK: grpc.StatusCode.INVALID_ARGUMENT,
-    ErrorCode.INVALID_PHASE: grpc.StatusCode.INVALID_ARGUMENT,
-    ErrorCode.RANK_BUSY: grpc.StatusCode.FAILED_PRECONDITION,
-    ErrorCode.DEVICE_FAILURE: grpc.StatusCode.UNAVAILABLE,
-    ErrorCode.PLACEMENT_CHANGED: grpc.StatusCode.ABORTED,
-    ErrorCode.NOT_LEADER: grpc.StatusCode.UNAVAILABLE,
-    ErrorCode.CANCELLED: grpc.StatusCode.CANCELLED,
-}
-
+_DEFAULT_TIMEOUT_S = 30.0
+"""Admission timeout of an EnterPhase that gives none: the agent's local guard needs a
+finite one (the controller's own default, ``admission_timeout_s``, is not known here)."""
 
 class LocalAgentServicer(agent_pb2_grpc.AgentServiceServicer):
     """Relays the host's ranks to ``agent`` and proxies job calls to ``controller_stub``."""
@@ -55,13 +51,15 @@ class LocalAgentServicer(agent_pb2_grpc.AgentServiceServicer):
     ) -> agent_pb2.EnterPhaseResponse:
         try:
             phase = self._decoder.decode(request.phase)
+            timeout_s = check_timeout(request.timeout_s) or _DEFAULT_TIMEOUT_S
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         try:
             adm = await self._agent.enter(request.job_id, request.rank, phase, request.iteration,
-                                          request.timeout_s or 30.0)
+                                          timeout_s, request.nbytes,
+                                          compute_gap_hint(request.compute_gap_s))
         except PhaseError as exc:
-            await context.abort(_STATUS[exc.code], exc.detail)
+            await abort_refused(context, exc.code, exc.detail)
         return agent_pb2.EnterPhaseResponse(noop=adm.noop, steps=adm.steps,
                                             device_s=adm.device_s)
 

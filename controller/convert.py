@@ -10,7 +10,9 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 
+import grpc
 from lightrail.v1 import agent_pb2
 
 from controller.coordinator import Admit, ErrorCode, Reject
@@ -46,6 +48,35 @@ def check_timeout(timeout_s: float, field: str = "timeout_s") -> float:
 ERROR_METADATA_KEY = "lightrail-error"
 """Trailing metadata key of a refused unary EnterPhase/ReleasePhase: the ``ErrorCode`` value,
 so clients tell a refusal (e.g. device failure, UNAVAILABLE) from a transport failure."""
+
+
+REFUSAL_STATUS: dict[ErrorCode, grpc.StatusCode] = {
+    ErrorCode.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
+    ErrorCode.UNKNOWN_JOB: grpc.StatusCode.NOT_FOUND,
+    ErrorCode.INVALID_RANK: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorCode.INVALID_PHASE: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorCode.RANK_BUSY: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorCode.DEVICE_FAILURE: grpc.StatusCode.UNAVAILABLE,
+    ErrorCode.PLACEMENT_CHANGED: grpc.StatusCode.ABORTED,
+    ErrorCode.NOT_LEADER: grpc.StatusCode.UNAVAILABLE,
+    ErrorCode.CANCELLED: grpc.StatusCode.CANCELLED,
+}
+"""gRPC status of a refused unary EnterPhase/ReleasePhase, sent with ``ERROR_METADATA_KEY``."""
+
+
+async def abort_refused(
+    context: grpc.aio.ServicerContext, code: ErrorCode, message: str  # type: ignore[type-arg]
+) -> NoReturn:
+    """Abort a unary call as a refusal: its status from ``REFUSAL_STATUS`` and the
+    ``ErrorCode`` in trailing metadata (the controller and the host agent's local endpoint
+    answer alike, so ``agents.client`` tells a refusal from a transport failure)."""
+    await context.abort(REFUSAL_STATUS[code], message, ((ERROR_METADATA_KEY, code.value),))
+    raise AssertionError("unreachable: ServicerContext.abort raises")
+
+
+def compute_gap_hint(value: float) -> float:
+    """A compute-gap hint: anything not finite and >= 0 counts as unknown (0)."""
+    return value if math.isfinite(value) and value >= 0 else 0.0
 
 
 class InvalidRequest(ValueError):

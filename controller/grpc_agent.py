@@ -8,7 +8,6 @@ batch. Nothing here touches etcd except RegisterJob/UnregisterJob, which write t
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import AsyncIterator, Callable
 
 import grpc
@@ -21,8 +20,10 @@ from controller.convert import (
     ERROR_TO_PB,
     InvalidRequest,
     PhaseKeyDecoder,
+    abort_refused,
     check_id,
     check_timeout,
+    compute_gap_hint,
     event_to_pb,
     fill_reply,
     parallelism_from_pb,
@@ -39,24 +40,6 @@ from controller.planner import JobLayout, PlacementError, PlanError
 from controller.railplan import RailPlanError, plan_step
 
 log = structlog.get_logger(__name__)
-
-_UNARY_STATUS = {
-    ErrorCode.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
-    ErrorCode.UNKNOWN_JOB: grpc.StatusCode.NOT_FOUND,
-    ErrorCode.INVALID_RANK: grpc.StatusCode.INVALID_ARGUMENT,
-    ErrorCode.INVALID_PHASE: grpc.StatusCode.INVALID_ARGUMENT,
-    ErrorCode.RANK_BUSY: grpc.StatusCode.FAILED_PRECONDITION,
-    ErrorCode.DEVICE_FAILURE: grpc.StatusCode.UNAVAILABLE,
-    ErrorCode.PLACEMENT_CHANGED: grpc.StatusCode.ABORTED,
-    ErrorCode.NOT_LEADER: grpc.StatusCode.UNAVAILABLE,
-    ErrorCode.CANCELLED: grpc.StatusCode.CANCELLED,
-}
-
-
-def _gap(value: float) -> float:
-    """A compute-gap hint: anything not finite and >= 0 counts as unknown (0)."""
-    return value if math.isfinite(value) and value >= 0 else 0.0
-
 
 _GPU_STATE = {
     agent_pb2.GPU_HEALTHY: GpuState.HEALTHY,
@@ -340,7 +323,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                                             ErrorCode.INVALID_PHASE, str(exc)), 1)
                         continue
                     service.enter(e.job_id, e.rank, phase, e.request_id, timeout_s, sink,
-                                  e.iteration, e.nbytes, _gap(e.compute_gap_s))
+                                  e.iteration, e.nbytes, compute_gap_hint(e.compute_gap_s))
                 elif kind == "release":
                     r = req.release
                     try:
@@ -384,7 +367,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         sink = _FutureSink()
         self._service.enter(request.job_id, request.rank, phase, request.request_id, timeout_s,
                             sink, request.iteration, request.nbytes,
-                            _gap(request.compute_gap_s))
+                            compute_gap_hint(request.compute_gap_s))
         try:
             decision, steps = await sink.future
         except asyncio.CancelledError:
@@ -393,8 +376,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             self._service.cancel(request.job_id, request.rank, request.request_id, sink)
             raise
         if isinstance(decision, Reject):
-            await context.abort(_UNARY_STATUS[decision.code], decision.message,
-                                ((ERROR_METADATA_KEY, decision.code.value),))
+            await abort_refused(context, decision.code, decision.message)
         assert isinstance(decision, Admit)
         return agent_pb2.EnterPhaseResponse(noop=decision.noop, steps=steps,
                                             device_s=decision.device_s)

@@ -7,16 +7,19 @@ import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import pytest
 import pytest_asyncio
 
 from agents.client import BlockingRankSession, ControllerClient, RankSession
+from agents.errors import ControllerUnavailable, PhaseError
 from agents.host_agent import HostAgent
 from agents.local_server import serve_local
 from controller.app import RunningController
 from controller.config import FabricSection
+from controller.coordinator import ErrorCode
 from controller.embedded import embedded_config, running_controller
 from controller.etcd_server import EmbeddedEtcd
-from controller.model import Collective
+from controller.model import Collective, PhaseKey, ProcessGroup
 from controller.planner import RankPlacement
 from drivers.base import CrossConnect
 from emulator.ocs import EmulatedFabricDevices
@@ -67,6 +70,29 @@ async def test_ranks_reach_the_controller_through_the_agent_socket(
             stop.set()
             await asyncio.wait_for(asyncio.gather(*servers), 10)
     assert not any(s.exists() for s in sockets)  # sockets removed on shutdown
+
+
+async def test_a_device_failure_reaches_the_rank_as_a_refusal_through_the_agent_socket(
+    ctl: RunningController, devices: EmulatedFabricDevices, tmp_path: Path
+) -> None:
+    """The local endpoint answers a refusal as the controller does (status and error code in
+    trailing metadata): a device failure is DEVICE_FAILURE, not a transport failure to retry."""
+    sock = tmp_path / "agent0.sock"
+    stop = asyncio.Event()
+    devices["ocs-rail0"].set_unreachable(True)
+    async with HostAgent("host0", ctl.grpc_target) as a0:
+        server = asyncio.create_task(serve_local(a0, ctl.grpc_target, str(sock), stop))
+        try:
+            async with ControllerClient(f"unix://{sock}", retry_budget_s=5.0) as c:
+                with pytest.raises(PhaseError) as info:
+                    await c.enter("job", 0, PhaseKey(ProcessGroup.of([0, 1]),
+                                                     Collective.ALL_REDUCE), timeout_s=5.0)
+        finally:
+            stop.set()
+            await asyncio.wait_for(server, 10)
+    assert not isinstance(info.value, ControllerUnavailable)
+    assert info.value.code is ErrorCode.DEVICE_FAILURE
+    assert "ocs-rail0" in str(info.value)
 
 
 async def test_blocking_session_for_training_loops(
