@@ -417,7 +417,10 @@ def test_cancel_withdraws_a_waiter_or_a_ghost_hold(coord: PhaseCoordinator) -> N
     coord.cancel("job", 0, 76, 0.4)  # another request id: nothing happens
     # rank 0 waits (the pair is switching); its caller goes away
     coord.cancel("job", 0, 77, 0.4)
-    assert coord.enter("job", 0, RING, 78, 0.5) is not None  # not RANK_BUSY any more
+    out = coord.enter("job", 0, RING, 78, 0.5)
+    assert out is not None
+    assert not only(out, Reject)  # not RANK_BUSY any more: the cancelled wait is gone
+    assert coord.waiting_request("job", 0) == 78
 
 
 def test_release_checks_the_iteration(coord: PhaseCoordinator) -> None:

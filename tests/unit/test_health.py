@@ -14,6 +14,7 @@ import gc
 import json
 import os
 import queue
+import re
 import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -594,6 +595,10 @@ async def test_real_nvml_on_a_machine_without_gpus() -> None:
         await probe.open()
     except NvmlUnavailableError as e:
         assert "libnvidia-ml.so.1" in str(e) or "driver" in str(e)
+        # the cause is named, not only the generic help text (which mentions both)
+        assert re.match(rf"NVML unavailable on host {HOST}: (the NVML library libnvidia-ml"
+                        r"\.so\.1 was not found|the NVIDIA kernel driver is not loaded) ",
+                        str(e)), str(e)
     else:
         await probe.close()
         pytest.skip("NVML works on this machine: the no-GPU fallback is not exercised")
