@@ -20,7 +20,15 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Sequence,
+)
 from concurrent.futures import Future
 from contextlib import asynccontextmanager, contextmanager
 from typing import Protocol, TypeVar
@@ -339,7 +347,7 @@ class RankSession:
             self.current_phase = None
             await self.transport.release_phase(self.job_id, self.rank, key, self.iteration)
 
-    async def all_to_all(self, group: Iterable[int]) -> AsyncIterator[Admission]:
+    async def all_to_all(self, group: Iterable[int]) -> AsyncGenerator[Admission, None]:
         """Step through the sub-phases of an all-to-all: yields once per permutation, while
         admitted into it; the caller exchanges with that step's peers in the loop body."""
         ranks = tuple(group)

@@ -20,6 +20,7 @@ the reconfiguration that admitted it (device delay excluded), floored at 0.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import math
 import time
@@ -33,6 +34,7 @@ from agents.client import ControllerClient, RankSession, placement_of
 from agents.errors import PhaseError, PlacementChanged
 from agents.host_agent import HostAgent
 from agents.trace.model import CommOp, Workload
+from controller.coordinator import ErrorCode
 from controller.events import JobEvent
 from controller.model import Collective, PhaseKey, ProcessGroup
 from controller.planner import RankPlacement
@@ -85,10 +87,16 @@ class ReplayOp:
     gap_s: float
 
 
+_WATCH_BACKOFF_S = 0.1
+_WATCH_BACKOFF_MAX_S = 2.0
+"""Re-watch backoff after a job-event stream breaks, seconds (doubling up to the cap)."""
+
+
 def expand_workload(workload: Workload) -> tuple[dict[int, list[ReplayOp]], list[str]]:
     """Per-rank replay ops and the notes to print. A trace that records only some ranks of a
     symmetric job is expanded: every rank of its groups runs the same sequence (said in the
-    notes). Send/recv with a known peer but no group becomes the pair {rank, peer}."""
+    notes). Send/recv with a known peer but no group becomes the pair {rank, peer} (for the
+    recorded ranks only)."""
     notes = list(workload.assumptions)
     ranks: dict[int, list[ReplayOp]] = {}
     for r, ops in workload.ranks.items():
@@ -98,11 +106,16 @@ def expand_workload(workload: Workload) -> tuple[dict[int, list[ReplayOp]], list
         template_rank = min(ranks)
         template = workload.ranks[template_rank]
         for r in missing:
-            ranks[r] = [_to_replay(r, op) for op in template]
+            # a recorded peer is a global rank of the template's pair, not of this rank's:
+            # a copy with no group of its own stays unplanned rather than guess a partner
+            ranks[r] = [_to_replay(r, dataclasses.replace(op, peer=None)) for op in template]
         notes.append(
             f"trace records ranks {sorted(workload.ranks)} of {workload.world_size}; ranks "
             f"{_span(missing)} are assumed to run the same sequence as rank {template_rank}"
         )
+        if any(op.group is None and op.peer is not None for op in template):
+            notes.append(f"send/recv peers of rank {template_rank} are not carried over to "
+                         f"ranks {_span(missing)}: those calls are not planned there")
     return ranks, notes
 
 
@@ -321,12 +334,23 @@ class Replayer:
     async def _watch(self, client: ControllerClient) -> None:
         """A placement change (failover) restarts the job from its last checkpoint: here, the
         iteration in progress, on the new placement."""
-        async for ev in client.watch(self.job_id):
-            placement = placement_of(ev)
-            if placement is not None:
-                self.placement_events.append(ev)
-                self._new_placement = placement
-                self._restart.set()
+        backoff_s = _WATCH_BACKOFF_S
+        while True:
+            try:
+                async for ev in client.watch(self.job_id):
+                    backoff_s = _WATCH_BACKOFF_S
+                    placement = placement_of(ev)
+                    if placement is not None:
+                        self.placement_events.append(ev)
+                        self._new_placement = placement
+                        self._restart.set()
+                return  # the job was unregistered
+            except PhaseError as exc:
+                if exc.code is ErrorCode.UNKNOWN_JOB:
+                    raise
+                # the stream broke (controller restart, leader change): watch again
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(2 * backoff_s, _WATCH_BACKOFF_MAX_S)
 
     async def _rejoin(self, rank: int) -> RankSession:
         """Wait until every rank has given up the iteration, then continue on the new
@@ -419,16 +443,18 @@ class Replayer:
         assert op.group is not None
         label = f"all_to_all x{op.group.size}"
         t0 = time.monotonic()
-        async for adm in session.all_to_all(op.group.ranks):
-            t1 = time.monotonic()
-            key = session.current_phase
-            assert key is not None
-            self._record(self._instance(it, key, label, op.group.size), t0, t1, adm.noop,
-                         adm.device_s)
-            await self._barrier(it, key)
-            await self._transfer(op.nbytes // adm.steps)
-            self.holds.append(HoldRecord(rank, key, t1, time.monotonic(), self._attempt))
-            t0 = time.monotonic()
+        # aclosing: a restart or failure in the body releases the step now, not at GC time
+        async with contextlib.aclosing(session.all_to_all(op.group.ranks)) as steps:
+            async for adm in steps:
+                t1 = time.monotonic()
+                key = session.current_phase
+                assert key is not None
+                self._record(self._instance(it, key, label, op.group.size), t0, t1, adm.noop,
+                             adm.device_s)
+                await self._barrier(it, key)
+                await self._transfer(op.nbytes // adm.steps)
+                self.holds.append(HoldRecord(rank, key, t1, time.monotonic(), self._attempt))
+                t0 = time.monotonic()
 
     def _record(self, inst: _Instance, t_send: float, t_admit: float, noop: bool,
                 device_s: float) -> None:
