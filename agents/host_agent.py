@@ -310,11 +310,16 @@ class HostAgent:
                         reader.result()
                         raise _StreamClosed("controller closed the stream")
                     batch, self._outbox = self._outbox, []
-                    if batch:
-                        await call.write(encoder.encode(batch))
-                    if sync_done is not None:
-                        await call.write(sync_done)
-                        sync_done = None
+                    try:
+                        if batch:
+                            await call.write(encoder.encode(batch))
+                        if sync_done is not None:
+                            await call.write(sync_done)
+                            sync_done = None
+                    except asyncio.InvalidStateError:
+                        # the call ended (controller gone) between the reader's last read and
+                        # this write: a broken stream like any other, resynced on reconnect
+                        raise _StreamClosed("controller closed the stream") from None
             finally:
                 self._connected.clear()
                 reader.cancel()

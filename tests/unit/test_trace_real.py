@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from functools import cache
 from pathlib import Path
 
 import pytest
 
-from agents.trace import SourceFormat, Workload, load_workload
+from agents.trace import SourceFormat, TraceError, Workload, load_workload
 from controller.model import Collective, ProcessGroup
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -34,11 +35,17 @@ def load(path: Path) -> Workload:
     return load_workload(path, world_size=SIMAI_WORLD if path.suffix == ".txt" else None)
 
 
-def data_files() -> list[Path]:
+# Folders in a format no reader handles yet: the Opus artifact's phase patterns and latency CSVs
+# (issue 13 adds their reader). Checked below to be refused with a clear error, not mis-read.
+NOT_YET_READ = (DATA / "traces" / "opus-perlmutter",)
+
+
+def data_files(*, unread: bool = False) -> list[Path]:
     if not DATA.is_dir():
         return []
     skip = {"LICENSE", "README.md"}
-    return sorted(p for p in DATA.rglob("*") if p.is_file() and p.name not in skip)
+    files = (p for p in DATA.rglob("*") if p.is_file() and p.name not in skip)
+    return sorted(p for p in files if any(p.is_relative_to(d) for d in NOT_YET_READ) == unread)
 
 
 @pytest.mark.parametrize("path", data_files(), ids=lambda p: p.name)
@@ -49,6 +56,13 @@ def test_every_data_file_loads(path: Path) -> None:
     assert workload.source_format is expected
     assert workload.ranks
     assert all(ops for ops in workload.ranks.values())
+
+
+@pytest.mark.parametrize("path", data_files(unread=True)[:3] + data_files(unread=True)[-2:],
+                         ids=lambda p: p.name)
+def test_unread_format_is_refused_with_the_file_named(path: Path) -> None:
+    with pytest.raises(TraceError, match=re.escape(str(path))):
+        load_workload(path)
 
 
 # --- PARAM DLRM, 8 ranks, legacy Kineto ---------------------------------------------------------
