@@ -2,7 +2,8 @@
 
 Two transports implement ``PhaseTransport``:
 
-* ``agents.host_agent.HostAgent`` — the host's agent, in-process (one PhaseStream per host);
+* ``lightrail.agents.host.agent.HostAgent`` — the host's agent, in-process (one PhaseStream per
+host);
 * ``ControllerClient`` — unary EnterPhase/ReleasePhase straight to the controller (or to a host
   agent's local socket, ``unix:///run/lightrail/agent.sock``), for simple clients.
 
@@ -10,7 +11,8 @@ Two transports implement ``PhaseTransport``:
 through the sub-phases of an all-to-all, and always releases. ``BlockingRankSession`` wraps it
 for synchronous training loops.
 
-Errors: every refusal is a ``agents.errors.PhaseError`` subclass; transient transport failures
+Errors: every refusal is a ``lightrail.agents.errors.PhaseError`` subclass; transient transport
+failures
 (UNAVAILABLE) are retried with backoff within ``retry_budget_s`` and then raise
 ``ControllerUnavailable``.
 """
@@ -34,20 +36,20 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import Protocol, TypeVar
 
 import grpc
-from lightrail.v1 import agent_pb2, agent_pb2_grpc
 
-from agents.errors import Admission, ControllerUnavailable, PhaseError, error_for
-from controller.convert import (
+from lightrail.agents.errors import Admission, ControllerUnavailable, PhaseError, error_for
+from lightrail.controller.api.codec import (
     ERROR_METADATA_KEY,
     EVENT_TO_PB,
     parallelism_to_pb,
     phase_key_to_pb,
 )
-from controller.coordinator import ErrorCode
-from controller.events import JobEvent, JobEventKind
-from controller.model import Collective, PhaseKey, ProcessGroup
-from controller.parallelism import ParallelismSpec
-from controller.planner import RankPlacement
+from lightrail.controller.core.coordinator import ErrorCode
+from lightrail.controller.core.planner import RankPlacement
+from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup
+from lightrail.controller.domain.parallelism import ParallelismSpec
+from lightrail.controller.runtime.events import JobEvent, JobEventKind
+from lightrail.v1 import agent_pb2, agent_pb2_grpc
 
 T = TypeVar("T")
 

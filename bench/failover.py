@@ -27,16 +27,16 @@ import time
 from collections.abc import Sequence
 
 import grpc
-from lightrail.v1 import agent_pb2, agent_pb2_grpc
 
-from agents.client import ControllerClient
-from controller.config import FabricSection
-from controller.embedded import embedded_config, running_controller
-from controller.etcd_server import EmbeddedEtcd
-from controller.events import JobEvent, JobEventKind
-from controller.logs import configure_logging
-from controller.model import Collective, PhaseKey, ProcessGroup
-from controller.planner import RankPlacement
+from lightrail.agents.client import ControllerClient
+from lightrail.controller.cli.embedded import embedded_config, running_controller
+from lightrail.controller.config import FabricSection
+from lightrail.controller.core.planner import RankPlacement
+from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup
+from lightrail.controller.logs import configure_logging
+from lightrail.controller.runtime.events import JobEvent, JobEventKind
+from lightrail.controller.store.etcd_server import EmbeddedEtcd
+from lightrail.v1 import agent_pb2, agent_pb2_grpc
 
 
 def pct(values: Sequence[float], q: float) -> float:

@@ -6,7 +6,8 @@ unary agent8] [--json]``. A script, not a test (pytest does not collect ``bench/
 Method (after the way the Opus artifact's C++ controller was measured)
 -----------------------------------------------------------------------
 * The controller runs as a SEPARATE PROCESS (``lightrail controller --config FILE``) against a
-  private etcd (``controller.etcd_server.EmbeddedEtcd``); this process is only the load generator
+  private etcd (``lightrail.controller.store.etcd_server.EmbeddedEtcd``); this process is only the
+  load generator
   (uvloop). On a 2-core machine an in-process load generator would take the controller's CPU.
   One etcd + controller per (N, delay) pair; the transports of that pair run one after the
   other, each as its own registered job (unregistered afterwards).
@@ -26,9 +27,11 @@ Method (after the way the Opus artifact's C++ controller was measured)
   admitted (the pipeline dependency of a real step). Without that dependency the controller can
   deadlock, see "Known controller hazard" below.
 * Iteration number = boundary index b; every phase has ``seq`` 0.
-* Transports: ``unary`` = one ``agents.client.ControllerClient`` (own gRPC channel) per rank,
+* Transports: ``unary`` = one ``lightrail.agents.client.ControllerClient`` (own gRPC channel) per
+rank,
   unary EnterPhase / ReleasePhase (release awaited before the next enter); ``agent8`` = one
-  ``agents.host_agent.HostAgent`` (one PhaseStream) per 8 consecutive ranks; ``agent32`` = one
+  ``lightrail.agents.host.agent.HostAgent`` (one PhaseStream) per 8 consecutive ranks; ``agent32``
+  = one
   per 32 ranks (for N=8 that is one stream of 8 ranks, the same as ``agent8``). The ranks of
   one agent sit on distinct emulated hosts: what is measured is the agent's batching of 8 / 32
   ranks onto one stream, as a host agent (or a rack relay) would.
@@ -81,13 +84,13 @@ import grpc
 import uvloop
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from agents.client import ControllerClient
-from agents.errors import Admission
-from agents.host_agent import HostAgent
-from controller.etcd_server import EmbeddedEtcd
-from controller.logs import configure_logging
-from controller.model import Collective, PhaseKey, ProcessGroup
-from controller.planner import RankPlacement
+from lightrail.agents.client import ControllerClient
+from lightrail.agents.errors import Admission
+from lightrail.agents.host.agent import HostAgent
+from lightrail.controller.core.planner import RankPlacement
+from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup
+from lightrail.controller.logs import configure_logging
+from lightrail.controller.store.etcd_server import EmbeddedEtcd
 
 REPO = Path(__file__).resolve().parents[1]
 LIGHTRAIL = REPO / ".venv" / "bin" / "lightrail"

@@ -7,18 +7,22 @@ a test (pytest does not collect ``bench/``). Takes well under 3 minutes on a 2-c
 What is measured (single process, one CPU core, wall time via ``time.perf_counter``; best of
 ``--repeat`` runs):
 
-* ``fabric``: ``controller.fabric.rail_fabric`` with H hosts x 8 GPUs (8 rails, one H x H OCS per
+* ``fabric``: ``lightrail.controller.domain.fabric.rail_fabric`` with H hosts x 8 GPUs (8 rails,
+one H x H OCS per
   rail).
-* ``layout``: ``controller.planner.layout_job`` of a contiguous placement (rank r on host r // 8,
+* ``layout``: ``lightrail.controller.core.planner.layout_job`` of a contiguous placement (rank r on
+host r // 8,
   GPU r % 8).
 * ``groups``: a fresh ``ParallelismSpec`` computes the process groups of every ``Dim``.
-* ``plan step``: ``controller.railplan.plan_step`` (one microbatch, one layer per stage): the
+* ``plan step``: ``lightrail.controller.core.railplan.plan_step`` (one microbatch, one layer per
+stage): the
   schedule of one step plus ``plan_phase`` for every distinct (group, collective, sub-phase) and
   the merge into per-dimension rail configurations. ``plan_phase only`` re-runs just the
   ``plan_phase`` calls over the same distinct keys (the planner's share).
 * ``peak MiB``: ``tracemalloc`` peak over layout + groups + plan step (a separate run, since
   tracing slows Python down).
-* Coordinator (2,048 GPUs, DP phase): ``controller.coordinator.PhaseCoordinator`` in process,
+* Coordinator (2,048 GPUs, DP phase): ``lightrail.controller.core.coordinator.PhaseCoordinator`` in
+process,
   no gRPC and no host agents (the agents' batching changes the transport cost only, which
   ``bench/hot_path.py`` measures; the coordinator's decisions are the same per rank). A
   *boundary* = every rank of the phase calls ``enter``, every resulting ``Reconfigure`` is
@@ -41,12 +45,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TypeVar
 
-from controller.coordinator import Admit, Decision, PhaseCoordinator, Reconfigure, Reject
-from controller.fabric import Fabric, rail_fabric
-from controller.model import Collective, PhaseKey
-from controller.parallelism import Dim, ParallelismSpec
-from controller.planner import JobLayout, RankPlacement, layout_job, plan_phase
-from controller.railplan import RailPlan, contiguous_placement, plan_step
+from lightrail.controller.core.coordinator import (
+    Admit,
+    Decision,
+    PhaseCoordinator,
+    Reconfigure,
+    Reject,
+)
+from lightrail.controller.core.planner import JobLayout, RankPlacement, layout_job, plan_phase
+from lightrail.controller.core.railplan import RailPlan, contiguous_placement, plan_step
+from lightrail.controller.domain.fabric import Fabric, rail_fabric
+from lightrail.controller.domain.model import Collective, PhaseKey
+from lightrail.controller.domain.parallelism import Dim, ParallelismSpec
 
 GPUS_PER_HOST = 8
 T = TypeVar("T")

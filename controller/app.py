@@ -21,26 +21,26 @@ from dataclasses import dataclass, field
 import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from lightrail.v1 import agent_pb2_grpc, operator_pb2_grpc
 from prometheus_client import start_http_server
 
-from controller import metrics
-from controller.advisor import CostAdvisor
-from controller.config import Config, build_fabric
-from controller.coordinator import ErrorCode, PhaseCoordinator
-from controller.costmodel import LinkModel
-from controller.events import EventBus
-from controller.fabric import Fabric
-from controller.failover import EtcdHealthStore, FailoverManager
-from controller.grpc_agent import AgentServicer
-from controller.grpc_operator import OperatorServicer
-from controller.jobs import CorruptJobRecord, EtcdJobRepository
-from controller.phase_service import PhaseService
-from controller.reconciler import Reconciler
-from controller.store import CoalescingWriter, EtcdStore, LeaderElection
-from drivers.base import Driver
-from drivers.registry import DriverContext, create_driver
-from emulator.ocs import EmulatedFabricDevices
+from lightrail.controller.api.agent_service import AgentServicer
+from lightrail.controller.api.operator_service import OperatorServicer
+from lightrail.controller.config import Config, build_fabric
+from lightrail.controller.core.advisor import CostAdvisor
+from lightrail.controller.core.coordinator import ErrorCode, PhaseCoordinator
+from lightrail.controller.core.costmodel import LinkModel
+from lightrail.controller.domain.fabric import Fabric
+from lightrail.controller.runtime import metrics
+from lightrail.controller.runtime.events import EventBus
+from lightrail.controller.runtime.failover import EtcdHealthStore, FailoverManager
+from lightrail.controller.runtime.phase_service import PhaseService
+from lightrail.controller.runtime.reconciler import Reconciler
+from lightrail.controller.store.etcd import CoalescingWriter, EtcdStore, LeaderElection
+from lightrail.controller.store.jobs import CorruptJobRecord, EtcdJobRepository
+from lightrail.drivers.base import Driver
+from lightrail.drivers.registry import DriverContext, create_driver
+from lightrail.emulator.ocs import EmulatedFabricDevices
+from lightrail.v1 import agent_pb2_grpc, operator_pb2_grpc
 
 log = structlog.get_logger(__name__)
 

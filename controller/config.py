@@ -22,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from controller.fabric import (
+from lightrail.controller.domain.fabric import (
     BUILTIN_FABRICS,
     Endpoint,
     EndpointId,
@@ -32,7 +32,7 @@ from controller.fabric import (
     Switch,
     rail_fabric,
 )
-from drivers.base import SwitchCapabilities, SwitchKind
+from lightrail.drivers.base import SwitchCapabilities, SwitchKind
 
 
 class ConfigError(ValueError):
@@ -137,7 +137,8 @@ class WiringConfig(_Strict):
 
 
 class RailFabricConfig(_Strict):
-    """A generated rail-optimised fabric (``controller.fabric.rail_fabric``): one NIC per GPU,
+    """A generated rail-optimised fabric (``lightrail.controller.domain.fabric.rail_fabric``): one
+    NIC per GPU,
     rail g = NIC g of every host, one N x N OCS per rail with N = hosts + spares."""
 
     hosts: int = Field(gt=0, le=MAX_GPUS)

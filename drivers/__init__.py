@@ -1,1 +1,2 @@
-"""Switch drivers behind one ``drivers.base.Driver`` protocol, chosen by config ``model:``."""
+"""Switch drivers behind one ``lightrail.drivers.base.Driver`` protocol, chosen by config
+``model:``."""

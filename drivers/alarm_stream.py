@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 
-from drivers.base import DeviceAlarm
+from lightrail.drivers.base import DeviceAlarm
 
 
 class AlarmStream(AsyncIterator[DeviceAlarm]):

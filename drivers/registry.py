@@ -10,10 +10,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from controller.fabric import Switch
-from drivers import emulated
-from drivers.base import Driver
-from emulator.ocs import EmulatedFabricDevices
+from lightrail.controller.domain.fabric import Switch
+from lightrail.drivers.base import Driver
+from lightrail.emulator import driver as emulated
+from lightrail.emulator.ocs import EmulatedFabricDevices
 
 
 class DriverConfigError(ValueError):
@@ -50,19 +50,19 @@ def _emulated(switch: Switch, context: DriverContext) -> Driver:
 
 
 def _siph(switch: Switch, context: DriverContext) -> Driver:
-    from drivers import siph
+    from lightrail.drivers.siph import driver as siph
 
     return siph.make_driver(switch, context)
 
 
 def _tl1(switch: Switch, context: DriverContext) -> Driver:
-    from drivers import tl1
+    from lightrail.drivers.tl1 import driver as tl1
 
     return tl1.make_driver(switch, context)
 
 
 def _restconf(switch: Switch, context: DriverContext) -> Driver:
-    from drivers import restconf
+    from lightrail.drivers.restconf import driver as restconf
 
     return restconf.make_driver(switch, context)
 

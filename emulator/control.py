@@ -1,6 +1,6 @@
 """Fault-injection control API for the emulated devices of a fabric (DESIGN.md, "Emulator").
 
-A small JSON-over-HTTP API on 127.0.0.1 over an ``emulator.ocs.EmulatedFabricDevices``
+A small JSON-over-HTTP API on 127.0.0.1 over an ``lightrail.emulator.ocs.EmulatedFabricDevices``
 registry, shared by every emulated device whatever protocol front end (TL1, RESTCONF, MZI) it
 has, since all of them wrap the same ``EmulatedOcs`` objects::
 
@@ -52,8 +52,8 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from drivers.base import AlarmSeverity, CrossConnect, SwitchKind
-from emulator.ocs import DenialKind, EmulatedFabricDevices, EmulatedOcs
+from lightrail.drivers.base import AlarmSeverity, CrossConnect, SwitchKind
+from lightrail.emulator.ocs import DenialKind, EmulatedFabricDevices, EmulatedOcs
 
 FAULTS = (
     "unreachable", "drop_next_calls", "slow", "deny_port", "allow_port", "partial_apply",

@@ -2,7 +2,8 @@
 tests, the demo and machines without NVML (DESIGN.md "Emulator": "Emulated hosts report GPU
 health and can be failed on command").
 
-``EmulatedHealthSource`` implements ``agents.health.HealthSource``, so the agent runs the same
+``EmulatedHealthSource`` implements ``lightrail.agents.host.health.HealthSource``, so the agent
+runs the same
 code on it as on ``NvmlHealthSource``: every GPU starts HEALTHY, each scripted change is one
 ``HealthEvent`` (none when the GPU already has that state: failing a GPU twice gives one
 failure event), and XIDs are classified by the same ``classify_xid``. ``stop_heartbeat``
@@ -18,7 +19,7 @@ from collections.abc import Iterable, Iterator, Mapping
 
 import structlog
 
-from agents.health import (
+from lightrail.agents.host.health import (
     DEFAULT_CONFIG,
     XID_FALLEN_OFF_BUS,
     EventSource,

@@ -2,9 +2,9 @@
 
 ``EmulatedOcs`` models one switch: its capabilities (N x N with Polatis numbering, ingress
 1..N and egress N+1..2N, or duplex with ports 1..N), its state as a partial permutation of
-cross-connects (``drivers.base.check_partial_permutation``), the reconfiguration delay
+cross-connects (``lightrail.drivers.base.check_partial_permutation``), the reconfiguration delay
 (``SwitchCapabilities.settle_time_s``), per-port optical power in dBm, alarms and fault
-injection. It does not speak a wire protocol; ``drivers.emulated.EmulatedDriver`` calls it
+injection. It does not speak a wire protocol; ``lightrail.emulator.driver.EmulatedDriver`` calls it
 in-process. ``EmulatedFabricDevices`` keeps the devices of a fabric by switch id so their state
 outlives any driver or controller instance.
 
@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import structlog
 
-from drivers.alarm_stream import AlarmStream
-from drivers.base import (
+from lightrail.drivers.alarm_stream import AlarmStream
+from lightrail.drivers.base import (
     AlarmSeverity,
     ApplyResult,
     CrossConnect,
@@ -106,7 +106,7 @@ class _MakeFailure:
 
 
 AlarmSubscription = AlarmStream
-"""Alarms of one device from the moment of subscription (``drivers.alarm_stream``)."""
+"""Alarms of one device from the moment of subscription (``lightrail.drivers.alarm_stream``)."""
 
 
 class EmulatedOcs:

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from controller.etcd_server import (
+from lightrail.controller.store.etcd_server import (
     EmbeddedEtcd,
     EtcdNotInstalledError,
     find_etcd_binary,

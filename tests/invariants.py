@@ -11,11 +11,11 @@ import bisect
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from agents.replay import HoldRecord
-from controller.fabric import Fabric
-from controller.planner import RankPlacement, layout_job, plan_phase
-from drivers.base import CrossConnect
-from emulator.ocs import ChangeAction, ChangeRecord
+from lightrail.agents.replay.replayer import HoldRecord
+from lightrail.controller.core.planner import RankPlacement, layout_job, plan_phase
+from lightrail.controller.domain.fabric import Fabric
+from lightrail.drivers.base import CrossConnect
+from lightrail.emulator.ocs import ChangeAction, ChangeRecord
 
 # Emulator and replay both use time.monotonic; allow for float rounding only.
 _EPS_S = 1e-6

@@ -3,9 +3,12 @@
 ``harness`` is parametrized over the four driver models. Each instance builds one N x N switch
 (N = 8, a power of two so the silicon-photonic Beneš mesh can have it) wrapped around an
 ``EmulatedOcs`` in an ``EmulatedFabricDevices`` registry, the protocol server in front of it
-(none for the in-process driver), and a driver made by ``drivers.registry.create_driver`` from
-a ``controller.fabric.Switch`` of that model, opened. Port numbering is the same everywhere:
-ingress 1..N, egress N+1..2N (Polatis numbering; ``drivers.siph`` maps ingress p to mesh input
+(none for the in-process driver), and a driver made by ``lightrail.drivers.registry.create_driver``
+from
+a ``lightrail.controller.domain.fabric.Switch`` of that model, opened. Port numbering is the same
+everywhere:
+ingress 1..N, egress N+1..2N (Polatis numbering; ``lightrail.drivers.siph`` maps ingress p to mesh
+input
 p-1 and egress N+p to mesh output p-1, so no translation is needed in the tests).
 
 The device clock and sleep are real (``time.monotonic`` / ``asyncio.sleep``); the settle times
@@ -24,15 +27,16 @@ from dataclasses import dataclass
 import pytest
 import pytest_asyncio
 
-from controller.fabric import Switch
-from drivers.base import CrossConnect, DeviceAlarm, Driver, SwitchCapabilities, SwitchKind
-from drivers.registry import DriverContext, create_driver
-from drivers.siph import SiphAlarmStream
-from emulator import restconf_server, tl1_server
-from emulator.mzi_server import MziMeshServer
-from emulator.ocs import EmulatedFabricDevices, EmulatedOcs
-from emulator.restconf_server import RestconfServer
-from emulator.tl1_server import Tl1Server
+from lightrail.controller.domain.fabric import Switch
+from lightrail.drivers.base import CrossConnect, DeviceAlarm, Driver, SwitchCapabilities, SwitchKind
+from lightrail.drivers.registry import DriverContext, create_driver
+from lightrail.drivers.siph.driver import SiphAlarmStream
+from lightrail.emulator.ocs import EmulatedFabricDevices, EmulatedOcs
+from lightrail.emulator.servers import restconf as restconf_server
+from lightrail.emulator.servers import tl1 as tl1_server
+from lightrail.emulator.servers.mzi import MziMeshServer
+from lightrail.emulator.servers.restconf import RestconfServer
+from lightrail.emulator.servers.tl1 import Tl1Server
 
 N = 8
 """Ports per side: 8 x 8 (a power of two, as the Beneš mesh needs)."""
@@ -123,7 +127,8 @@ class Harness:
     with that many breaks and makes.
     ``partial_stops_at_failed_make``: with ``EmulatedOcs.fail_make(k)`` the makes before the
     k-th are in place and the rest are not (a device that issues makes one after the other);
-    false for the MZI mesh, whose heaters move together (``emulator.mzi_server``: the elements
+    false for the MZI mesh, whose heaters move together (``lightrail.emulator.servers.mzi``: the
+    elements
     that had to change for the failed makes keep their old outputs).
     """
 

@@ -1,7 +1,8 @@
 """One conformance suite for every driver and its emulated device (issue 4, section 3).
 
 Each test runs against ``emulated`` (in-process), ``tl1``, ``restconf`` and ``siph`` through the
-``harness`` fixture (``tests/conformance/conftest.py``) and asserts the ``drivers.base.Driver``
+``harness`` fixture (``tests/conformance/conftest.py``) and asserts the
+``lightrail.drivers.base.Driver``
 contract. Where a driver documents a different behaviour the test asserts that behaviour and
 cites the module doc; only the wire-fault cases are skipped for the in-process driver, which has
 no wire.
@@ -14,7 +15,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from drivers.base import (
+from lightrail.drivers.base import (
     AlarmSeverity,
     ApplyMode,
     ApplyResult,
@@ -31,7 +32,7 @@ from drivers.base import (
     ProtocolError,
     VerificationMismatch,
 )
-from emulator.ocs import CONNECTED_POWER_DBM, NO_LIGHT_DBM, ChangeAction, ChangeRecord
+from lightrail.emulator.ocs import CONNECTED_POWER_DBM, NO_LIGHT_DBM, ChangeAction, ChangeRecord
 from tests.conformance.conftest import PORTS, Fault, Harness, N
 
 WAIT_S = 5.0

@@ -8,15 +8,15 @@ import time
 from pathlib import Path
 
 import pytest
-from lightrail.v1 import agent_pb2, agent_pb2_grpc
 
-from agents.client import ControllerClient
-from agents.replay import HostSlot, Replayer
-from agents.trace.loader import load_workload
-from controller.config import FabricSection, build_fabric
-from controller.embedded import embedded_config, running_controller
-from controller.etcd_server import EmbeddedEtcd
-from emulator.ocs import EmulatedFabricDevices
+from lightrail.agents.client import ControllerClient
+from lightrail.agents.replay.replayer import HostSlot, Replayer
+from lightrail.agents.replay.trace.loader import load_workload
+from lightrail.controller.cli.embedded import embedded_config, running_controller
+from lightrail.controller.config import FabricSection, build_fabric
+from lightrail.controller.store.etcd_server import EmbeddedEtcd
+from lightrail.emulator.ocs import EmulatedFabricDevices
+from lightrail.v1 import agent_pb2, agent_pb2_grpc
 from tests.invariants import check_holds
 
 DLRM = (Path(__file__).resolve().parents[2].parent / "shared" / "data" / "traces"

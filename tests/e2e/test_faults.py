@@ -9,18 +9,18 @@ from collections.abc import Callable
 
 import pytest
 
-from agents.client import ControllerClient
-from agents.errors import PhaseError
-from agents.replay import HoldRecord
-from controller.config import build_fabric
-from controller.coordinator import ErrorCode
-from controller.embedded import embedded_config, running_controller
-from controller.etcd_server import EmbeddedEtcd
-from controller.model import Collective, PhaseKey, ProcessGroup
-from controller.planner import RankPlacement
-from drivers.base import CrossConnect
-from emulator.fabric_servers import emulated_rails, rail_section
-from emulator.ocs import EmulatedFabricDevices, EmulatedOcs
+from lightrail.agents.client import ControllerClient
+from lightrail.agents.errors import PhaseError
+from lightrail.agents.replay.replayer import HoldRecord
+from lightrail.controller.cli.embedded import embedded_config, running_controller
+from lightrail.controller.config import build_fabric
+from lightrail.controller.core.coordinator import ErrorCode
+from lightrail.controller.core.planner import RankPlacement
+from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup
+from lightrail.controller.store.etcd_server import EmbeddedEtcd
+from lightrail.drivers.base import CrossConnect
+from lightrail.emulator.ocs import EmulatedFabricDevices, EmulatedOcs
+from lightrail.emulator.servers.fabric import emulated_rails, rail_section
 from tests.invariants import check_holds
 
 PLACE = [RankPlacement(r, f"host{r // 2}", r % 2) for r in range(8)]

@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from agents.client import ControllerClient
-from agents.replay import HostSlot, Replayer
-from agents.trace.loader import load_workload
-from controller.app import RunningController, run_controller
-from controller.config import Config, ControllerSection, FabricSection, build_fabric
-from controller.embedded import embedded_config
-from controller.etcd_server import EmbeddedEtcd
-from emulator.fabric_servers import emulated_rails, rail_section
-from emulator.ocs import EmulatedFabricDevices
+from lightrail.agents.client import ControllerClient
+from lightrail.agents.replay.replayer import HostSlot, Replayer
+from lightrail.agents.replay.trace.loader import load_workload
+from lightrail.controller.app import RunningController, run_controller
+from lightrail.controller.cli.embedded import embedded_config
+from lightrail.controller.config import Config, ControllerSection, FabricSection, build_fabric
+from lightrail.controller.store.etcd_server import EmbeddedEtcd
+from lightrail.emulator.ocs import EmulatedFabricDevices
+from lightrail.emulator.servers.fabric import emulated_rails, rail_section
 from tests.invariants import check_holds
 
 DLRM = (Path(__file__).resolve().parents[2].parent / "shared" / "data" / "traces"

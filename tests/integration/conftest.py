@@ -10,8 +10,8 @@ from contextlib import AsyncExitStack
 import pytest
 import pytest_asyncio
 
-from controller.etcd_server import EmbeddedEtcd
-from controller.store import EtcdStore
+from lightrail.controller.store.etcd import EtcdStore
+from lightrail.controller.store.etcd_server import EmbeddedEtcd
 
 StoreFactory = Callable[[], Awaitable[EtcdStore]]
 """Opens one more store (another replica's connection) on the test's prefix."""

@@ -10,19 +10,19 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from agents.client import BlockingRankSession, ControllerClient, RankSession
-from agents.errors import ControllerUnavailable, PhaseError
-from agents.host_agent import HostAgent
-from agents.local_server import serve_local
-from controller.app import RunningController
-from controller.config import FabricSection
-from controller.coordinator import ErrorCode
-from controller.embedded import embedded_config, running_controller
-from controller.etcd_server import EmbeddedEtcd
-from controller.model import Collective, PhaseKey, ProcessGroup
-from controller.planner import RankPlacement
-from drivers.base import CrossConnect
-from emulator.ocs import EmulatedFabricDevices
+from lightrail.agents.client import BlockingRankSession, ControllerClient, RankSession
+from lightrail.agents.errors import ControllerUnavailable, PhaseError
+from lightrail.agents.host.agent import HostAgent
+from lightrail.agents.host.local_endpoint import serve_local
+from lightrail.controller.app import RunningController
+from lightrail.controller.cli.embedded import embedded_config, running_controller
+from lightrail.controller.config import FabricSection
+from lightrail.controller.core.coordinator import ErrorCode
+from lightrail.controller.core.planner import RankPlacement
+from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup
+from lightrail.controller.store.etcd_server import EmbeddedEtcd
+from lightrail.drivers.base import CrossConnect
+from lightrail.emulator.ocs import EmulatedFabricDevices
 
 PLACE = [RankPlacement(0, "host0", 0), RankPlacement(1, "host1", 0)]
 

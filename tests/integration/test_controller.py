@@ -12,22 +12,22 @@ import grpc
 import pytest
 import pytest_asyncio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from lightrail.v1 import agent_pb2, agent_pb2_grpc, operator_pb2, operator_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from agents.client import ControllerClient, JobRegistrationError
-from agents.errors import PhaseError, PhaseTimeout
-from agents.host_agent import HostAgent
-from controller.app import RunningController
-from controller.config import FabricSection
-from controller.coordinator import ErrorCode
-from controller.embedded import embedded_config, running_controller
-from controller.etcd_server import EmbeddedEtcd
-from controller.model import Collective, PhaseKey, ProcessGroup
-from controller.planner import RankPlacement
-from controller.store import EtcdStore
-from drivers.base import CrossConnect
-from emulator.ocs import EmulatedFabricDevices
+from lightrail.agents.client import ControllerClient, JobRegistrationError
+from lightrail.agents.errors import PhaseError, PhaseTimeout
+from lightrail.agents.host.agent import HostAgent
+from lightrail.controller.app import RunningController
+from lightrail.controller.cli.embedded import embedded_config, running_controller
+from lightrail.controller.config import FabricSection
+from lightrail.controller.core.coordinator import ErrorCode
+from lightrail.controller.core.planner import RankPlacement
+from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup
+from lightrail.controller.store.etcd import EtcdStore
+from lightrail.controller.store.etcd_server import EmbeddedEtcd
+from lightrail.drivers.base import CrossConnect
+from lightrail.emulator.ocs import EmulatedFabricDevices
+from lightrail.v1 import agent_pb2, agent_pb2_grpc, operator_pb2, operator_pb2_grpc
 
 PLACE = [RankPlacement(r, f"host{r // 2}", r % 2) for r in range(8)]
 RING = PhaseKey(ProcessGroup.of(range(8)), Collective.ALL_REDUCE)
@@ -236,7 +236,7 @@ async def test_watch_job_streams_events(client: ControllerClient) -> None:
 async def test_register_with_a_parallelism_spec_declares_the_schedule(
     ctl: RunningController, client: ControllerClient
 ) -> None:
-    from controller.parallelism import ParallelismSpec
+    from lightrail.controller.domain.parallelism import ParallelismSpec
 
     spec = ParallelismSpec(tp=2, pp=2, dp_replicate=2)
     async with grpc.aio.insecure_channel(ctl.grpc_target) as ch:

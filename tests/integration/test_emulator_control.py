@@ -14,8 +14,8 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from controller.fabric import Switch
-from drivers.base import (
+from lightrail.controller.domain.fabric import Switch
+from lightrail.drivers.base import (
     AlarmSeverity,
     CrossConnect,
     DeviceAlarm,
@@ -29,12 +29,12 @@ from drivers.base import (
     SwitchKind,
     VerificationMismatch,
 )
-from drivers.emulated import EmulatedDriver
-from drivers.registry import DriverContext
-from drivers.restconf import RestconfDriver, make_driver
-from emulator.control import ControlApiError, ControlClient, ControlServer
-from emulator.ocs import EmulatedFabricDevices, EmulatedOcs
-from emulator.restconf_server import RestconfServer
+from lightrail.drivers.registry import DriverContext
+from lightrail.drivers.restconf.driver import RestconfDriver, make_driver
+from lightrail.emulator.control import ControlApiError, ControlClient, ControlServer
+from lightrail.emulator.driver import EmulatedDriver
+from lightrail.emulator.ocs import EmulatedFabricDevices, EmulatedOcs
+from lightrail.emulator.servers.restconf import RestconfServer
 
 USER = "operator"
 PASSWORD = "pa55word"

@@ -9,20 +9,20 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 import pytest_asyncio
-from lightrail.v1 import agent_pb2, agent_pb2_grpc, operator_pb2, operator_pb2_grpc
 
-from agents.client import ControllerClient
-from agents.errors import PlacementChanged
-from controller.app import RunningController
-from controller.config import FabricSection
-from controller.embedded import embedded_config, running_controller
-from controller.etcd_server import EmbeddedEtcd
-from controller.events import JobEventKind
-from controller.model import Collective, PhaseKey, ProcessGroup
-from controller.planner import RankPlacement
-from controller.store import EtcdStore
-from drivers.base import CrossConnect
-from emulator.ocs import EmulatedFabricDevices
+from lightrail.agents.client import ControllerClient
+from lightrail.agents.errors import PlacementChanged
+from lightrail.controller.app import RunningController
+from lightrail.controller.cli.embedded import embedded_config, running_controller
+from lightrail.controller.config import FabricSection
+from lightrail.controller.core.planner import RankPlacement
+from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup
+from lightrail.controller.runtime.events import JobEventKind
+from lightrail.controller.store.etcd import EtcdStore
+from lightrail.controller.store.etcd_server import EmbeddedEtcd
+from lightrail.drivers.base import CrossConnect
+from lightrail.emulator.ocs import EmulatedFabricDevices
+from lightrail.v1 import agent_pb2, agent_pb2_grpc, operator_pb2, operator_pb2_grpc
 
 PLACE = [RankPlacement(r, f"host{r // 2}", r % 2) for r in range(8)]
 RING = PhaseKey(ProcessGroup.of(range(8)), Collective.ALL_REDUCE)
@@ -167,9 +167,9 @@ async def test_fatal_xid_reported_twice_fails_over_once_and_no_spare_is_clear(
 async def test_host_agent_health_reporter_drives_failover(ctl: RunningController) -> None:
     """The agent side: an emulated health source behind a HealthReporter; an XID 79 on it
     fails the rank over, and a stopped heartbeat is noticed by the watchdog."""
-    from agents.health import GpuId, HealthState
-    from agents.health_reporter import HealthReporter
-    from emulator.gpus import EmulatedHealthSource
+    from lightrail.agents.host.health import GpuId, HealthState
+    from lightrail.agents.host.reporter import HealthReporter
+    from lightrail.emulator.gpus import EmulatedHealthSource
 
     async with ControllerClient(ctl.grpc_target) as client:
         await start_ring(client)

@@ -17,8 +17,8 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from controller.fabric import Switch
-from drivers.base import (
+from lightrail.controller.domain.fabric import Switch
+from lightrail.drivers.base import (
     AlarmSeverity,
     ApplyMode,
     AuthenticationFailed,
@@ -39,22 +39,22 @@ from drivers.base import (
     SwitchKind,
     VerificationMismatch,
 )
-from drivers.registry import DriverConfigError, DriverContext
-from drivers.restconf import (
+from lightrail.drivers.registry import DriverConfigError, DriverContext
+from lightrail.drivers.restconf.driver import (
     ConcurrentModification,
     RestconfDriver,
     make_driver,
     parse_options,
 )
-from drivers.restconf_wire import error_for_answer
-from emulator.ocs import (
+from lightrail.drivers.restconf.wire import error_for_answer
+from lightrail.emulator.ocs import (
     CONNECTED_POWER_DBM,
     NO_LIGHT_DBM,
     ChangeAction,
     DenialKind,
     EmulatedOcs,
 )
-from emulator.restconf_server import MEDIA_TYPE, RestconfServer, WireFault
+from lightrail.emulator.servers.restconf import MEDIA_TYPE, RestconfServer, WireFault
 
 USER = "admin"
 PASSWORD = "correct horse"

@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from controller.fabric import Switch
-from drivers import siph
-from drivers.base import (
+from lightrail.controller.domain.fabric import Switch
+from lightrail.drivers.base import (
     AlarmSeverity,
     ApplyMode,
     ApplyResult,
@@ -34,9 +33,10 @@ from drivers.base import (
     SwitchKind,
     VerificationMismatch,
 )
-from drivers.benes import BenesNetwork, Element
-from drivers.registry import DriverConfigError, DriverContext
-from drivers.siph import (
+from lightrail.drivers.registry import DriverConfigError, DriverContext
+from lightrail.drivers.siph import driver as siph
+from lightrail.drivers.siph.benes import BenesNetwork, Element
+from lightrail.drivers.siph.driver import (
     CalibrationTable,
     ElementCalibration,
     HeaterChannelFault,
@@ -44,13 +44,13 @@ from drivers.siph import (
     ReroutingRequired,
     SiphDriver,
 )
-from emulator.mzi_server import MziMeshServer
-from emulator.ocs import (
+from lightrail.emulator.ocs import (
     CONNECTED_POWER_DBM,
     NO_LIGHT_DBM,
     ChangeAction,
     EmulatedFabricDevices,
 )
+from lightrail.emulator.servers.mzi import MziMeshServer
 
 N = 8
 SETTLE_S = 10e-6
@@ -605,7 +605,8 @@ async def test_alarms_are_delivered_until_close(
         await anext(lazy)
 
 
-# --- faults injected on the wrapped EmulatedOcs (as emulator.control does) ----------------------
+# --- faults injected on the wrapped EmulatedOcs (as lightrail.emulator.control does)
+# ----------------------
 
 
 async def test_wraps_a_registered_device(
@@ -626,7 +627,7 @@ async def test_reboot_behind_the_servers_back_zeroes_the_heaters(
     driver: SiphDriver, server: MziMeshServer
 ) -> None:
     await driver.apply(FULL, ALL)
-    await server.ocs.reboot(keep_cross_connects=False)  # what emulator.control does
+    await server.ocs.reboot(keep_cross_connects=False)  # what lightrail.emulator.control does
     assert await driver.get_cross_connects() == frozenset()
     assert set(server.setpoints_v) == {0.0} and server.cross_connects == frozenset()
     await driver.apply(FULL, ALL)

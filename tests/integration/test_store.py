@@ -16,8 +16,7 @@ import aetcd
 import grpc
 import pytest
 
-from controller.etcd_server import EmbeddedEtcd, EtcdNotInstalledError
-from controller.store import (
+from lightrail.controller.store.etcd import (
     Backoff,
     CoalescingWriter,
     CorruptValue,
@@ -34,6 +33,7 @@ from controller.store import (
     WatchEvents,
     _translated,
 )
+from lightrail.controller.store.etcd_server import EmbeddedEtcd, EtcdNotInstalledError
 from tests.integration.conftest import StoreFactory
 
 TTL_S = 2  # etcd's minimum lease TTL with default timing

@@ -19,9 +19,9 @@ import pytest
 import pytest_asyncio
 import structlog
 
-from controller.fabric import Switch
-from controller.reconciler import Reconciler, RetryPolicy
-from drivers.base import (
+from lightrail.controller.domain.fabric import Switch
+from lightrail.controller.runtime.reconciler import Reconciler, RetryPolicy
+from lightrail.drivers.base import (
     AlarmSeverity,
     ApplyMode,
     ApplyResult,
@@ -42,15 +42,15 @@ from drivers.base import (
     SwitchKind,
     VerificationMismatch,
 )
-from drivers.registry import DriverConfigError, DriverContext
-from drivers.tl1 import Tl1Driver, Tl1Options, make_driver
-from drivers.tl1_wire import (
+from lightrail.drivers.registry import DriverConfigError, DriverContext
+from lightrail.drivers.tl1.driver import Tl1Driver, Tl1Options, make_driver
+from lightrail.drivers.tl1.wire import (
     FrameSplitter,
     Tl1Frame,
     Tl1Response,
     decode_frame,
 )
-from emulator.ocs import (
+from lightrail.emulator.ocs import (
     CONNECTED_POWER_DBM,
     NO_LIGHT_DBM,
     ChangeAction,
@@ -58,7 +58,7 @@ from emulator.ocs import (
     DenialKind,
     EmulatedOcs,
 )
-from emulator.tl1_server import (
+from lightrail.emulator.servers.tl1 import (
     DEFAULT_USERS,
     ReceivedCommand,
     Tl1Server,

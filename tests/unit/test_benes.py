@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from drivers.benes import (
+from lightrail.drivers.siph.benes import (
     MAX_PORTS,
     BenesNetwork,
     Element,

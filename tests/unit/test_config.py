@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.config import ConfigError, build_fabric, load_config, parse_config
+from lightrail.controller.config import ConfigError, build_fabric, load_config, parse_config
 
 WIRING: list[dict[str, object]] = [
     {"host": "a", "nic": 0, "gpu": 0, "rail": 0, "switch": "ocs0", "tx_port": 1, "rx_port": 5},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.coordinator import (
+from lightrail.controller.core.coordinator import (
     Admit,
     Decision,
     DuplicateJob,
@@ -14,10 +14,10 @@ from controller.coordinator import (
     Reject,
     ReleaseError,
 )
-from controller.fabric import rail_fabric
-from controller.model import Collective, PhaseKey, ProcessGroup
-from controller.planner import PlacementError, RankPlacement
-from drivers.base import CrossConnect
+from lightrail.controller.core.planner import PlacementError, RankPlacement
+from lightrail.controller.domain.fabric import rail_fabric
+from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup
+from lightrail.drivers.base import CrossConnect
 
 N = 4
 WORLD = list(range(8))
@@ -435,7 +435,7 @@ def test_release_checks_the_iteration(coord: PhaseCoordinator) -> None:
 def ron_coordinator(delay_s: float) -> PhaseCoordinator:
     """Rail 0 carries the ring host0 -> host2 -> host1 -> host0 (the reverse of what an
     all-reduce over ranks 0, 2, 4 plans: host0 -> host1 -> host2 -> host0)."""
-    from controller.advisor import CostAdvisor
+    from lightrail.controller.core.advisor import CostAdvisor
 
     fabric = rail_fabric("t", 4, 2, delay_s=delay_s)
     c = PhaseCoordinator(fabric, advisor=CostAdvisor(fabric), provisioning=False)
@@ -451,7 +451,7 @@ THREE = PhaseKey(ProcessGroup.of([0, 2, 4]), Collective.ALL_REDUCE)
 def test_reconfigure_or_not_stays_when_delta_is_large() -> None:
     """100 ms MEMS delay, 1 MB all-reduce: forwarding over the reversed ring (2 hops per
     flow) costs far less than switching."""
-    from controller.coordinator import Decided
+    from lightrail.controller.core.coordinator import Decided
 
     c = ron_coordinator(0.1)
     out = c.enter("job", 0, THREE, 1, 0.3, nbytes=1_000_000, compute_gap_s=0.001)
@@ -470,7 +470,7 @@ def test_reconfigure_or_not_stays_when_delta_is_large() -> None:
 
 
 def test_reconfigure_or_not_switches_when_delta_is_microseconds() -> None:
-    from controller.coordinator import Decided
+    from lightrail.controller.core.coordinator import Decided
 
     c = ron_coordinator(4e-6)  # silicon photonics
     out = c.enter("job", 0, THREE, 1, 0.3, nbytes=100_000_000, compute_gap_s=0.0)
@@ -480,7 +480,7 @@ def test_reconfigure_or_not_switches_when_delta_is_microseconds() -> None:
 
 
 def test_no_hint_means_no_decision_and_a_switch() -> None:
-    from controller.coordinator import Decided
+    from lightrail.controller.core.coordinator import Decided
 
     c = ron_coordinator(0.1)
     out = c.enter("job", 0, THREE, 1, 0.3)

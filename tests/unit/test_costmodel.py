@@ -1,5 +1,6 @@
 """The fabric cost model against its closed forms, and the reconfigure-or-not decision at both
-extremes of the reconfiguration delay (controller.costmodel, controller.decision)."""
+extremes of the reconfiguration delay (lightrail.controller.core.costmodel,
+lightrail.controller.core.decision)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import math
 
 import pytest
 
-from controller.costmodel import (
+from lightrail.controller.core.costmodel import (
     Algorithm,
     Circuit,
     CostModelError,
@@ -33,9 +34,9 @@ from controller.costmodel import (
     ring_reduce_scatter_s,
     round_cost,
 )
-from controller.decision import decide
-from controller.model import Collective
-from drivers.base import SwitchCapabilities, SwitchKind
+from lightrail.controller.core.decision import decide
+from lightrail.controller.domain.model import Collective
+from lightrail.drivers.base import SwitchCapabilities, SwitchKind
 
 LINK = LinkModel()  # alpha = 5 µs, 100 Gb/s
 A, B = LINK.alpha_s, LINK.beta_s_per_byte

@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from controller.fabric import Switch
-from drivers.base import (
+from lightrail.controller.domain.fabric import Switch
+from lightrail.drivers.base import (
     AlarmSeverity,
     ApplyMode,
     CrossConnect,
@@ -25,9 +25,9 @@ from drivers.base import (
     SwitchCapabilities,
     SwitchKind,
 )
-from drivers.emulated import EmulatedDriver, make_driver
-from drivers.registry import DriverConfigError, DriverContext, create_driver
-from emulator.ocs import (
+from lightrail.drivers.registry import DriverConfigError, DriverContext, create_driver
+from lightrail.emulator.driver import EmulatedDriver, make_driver
+from lightrail.emulator.ocs import (
     CONNECTED_POWER_DBM,
     NO_LIGHT_DBM,
     ChangeAction,

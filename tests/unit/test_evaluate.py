@@ -1,4 +1,5 @@
-"""``lightrail evaluate`` (agents.evaluate) on a small synthetic workload built here, plus one
+"""``lightrail evaluate`` (lightrail.agents.replay.evaluate) on a small synthetic workload built
+here, plus one
 real trace when shared/data is present."""
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-import agents.evaluate as evaluate_mod
-from agents.evaluate import (
+import lightrail.agents.replay.evaluate as evaluate_mod
+from lightrail.agents.replay.evaluate import (
     DEFAULT_DELAYS_MS,
     EvaluationConfig,
     EvaluationError,
@@ -18,10 +19,10 @@ from agents.evaluate import (
     evaluate,
     evaluate_main,
 )
-from agents.trace.model import CommOp, Direction, SourceFormat, Workload
-from controller.cli import main as cli_main
-from controller.costmodel import LinkModel
-from controller.model import Collective, ProcessGroup
+from lightrail.agents.replay.trace.model import CommOp, Direction, SourceFormat, Workload
+from lightrail.controller.cli.main import main as cli_main
+from lightrail.controller.core.costmodel import LinkModel
+from lightrail.controller.domain.model import Collective, ProcessGroup
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 WORLD = ProcessGroup.of(range(8))

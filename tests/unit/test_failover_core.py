@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.coordinator import (
+from lightrail.controller.core.coordinator import (
     Admit,
     Decision,
     ErrorCode,
@@ -14,11 +14,11 @@ from controller.coordinator import (
     Reject,
     Rewire,
 )
-from controller.fabric import rail_fabric
-from controller.model import Collective, PhaseKey, ProcessGroup
-from controller.planner import RankPlacement
-from controller.spares import NoSpare, pick_spare
-from drivers.base import CrossConnect
+from lightrail.controller.core.planner import RankPlacement
+from lightrail.controller.core.spares import NoSpare, pick_spare
+from lightrail.controller.domain.fabric import rail_fabric
+from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup
+from lightrail.drivers.base import CrossConnect
 
 # 4 job hosts + 1 spare host (host4), 2 GPUs each; N = 5 ports per side
 FABRIC = rail_fabric("t", 4, 2, delay_s=0.0, spares=1)
@@ -119,7 +119,7 @@ def test_two_failures_at_once_in_one_job() -> None:
 
 
 def test_failure_during_a_reconfiguration_waits_for_it() -> None:
-    from controller.coordinator import FailoverBusy
+    from lightrail.controller.core.coordinator import FailoverBusy
 
     c = PhaseCoordinator(FABRIC)
     c.register_job("job", "t", PLACE)

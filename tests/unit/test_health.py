@@ -24,7 +24,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from agents.health import (
+from lightrail.agents.host.health import (
     EventSource,
     GpuHealth,
     GpuId,
@@ -40,7 +40,7 @@ from agents.health import (
     parse_kernel_message,
     pci_key,
 )
-from agents.health_state import (
+from lightrail.agents.host.state import (
     EMPTY,
     HealthStateError,
     UnhealthyGpuStore,
@@ -48,7 +48,7 @@ from agents.health_state import (
     merge,
     record_event,
 )
-from emulator.gpus import EmulatedHealthSource, EmulatedHosts
+from lightrail.emulator.gpus import EmulatedHealthSource, EmulatedHosts
 
 HOST = "h1"
 WAIT_S = 5.0

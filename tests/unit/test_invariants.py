@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from agents.replay import HoldRecord
-from controller.fabric import rail_fabric
-from controller.model import Collective, PhaseKey, ProcessGroup
-from controller.planner import RankPlacement
-from drivers.base import CrossConnect
-from emulator.ocs import ChangeAction, ChangeRecord
+from lightrail.agents.replay.replayer import HoldRecord
+from lightrail.controller.core.planner import RankPlacement
+from lightrail.controller.domain.fabric import rail_fabric
+from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup
+from lightrail.drivers.base import CrossConnect
+from lightrail.emulator.ocs import ChangeAction, ChangeRecord
 from tests.invariants import check_holds
 
 FABRIC = rail_fabric("t", 2, 1, delay_s=0.0)

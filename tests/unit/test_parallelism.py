@@ -11,7 +11,13 @@ from __future__ import annotations
 
 import pytest
 
-from controller.parallelism import Dim, ParallelismError, ParallelismSpec, RankCoords, RankOrder
+from lightrail.controller.domain.parallelism import (
+    Dim,
+    ParallelismError,
+    ParallelismSpec,
+    RankCoords,
+    RankOrder,
+)
 
 MEGATRON = RankOrder.MEGATRON
 TITAN = RankOrder.TORCHTITAN

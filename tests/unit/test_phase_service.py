@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 
-from controller.coordinator import Admit, ErrorCode, PhaseCoordinator, Reject
-from controller.events import EventBus
-from controller.fabric import rail_fabric
-from controller.model import Collective, PhaseKey, ProcessGroup
-from controller.phase_service import PhaseService
-from controller.planner import RankPlacement
-from drivers.base import CrossConnect
+from lightrail.controller.core.coordinator import Admit, ErrorCode, PhaseCoordinator, Reject
+from lightrail.controller.core.planner import RankPlacement
+from lightrail.controller.domain.fabric import rail_fabric
+from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup
+from lightrail.controller.runtime.events import EventBus
+from lightrail.controller.runtime.phase_service import PhaseService
+from lightrail.drivers.base import CrossConnect
 
 P = PhaseKey(ProcessGroup.of([0, 2]), Collective.ALL_REDUCE)
 Q = PhaseKey(ProcessGroup.of([0, 4]), Collective.ALL_REDUCE)

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.fabric import rail_fabric
-from controller.model import Collective, PhaseKey, ProcessGroup
-from controller.planner import (
+from lightrail.controller.core.planner import (
     PlacementError,
     PlanError,
     RankPlacement,
@@ -14,7 +12,9 @@ from controller.planner import (
     layout_job,
     plan_phase,
 )
-from drivers.base import CrossConnect
+from lightrail.controller.domain.fabric import rail_fabric
+from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup
+from lightrail.drivers.base import CrossConnect
 
 FABRIC = rail_fabric("t", 4, 2, delay_s=0.0)
 # rank r -> host r // 2, gpu r % 2: ranks 0,2,4,6 on rail 0; 1,3,5,7 on rail 1.

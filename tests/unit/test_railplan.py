@@ -9,19 +9,37 @@ from __future__ import annotations
 
 import pytest
 
-from controller.coordinator import PhaseCoordinator
-from controller.fabric import Endpoint, EndpointId, Fabric, Host, Switch, rail_fabric
-from controller.model import Collective, PhaseKey, ProcessGroup
-from controller.parallelism import Dim, ParallelismError, ParallelismSpec, RankOrder
-from controller.planner import JobLayout, PlanError, RankPlacement, layout_job, plan_phase
-from controller.railplan import (
+from lightrail.controller.core.coordinator import PhaseCoordinator
+from lightrail.controller.core.planner import (
+    JobLayout,
+    PlanError,
+    RankPlacement,
+    layout_job,
+    plan_phase,
+)
+from lightrail.controller.core.railplan import (
     EpStrategy,
     RailPlanError,
     StepPart,
     contiguous_placement,
     plan_step,
 )
-from drivers.base import CrossConnect, SwitchCapabilities, SwitchKind
+from lightrail.controller.domain.fabric import (
+    Endpoint,
+    EndpointId,
+    Fabric,
+    Host,
+    Switch,
+    rail_fabric,
+)
+from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup
+from lightrail.controller.domain.parallelism import (
+    Dim,
+    ParallelismError,
+    ParallelismSpec,
+    RankOrder,
+)
+from lightrail.drivers.base import CrossConnect, SwitchCapabilities, SwitchKind
 
 FABRIC = rail_fabric("t", 4, 2, delay_s=0)
 HOSTS = [f"host{i}" for i in range(4)]
@@ -275,7 +293,7 @@ def test_duplex_switch_cannot_carry_a_dp_ring_over_three_hosts() -> None:
 def test_two_groups_needing_one_port_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     """Defensive check: were the planner to give two groups of one dimension the same port, the
     configuration could not be applied at once. (Unreachable with one rank per NIC.)"""
-    from controller import railplan
+    from lightrail.controller.core import railplan
 
     layout = layout8()
     shared = plan_phase(layout, PhaseKey(pg(0, 2), Collective.ALL_REDUCE))

@@ -11,8 +11,8 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from controller.metrics import REGISTRY
-from controller.reconciler import (
+from lightrail.controller.runtime.metrics import REGISTRY
+from lightrail.controller.runtime.reconciler import (
     NOOP,
     Reconciler,
     ReconcilerStopped,
@@ -20,7 +20,7 @@ from controller.reconciler import (
     RetryPolicy,
     UnknownSwitch,
 )
-from drivers.base import (
+from lightrail.drivers.base import (
     CrossConnect,
     DeviceUnreachable,
     Driver,
@@ -30,8 +30,14 @@ from drivers.base import (
     SwitchKind,
     VerificationMismatch,
 )
-from drivers.emulated import EmulatedDriver
-from emulator.ocs import ChangeAction, ChangeRecord, DenialKind, EmulatedFabricDevices, EmulatedOcs
+from lightrail.emulator.driver import EmulatedDriver
+from lightrail.emulator.ocs import (
+    ChangeAction,
+    ChangeRecord,
+    DenialKind,
+    EmulatedFabricDevices,
+    EmulatedOcs,
+)
 from tests.manual_time import ManualTime
 
 DELAY_S = 0.025

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from agents.replay import expand_workload
-from agents.trace.model import CommOp, Direction, SourceFormat, Workload
-from controller.model import Collective, ProcessGroup
+from lightrail.agents.replay.replayer import expand_workload
+from lightrail.agents.replay.trace.model import CommOp, Direction, SourceFormat, Workload
+from lightrail.controller.domain.model import Collective, ProcessGroup
 
 
 def _send(peer: int) -> CommOp:

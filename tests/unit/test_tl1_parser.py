@@ -1,6 +1,6 @@
 """TL1 wire parsing without sockets: frame splitting at any byte, the terminator without a
 newline, ctag matching and read timeouts in a session fed by hand, Polatis port lists, commands,
-alarm lines and the DENY-code mapping (drivers.tl1_wire, drivers.tl1)."""
+alarm lines and the DENY-code mapping (lightrail.drivers.tl1.wire, lightrail.drivers.tl1)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
-from drivers.base import (
+from lightrail.drivers.base import (
     AuthenticationFailed,
     CrossConnect,
     CrossConnectConflict,
@@ -21,7 +21,7 @@ from drivers.base import (
     InvalidPort,
     ProtocolError,
 )
-from drivers.tl1 import (
+from lightrail.drivers.tl1.driver import (
     DENY_CODES,
     ConnectionLost,
     DenyCategory,
@@ -30,7 +30,7 @@ from drivers.tl1 import (
     UnsupportedOperation,
     deny_error,
 )
-from drivers.tl1_wire import (
+from lightrail.drivers.tl1.wire import (
     AlarmCode,
     AlarmLine,
     CompletionCode,

@@ -13,16 +13,7 @@ import random
 
 import pytest
 
-from controller.torus import (
-    Axis,
-    Chip,
-    FailureDomainKind,
-    ServerId,
-    Shape,
-    TorusError,
-    TorusFabric,
-)
-from controller.torus_alloc import (
+from lightrail.controller.torus.allocator import (
     AllocationPolicy,
     ChipState,
     Fit,
@@ -35,6 +26,15 @@ from controller.torus_alloc import (
     TorusAllocator,
     UnknownSliceError,
     verify_slice,
+)
+from lightrail.controller.torus.model import (
+    Axis,
+    Chip,
+    FailureDomainKind,
+    ServerId,
+    Shape,
+    TorusError,
+    TorusFabric,
 )
 
 NO_SPARES = SparePolicy(per_domain=0)

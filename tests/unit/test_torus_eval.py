@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from controller.cli import main
-from controller.torus import Shape, TorusError, TorusFabric
-from controller.torus_alloc import AllocationPolicy
-from controller.torus_eval import (
+from lightrail.controller.cli.main import main
+from lightrail.controller.torus.allocator import AllocationPolicy
+from lightrail.controller.torus.evaluation import (
     DEFAULT_MIX,
     MixEntry,
     evaluate_slices,
@@ -20,6 +19,7 @@ from controller.torus_eval import (
     render_table,
     trace_mix,
 )
+from lightrail.controller.torus.model import Shape, TorusError, TorusFabric
 
 SMALL = TorusFabric.parse("4x4x4")
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.trace import (
+from lightrail.agents.replay.trace import (
     Direction,
     GroupKind,
     ParallelLayout,
@@ -17,7 +17,7 @@ from agents.trace import (
     read_aicb_csv,
     read_simai,
 )
-from controller.model import Collective, ProcessGroup
+from lightrail.controller.domain.model import Collective, ProcessGroup
 
 HEADER = "comm_type,comm_group,comm_group_size,msg_size,stage,dst,src,additional,_elapsed_time," \
     "algbw,busbw,count"

@@ -10,8 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from agents.trace import CommOp, Direction, SourceFormat, TraceError, Workload, read_kineto
-from controller.model import Collective, ProcessGroup
+from lightrail.agents.replay.trace import (
+    CommOp,
+    Direction,
+    SourceFormat,
+    TraceError,
+    Workload,
+    read_kineto,
+)
+from lightrail.controller.domain.model import Collective, ProcessGroup
 
 Event = dict[str, object]
 

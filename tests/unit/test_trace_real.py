@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agents.trace import SourceFormat, TraceError, Workload, load_workload
-from controller.model import Collective, ProcessGroup
+from lightrail.agents.replay.trace import SourceFormat, TraceError, Workload, load_workload
+from lightrail.controller.domain.model import Collective, ProcessGroup
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 DLRM = DATA / "traces" / "param-dlrm-8rank" / "dlrm_kineto.tar.gz"
@@ -204,7 +204,7 @@ def test_llama13b_zero3_is_one_dp_group_of_128() -> None:
 
 def test_simai_world_size_from_the_sibling_csv(tmp_path: Path) -> None:
     """An older SimAI header has no all_gpus: the AICB CSV beside it says [rank0 ~ rankN]."""
-    from agents.trace.loader import sibling_csv_world_size
+    from lightrail.agents.replay.trace.loader import sibling_csv_world_size
 
     txt = tmp_path / "M_tp2_A100.txt"
     txt.write_text(

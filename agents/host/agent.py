@@ -1,0 +1,365 @@
+"""The host agent: relays the phase calls of every rank on one host over ONE long-lived
+bidirectional PhaseStream to the controller (DESIGN.md "Phase protocol").
+
+Batching: requests accumulate while a write is in flight and go out together as one
+``PhaseRequestBatch``; the controller answers the same way. The controller's cost follows the
+number of streams, so one stream per host (or per rack relay) is what lets it scale.
+
+Reconnect: when the stream breaks the agent reconnects with bounded exponential backoff and
+re-sends, in one batch, a ``HeldPhase`` for every rank that holds a phase and the pending
+``EnterPhase`` of every rank still waiting (same request ids), so a restarted controller learns
+who holds which circuits before it switches anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import itertools
+from dataclasses import dataclass
+
+import grpc
+import structlog
+
+from lightrail.agents.errors import Admission, ControllerUnavailable, PhaseError, error_for
+from lightrail.controller.api.codec import COLLECTIVE_TO_PB, ERROR_FROM_PB
+from lightrail.controller.core.coordinator import ErrorCode
+from lightrail.controller.domain.model import PhaseKey
+from lightrail.v1 import agent_pb2, agent_pb2_grpc
+
+log = structlog.get_logger(__name__)
+
+
+class _StreamClosed(Exception):
+    """The controller ended the PhaseStream."""
+
+
+class _Kind(enum.Enum):
+    ENTER = 1
+    RELEASE = 2
+    HELD = 3
+
+
+@dataclass(slots=True)
+class _Out:
+    """A request waiting for the next batch; encoded when the batch is written, so group
+    definitions follow the stream the message actually goes out on."""
+
+    kind: _Kind
+    job_id: str
+    rank: int
+    phase: PhaseKey
+    iteration: int
+    request_id: int = 0
+    timeout_s: float = 0.0
+    nbytes: int = 0
+    compute_gap_s: float = 0.0
+
+
+class _Encoder:
+    """Encodes requests for one stream session; the first use of a process group on the
+    stream is preceded by a DefineGroup, later ones carry only its 64-bit id."""
+
+    __slots__ = ("_defined",)
+
+    def __init__(self) -> None:
+        self._defined: set[int] = set()
+
+    def encode(self, batch: list[_Out]) -> agent_pb2.PhaseRequestBatch:
+        out = agent_pb2.PhaseRequestBatch()
+        reqs = out.requests
+        defined = self._defined
+        for m in batch:
+            group = m.phase.group
+            gid = group.group_id
+            if gid not in defined:
+                reqs.add().define_group.CopyFrom(
+                    agent_pb2.DefineGroup(group_id=gid, ranks=group.ranks))
+                defined.add(gid)
+            req = reqs.add()
+            if m.kind is _Kind.ENTER:
+                e = req.enter
+                e.job_id = m.job_id
+                e.rank = m.rank
+                e.iteration = m.iteration
+                e.request_id = m.request_id
+                e.timeout_s = m.timeout_s
+                if m.nbytes:
+                    e.nbytes = m.nbytes
+                    e.compute_gap_s = m.compute_gap_s
+                key = e.phase
+            elif m.kind is _Kind.RELEASE:
+                r = req.release
+                r.job_id = m.job_id
+                r.rank = m.rank
+                r.iteration = m.iteration
+                key = r.phase
+            else:
+                h = req.held
+                h.job_id = m.job_id
+                h.rank = m.rank
+                h.iteration = m.iteration
+                key = h.phase
+            key.group_id = gid
+            key.collective = COLLECTIVE_TO_PB[m.phase.collective]
+            key.seq = m.phase.seq
+            key.step = m.phase.step
+        return out
+
+
+def _expire(fut: asyncio.Future[Admission], timeout_s: float, budget_s: float) -> None:
+    if not fut.done():
+        fut.set_exception(error_for(
+            ErrorCode.DEADLINE_EXCEEDED,
+            f"no answer from the controller within {timeout_s:.3f} s (+{budget_s:.0f} s "
+            "reconnect budget)"))
+
+
+@dataclass(slots=True)
+class _Pending:
+    request_id: int
+    phase: PhaseKey
+    iteration: int
+    timeout_s: float
+    future: asyncio.Future[Admission]
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    phase: PhaseKey
+    iteration: int
+
+
+class HostAgent:
+    """Phase relay of one host. ``target`` is the controller's ``host:port``.
+
+    Use as an async context manager (or ``start()`` / ``close()``); ``enter`` and ``release``
+    are called by the host's ranks (in-process, or through
+    ``lightrail.agents.host.local_endpoint``).
+    ``reconnect_budget_s`` bounds how long a pending EnterPhase waits for the controller to come
+    back before it fails with ``ControllerUnavailable``.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        target: str,
+        *,
+        backoff_initial_s: float = 0.05,
+        backoff_max_s: float = 2.0,
+        reconnect_budget_s: float = 30.0,
+    ) -> None:
+        self.host = host
+        self.target = target
+        self._backoff_initial_s = backoff_initial_s
+        self._backoff_max_s = backoff_max_s
+        self._reconnect_budget_s = reconnect_budget_s
+        self._ids = itertools.count(1)
+        self._pending: dict[tuple[str, int], _Pending] = {}
+        self._held: dict[tuple[str, int], _Held] = {}
+        self._last_release: dict[tuple[str, int], _Held] = {}
+        self._outbox: list[_Out] = []
+        self._wake = asyncio.Event()
+        self._connected = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self.reconnects = 0
+
+    async def __aenter__(self) -> HostAgent:
+        self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def start(self) -> None:
+        """Start the connection task on the running loop."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"host-agent-{self.host}")
+
+    async def close(self, timeout_s: float = 5.0) -> None:
+        """Stop: pending calls fail with ``CANCELLED``; the stream is closed."""
+        self._closing = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                await asyncio.wait_for(self._task, timeout_s)
+        self._fail_pending(ErrorCode.CANCELLED, "host agent closed")
+
+    async def wait_connected(self, timeout_s: float) -> None:
+        """Wait until the stream is up; raises ``TimeoutError``."""
+        await asyncio.wait_for(self._connected.wait(), timeout_s)
+
+    # --- rank API ---------------------------------------------------------------------------
+
+    async def enter(
+        self,
+        job_id: str,
+        rank: int,
+        phase: PhaseKey,
+        iteration: int = 0,
+        timeout_s: float = 30.0,
+        nbytes: int = 0,
+        compute_gap_s: float = 0.0,
+    ) -> Admission:
+        """Block until ``rank`` is admitted into ``phase``. Raises a ``PhaseError`` subclass:
+        ``PhaseTimeout`` after ``timeout_s`` (enforced by the controller, and locally with a
+        grace period if the controller is gone), ``PlacementChanged``, ``ControllerUnavailable``.
+        """
+        key = (job_id, rank)
+        if key in self._pending:
+            raise PhaseError(ErrorCode.RANK_BUSY, f"rank {rank} already waits for a phase")
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Admission] = loop.create_future()
+        p = _Pending(next(self._ids), phase, iteration, timeout_s, fut)
+        self._pending[key] = p
+        self._send(_Out(_Kind.ENTER, job_id, rank, phase, iteration, p.request_id, timeout_s,
+                        nbytes, compute_gap_s))
+        # The controller enforces timeout_s; this local guard only fires when it is gone.
+        guard = loop.call_later(timeout_s + self._reconnect_budget_s, _expire, fut, timeout_s,
+                                self._reconnect_budget_s)
+        try:
+            return await fut
+        finally:
+            guard.cancel()
+            if self._pending.get(key) is p:
+                del self._pending[key]
+
+    def release(self, job_id: str, rank: int, phase: PhaseKey, iteration: int = 0) -> None:
+        """Leave ``phase``; never blocks (the message goes out with the next batch)."""
+        key = (job_id, rank)
+        self._held.pop(key, None)
+        self._last_release[key] = _Held(phase, iteration)
+        self._send(_Out(_Kind.RELEASE, job_id, rank, phase, iteration))
+
+    async def release_phase(
+        self, job_id: str, rank: int, phase: PhaseKey, iteration: int = 0
+    ) -> None:
+        """``release`` as a coroutine, for ``lightrail.agents.client.PhaseTransport``."""
+        self.release(job_id, rank, phase, iteration)
+
+    # --- connection -------------------------------------------------------------------------
+
+    def _send(self, msg: _Out) -> None:
+        self._outbox.append(msg)
+        self._wake.set()
+
+    def _fail_pending(self, code: ErrorCode, message: str) -> None:
+        for p in self._pending.values():
+            if not p.future.done():
+                p.future.set_exception(error_for(code, message))
+        self._pending.clear()
+
+    async def _run(self) -> None:
+        delay = self._backoff_initial_s
+        down_since: float | None = None
+        loop = asyncio.get_running_loop()
+        while not self._closing:
+            try:
+                await self._session()
+                delay = self._backoff_initial_s
+                down_since = None
+            except (grpc.aio.AioRpcError, _StreamClosed) as exc:
+                self._connected.clear()
+                now = loop.time()
+                down_since = down_since if down_since is not None else now
+                detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+                log.warning("phase_stream_broken", host=self.host, detail=detail)
+                if now - down_since > self._reconnect_budget_s:
+                    self._fail_pending(ErrorCode.NOT_LEADER,
+                                       f"controller {self.target} unreachable for "
+                                       f"{now - down_since:.1f} s: {detail}")
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self._backoff_max_s)
+                self.reconnects += 1
+
+    async def _session(self) -> None:
+        async with grpc.aio.insecure_channel(self.target) as channel:
+            stub = agent_pb2_grpc.AgentServiceStub(channel)
+            call = stub.PhaseStream()  # type: ignore[call-arg]  # stubs predate aio
+            # Resync after (re)connect: the last release of every idle rank (it may have been
+            # lost with the old stream; a duplicate is refused harmlessly), then every hold,
+            # then every pending enter (same request ids), then releases queued since.
+            busy = self._held.keys() | self._pending.keys()
+            resync = [
+                _Out(_Kind.RELEASE, j, r, h.phase, h.iteration)
+                for (j, r), h in self._last_release.items() if (j, r) not in busy
+            ]
+            resync += [_Out(_Kind.HELD, j, r, h.phase, h.iteration)
+                       for (j, r), h in self._held.items()]
+            resync += [_Out(_Kind.ENTER, j, r, p.phase, p.iteration, p.request_id, p.timeout_s)
+                       for (j, r), p in self._pending.items()]
+            self._outbox = resync + [m for m in self._outbox if m.kind is _Kind.RELEASE]
+            encoder = _Encoder()
+            served: dict[str, set[int]] = {}
+            for j, r in (*self._last_release, *self._held, *self._pending):
+                served.setdefault(j, set()).add(r)
+            sync_done: agent_pb2.PhaseRequestBatch | None = agent_pb2.PhaseRequestBatch(requests=[
+                agent_pb2.PhaseRequest(sync_done=agent_pb2.SyncDone(job_id=j, ranks=sorted(rs)))
+                for j, rs in served.items()
+            ]) if served else None
+            self._wake.set()
+            reader = asyncio.create_task(self._read(call), name=f"agent-reader-{self.host}")
+            reader.add_done_callback(lambda _t: self._wake.set())
+            self._connected.set()
+            try:
+                while True:
+                    await self._wake.wait()
+                    self._wake.clear()
+                    if reader.done():
+                        reader.result()
+                        raise _StreamClosed("controller closed the stream")
+                    batch, self._outbox = self._outbox, []
+                    try:
+                        if batch:
+                            await call.write(encoder.encode(batch))
+                        if sync_done is not None:
+                            await call.write(sync_done)
+                            sync_done = None
+                    except asyncio.InvalidStateError:
+                        # the call ended (controller gone) between the reader's last read and
+                        # this write: a broken stream like any other, resynced on reconnect
+                        raise _StreamClosed("controller closed the stream") from None
+            finally:
+                self._connected.clear()
+                reader.cancel()
+                call.cancel()
+
+    async def _read(self, call: grpc.aio.StreamStreamCall) -> None:  # type: ignore[type-arg]
+        while True:
+            batch = await call.read()
+            if batch is grpc.aio.EOF:  # type: ignore[attr-defined]
+                return
+            assert isinstance(batch, agent_pb2.PhaseReplyBatch)
+            for reply in batch.replies:
+                self._on_reply(reply)
+
+    def _on_reply(self, reply: agent_pb2.PhaseReply) -> None:
+        if reply.HasField("admitted"):
+            a = reply.admitted
+            key = (a.job_id, a.rank)
+            p = self._pending.get(key)
+            if p is None or p.request_id != a.request_id:
+                return  # answer to a request given up on
+            del self._pending[key]
+            self._held[key] = _Held(p.phase, p.iteration)
+            if not p.future.done():
+                p.future.set_result(Admission(a.noop, max(1, a.steps), a.device_s))
+            return
+        e = reply.error
+        code = ERROR_FROM_PB.get(e.code, ErrorCode.INVALID_PHASE)
+        if e.request_id == 0:  # a refused release or hold: after a resync this is expected
+            log.debug("controller_refused", host=self.host, job=e.job_id, rank=e.rank,
+                        code=code.value, error=e.message)
+            return
+        key = (e.job_id, e.rank)
+        p = self._pending.get(key)
+        if p is None or p.request_id != e.request_id:
+            return
+        del self._pending[key]
+        if not p.future.done():
+            p.future.set_exception(error_for(code, e.message))
+
+
+__all__ = ["ControllerUnavailable", "HostAgent"]

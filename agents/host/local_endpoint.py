@@ -1,0 +1,163 @@
+"""The host agent's local endpoint: AgentService on a Unix socket for the job-side library.
+
+Ranks on the host call unary EnterPhase / ReleasePhase here (``ControllerClient`` with target
+``unix:///run/lightrail/agent.sock``); the agent relays them over its single PhaseStream, so the
+controller's cost follows hosts, not ranks. RegisterJob, UnregisterJob and WatchJob are proxied
+to the controller unchanged. PhaseStream is not offered locally (UNIMPLEMENTED).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import structlog
+
+from lightrail.agents.errors import PhaseError
+from lightrail.agents.host.agent import HostAgent
+from lightrail.controller.api.codec import (
+    InvalidRequest,
+    PhaseKeyDecoder,
+    abort_refused,
+    check_timeout,
+    compute_gap_hint,
+)
+from lightrail.v1 import agent_pb2, agent_pb2_grpc
+
+log = structlog.get_logger(__name__)
+
+_DEFAULT_TIMEOUT_S = 30.0
+"""Admission timeout of an EnterPhase that gives none: the agent's local guard needs a
+finite one (the controller's own default, ``admission_timeout_s``, is not known here)."""
+
+class LocalAgentServicer(agent_pb2_grpc.AgentServiceServicer):
+    """Relays the host's ranks to ``agent`` and proxies job calls to ``controller_stub``."""
+
+    def __init__(
+        self, agent: HostAgent, controller_stub: agent_pb2_grpc.AgentServiceAsyncStub
+    ) -> None:
+        self._agent = agent
+        self._stub = controller_stub
+        self._decoder = PhaseKeyDecoder()
+
+    async def EnterPhase(  # noqa: N802
+        self,
+        request: agent_pb2.EnterPhaseRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> agent_pb2.EnterPhaseResponse:
+        try:
+            phase = self._decoder.decode(request.phase)
+            timeout_s = check_timeout(request.timeout_s) or _DEFAULT_TIMEOUT_S
+        except InvalidRequest as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        try:
+            adm = await self._agent.enter(request.job_id, request.rank, phase, request.iteration,
+                                          timeout_s, request.nbytes,
+                                          compute_gap_hint(request.compute_gap_s))
+        except PhaseError as exc:
+            await abort_refused(context, exc.code, exc.detail)
+        return agent_pb2.EnterPhaseResponse(noop=adm.noop, steps=adm.steps,
+                                            device_s=adm.device_s)
+
+    async def ReleasePhase(  # noqa: N802
+        self,
+        request: agent_pb2.ReleasePhaseRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> agent_pb2.ReleasePhaseResponse:
+        try:
+            phase = self._decoder.decode(request.phase)
+        except InvalidRequest as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        self._agent.release(request.job_id, request.rank, phase, request.iteration)
+        return agent_pb2.ReleasePhaseResponse()
+
+    async def RegisterJob(  # noqa: N802
+        self,
+        request: agent_pb2.RegisterJobRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> agent_pb2.RegisterJobResponse:
+        try:
+            resp: agent_pb2.RegisterJobResponse = await self._stub.RegisterJob(request)
+        except grpc.aio.AioRpcError as exc:
+            await context.abort(exc.code(), exc.details() or "")
+        return resp
+
+    async def UnregisterJob(  # noqa: N802
+        self,
+        request: agent_pb2.UnregisterJobRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> agent_pb2.UnregisterJobResponse:
+        try:
+            resp: agent_pb2.UnregisterJobResponse = await self._stub.UnregisterJob(request)
+        except grpc.aio.AioRpcError as exc:
+            await context.abort(exc.code(), exc.details() or "")
+        return resp
+
+    async def WatchJob(  # noqa: N802
+        self,
+        request: agent_pb2.WatchJobRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> AsyncIterator[agent_pb2.JobEvent]:
+        call = self._stub.WatchJob(request)
+        try:
+            async for ev in call:
+                yield ev
+        except grpc.aio.AioRpcError as exc:
+            await context.abort(exc.code(), exc.details() or "")
+        finally:
+            call.cancel()
+
+    async def HealthStream(  # noqa: N802
+        self,
+        request_iterator: AsyncIterator[agent_pb2.HealthReport],
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> AsyncIterator[agent_pb2.HealthAck]:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                            "HealthStream is the agent's own link to the controller")
+        yield agent_pb2.HealthAck()  # unreachable: makes this an async generator
+
+    async def PhaseStream(  # noqa: N802
+        self,
+        request_iterator: AsyncIterator[agent_pb2.PhaseRequestBatch],
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> AsyncIterator[agent_pb2.PhaseReplyBatch]:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                            "PhaseStream is the agent's own link to the controller; ranks use "
+                            "unary EnterPhase/ReleasePhase on this socket")
+        yield agent_pb2.PhaseReplyBatch()  # unreachable: makes this an async generator
+
+
+def _prepare_socket_dir(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_socket(path)
+
+
+def _remove_socket(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+async def serve_local(
+    agent: HostAgent, controller_target: str, socket_path: str, stop: asyncio.Event
+) -> None:
+    """Serve ``LocalAgentServicer`` on ``unix://socket_path`` until ``stop`` is set.
+    Raises ``OSError`` when the socket's directory cannot be created."""
+    path = Path(socket_path)
+    _prepare_socket_dir(path)
+    async with grpc.aio.insecure_channel(controller_target) as channel:
+        server = grpc.aio.server()
+        agent_pb2_grpc.add_AgentServiceServicer_to_server(
+            LocalAgentServicer(agent, agent_pb2_grpc.AgentServiceStub(channel)), server)
+        server.add_insecure_port(f"unix://{path}")
+        await server.start()
+        os.chmod(path, 0o660)
+        log.info("agent_serving", host=agent.host, socket=str(path), controller=controller_target)
+        try:
+            await stop.wait()
+        finally:
+            await server.stop(grace=1.0)
+            _remove_socket(path)

@@ -1,0 +1,126 @@
+"""The host agent's health link: heartbeats and GPU health up one HealthStream, the
+controller's acknowledgements down (DESIGN.md "Failover").
+
+Every ``interval_s`` (the controller may change it in its acknowledgement) and at once on every
+health change, the reporter sends a full snapshot of the host's GPUs. It reconnects with bounded
+backoff after a controller or network blip. GPUs the controller records as failed stay failed
+here too (the controller's record wins over a restarted agent's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import grpc
+import structlog
+
+from lightrail.agents.host.health import EventSource, GpuHealth, GpuId, HealthSource, HealthState
+from lightrail.v1 import agent_pb2, agent_pb2_grpc
+
+log = structlog.get_logger(__name__)
+
+_STATE_TO_PB = {
+    HealthState.HEALTHY: agent_pb2.GPU_HEALTHY,
+    HealthState.DEGRADED: agent_pb2.GPU_DEGRADED,
+    HealthState.FAILED: agent_pb2.GPU_FAILED,
+    HealthState.UNKNOWN: agent_pb2.GPU_UNKNOWN,
+}
+
+
+def report_of(host: str, snapshot: dict[GpuId, GpuHealth]) -> agent_pb2.HealthReport:
+    """The HealthReport message for a snapshot."""
+    gpus = []
+    for gid, h in sorted(snapshot.items()):
+        g = agent_pb2.GpuHealth(gpu=gid.index, state=_STATE_TO_PB[h.state], reason=h.reason)
+        if h.xid is not None:
+            g.xid = h.xid
+            g.has_xid = True
+        gpus.append(g)
+    return agent_pb2.HealthReport(host=host, sent_unix_s=time.time(), gpus=gpus)
+
+
+class HealthReporter:
+    """Streams ``source``'s health to the controller at ``target`` (``host:port``)."""
+
+    def __init__(
+        self,
+        source: HealthSource,
+        target: str,
+        *,
+        interval_s: float = 1.0,
+        backoff_initial_s: float = 0.05,
+        backoff_max_s: float = 2.0,
+    ) -> None:
+        self.source = source
+        self.target = target
+        self.interval_s = interval_s
+        self._backoff = (backoff_initial_s, backoff_max_s)
+        self.acks = 0
+        self.acked = asyncio.Event()
+
+    async def run(self) -> None:
+        """Report until cancelled."""
+        delay = self._backoff[0]
+        while True:
+            try:
+                await self._session()
+                delay = self._backoff[0]
+            except grpc.aio.AioRpcError as exc:
+                log.warning("health_stream_broken", host=self.source.host,
+                            code=exc.code().name, detail=exc.details())
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self._backoff[1])
+
+    async def _session(self) -> None:
+        async with grpc.aio.insecure_channel(self.target) as channel:
+            call = agent_pb2_grpc.AgentServiceStub(channel).HealthStream()  # type: ignore[call-arg]
+            changed = asyncio.Event()
+
+            async def watch() -> None:
+                async for _ in self.source.events():
+                    changed.set()
+
+            async def read() -> None:
+                while True:
+                    ack = await call.read()
+                    if ack is grpc.aio.EOF:  # type: ignore[attr-defined]
+                        return
+                    assert isinstance(ack, agent_pb2.HealthAck)
+                    if ack.heartbeat_interval_s > 0:
+                        self.interval_s = ack.heartbeat_interval_s
+                    self._adopt(list(ack.failed_gpus))
+                    self.acks += 1
+                    self.acked.set()
+
+            watcher = asyncio.create_task(watch(), name=f"health-watch-{self.source.host}")
+            # (cancelling the watcher closes its subscription)
+            reader = asyncio.create_task(read(), name=f"health-acks-{self.source.host}")
+            try:
+                while not reader.done():
+                    await self.source.wait_alive()
+                    await call.write(report_of(self.source.host, dict(self.source.snapshot())))
+                    changed.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(changed.wait(), self.interval_s)
+                reader.result()
+            finally:
+                watcher.cancel()
+                reader.cancel()
+                call.cancel()
+
+    def _adopt(self, failed: list[int]) -> None:
+        """The controller's record wins: GPUs it records as failed stay failed here."""
+        if not failed:
+            return
+        snap = self.source.snapshot()
+        # only failures are kept records; passing transient findings (a hot GPU) would pin
+        # them until the next restore
+        keep = {gid: h for gid, h in snap.items() if h.state is HealthState.FAILED}
+        for idx in failed:
+            gid = GpuId(self.source.host, idx)
+            if gid not in keep or keep[gid].state is not HealthState.FAILED:
+                keep[gid] = GpuHealth(gid, HealthState.FAILED, "failed (controller's record)",
+                                      None, time.time(), EventSource.RESTORED)
+        self.source.restore(keep)

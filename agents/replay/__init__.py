@@ -1,0 +1,1 @@
+"""Trace replay and evaluation tools (trace readers, replayer, evaluate)."""

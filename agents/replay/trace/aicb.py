@@ -1,0 +1,690 @@
+"""AICB workload CSV and SimAI workload text -> :class:`Workload` for every rank.
+
+Both formats come from Alibaba's AICB (github.com/aliyun/aicb) and are *generated from the model*,
+not profiled: one schedule that every rank runs on its own process groups. The readers expand it
+to all ranks with the Megatron rank layout (:class:`ParallelLayout`): TP fastest, then DP, then
+PP, ``rank = tp_idx + tp * (dp_idx + dp * pp_idx)``; expert parallelism splits each DP group
+into consecutive blocks of ``ep`` (EP groups) and strides of ``ep`` (expert-data-parallel
+groups), as Megatron-LM's ``initialize_model_parallel`` builds them.
+
+Message sizes are bytes in the nccl-tests convention AICB uses (``utils/benchmark_logger.py``,
+``calc_bw_log``): the whole buffer of the collective, i.e. the gathered output of an all-gather
+and the full input of a reduce-scatter. ``CommOp.nbytes`` is converted to the per-rank input
+(an all-gather's shard is ``size / group size``).
+
+AICB CSV (``workload/physical/model_workload/*.csv``): a first line ``[rank0 ~ rankN]``, then
+the columns ``comm_type,comm_group,comm_group_size,msg_size,stage,dst,src,additional,
+_elapsed_time,algbw,busbw,count``. ``CommType.epoch_end`` rows close the init section and each
+iteration; the first iteration after init is taken. Rows of ``computation``, ``barrier``,
+``NONE`` (whatever their size) are not demand and are skipped. No compute times: gaps are 0.
+
+SimAI text (``workload/simAI/model_workload/*.txt``, read by SimAI's
+``astra-sim/workload/Workload.cc``): a first line with the parallelism policy and
+``key: value`` degrees (``model_parallel_NPU_group``, ``ep``, ``pp``, ``all_gpus`` ...), a line
+with the layer count, then per layer: name, dependency, then for the forward, input-gradient and
+weight-gradient passes a compute time in ns, a collective type and a size in bytes, and a final
+update time. Forward and input-gradient collectives run on the TP group, weight-gradient ones on
+the DP group; suffixes ``_EP`` / ``_DP_EP`` select the EP / expert-data-parallel group. The
+iteration is SimAI's order: forward layers 0..L-1, then for layers L-1..0 input gradient then
+weight gradient; compute before a collective is its gap.
+"""
+
+from __future__ import annotations
+
+import csv
+import enum
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from lightrail.agents.replay.trace.model import (
+    CommOp,
+    Direction,
+    SourceFormat,
+    TraceError,
+    Workload,
+)
+from lightrail.controller.domain.model import Collective, ProcessGroup
+
+__all__ = ["GroupKind", "ParallelLayout", "RankCoords", "read_aicb_csv", "read_simai"]
+
+_NS = 1e-9
+_WORLD_LINE_RE = re.compile(r"^\[\s*rank(\d+)\s*~\s*rank(\d+)\s*\]$")
+_REQUIRED_COLUMNS = ("comm_type", "comm_group", "comm_group_size", "msg_size", "stage")
+_NONE_VALUES = frozenset({"", "None", "NONE", "none"})
+
+
+class GroupKind(enum.Enum):
+    """A parallelism dimension's process group, as AICB / SimAI name them."""
+
+    TP = "tp"
+    DP = "dp"
+    PP = "pp"
+    EP = "ep"
+    EP_DP = "ep_dp"
+    """Expert-data-parallel: the DP ranks that hold the same experts (stride ``ep``)."""
+    EP_TP = "ep_tp"
+    """Tensor x expert parallel: the TP ranks of one EP block."""
+    EMBEDDING = "embedding"
+    """First and last pipeline stage of one pipeline (tied embeddings)."""
+    WORLD = "world"
+
+
+@dataclass(frozen=True, slots=True)
+class RankCoords:
+    """Position of a rank along each parallelism dimension (0-based)."""
+
+    tp: int
+    dp: int
+    pp: int
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelLayout:
+    """Megatron rank layout: ``rank = tp_idx + tp * (dp_idx + dp * pp_idx)``.
+
+    ``ep`` must divide ``dp``. Raises ``ValueError`` on degrees < 1 or an ``ep`` that does not
+    divide ``dp``. Source: Megatron-LM ``megatron/core/parallel_state.py``
+    (``initialize_model_parallel``, order tp-dp-pp).
+    """
+
+    tp: int
+    dp: int
+    pp: int
+    ep: int = 1
+
+    def __post_init__(self) -> None:
+        if min(self.tp, self.dp, self.pp, self.ep) < 1:
+            raise ValueError(f"ParallelLayout: degrees must be >= 1: {self}")
+        if self.dp % self.ep:
+            raise ValueError(f"ParallelLayout: ep {self.ep} does not divide dp {self.dp}")
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks."""
+        return self.tp * self.dp * self.pp
+
+    def rank(self, coords: RankCoords) -> int:
+        """Global rank of a position."""
+        return coords.tp + self.tp * (coords.dp + self.dp * coords.pp)
+
+    def coords(self, rank: int) -> RankCoords:
+        """Position of a global rank; ``ValueError`` outside ``0 .. world_size-1``."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} outside 0..{self.world_size - 1}")
+        return RankCoords(rank % self.tp, (rank // self.tp) % self.dp, rank // (self.tp * self.dp))
+
+    def group_size(self, kind: GroupKind) -> int:
+        """Size of every group of ``kind``."""
+        return {
+            GroupKind.TP: self.tp,
+            GroupKind.DP: self.dp,
+            GroupKind.PP: self.pp,
+            GroupKind.EP: self.ep,
+            GroupKind.EP_DP: self.dp // self.ep,
+            GroupKind.EP_TP: self.tp * self.ep,
+            GroupKind.EMBEDDING: 2 if self.pp > 1 else 1,
+            GroupKind.WORLD: self.world_size,
+        }[kind]
+
+    def group(self, kind: GroupKind, rank: int) -> ProcessGroup:
+        """The group of ``kind`` that contains ``rank``."""
+        c = self.coords(rank)
+        block = c.dp - c.dp % self.ep
+        if kind is GroupKind.TP:
+            members = [RankCoords(t, c.dp, c.pp) for t in range(self.tp)]
+        elif kind is GroupKind.DP:
+            members = [RankCoords(c.tp, d, c.pp) for d in range(self.dp)]
+        elif kind is GroupKind.PP:
+            members = [RankCoords(c.tp, c.dp, p) for p in range(self.pp)]
+        elif kind is GroupKind.EP:
+            members = [RankCoords(c.tp, d, c.pp) for d in range(block, block + self.ep)]
+        elif kind is GroupKind.EP_DP:
+            members = [RankCoords(c.tp, d, c.pp) for d in range(c.dp % self.ep, self.dp, self.ep)]
+        elif kind is GroupKind.EP_TP:
+            blocks = range(block, block + self.ep)
+            members = [RankCoords(t, d, c.pp) for d in blocks for t in range(self.tp)]
+        elif kind is GroupKind.EMBEDDING:
+            members = [RankCoords(c.tp, c.dp, p) for p in sorted({0, self.pp - 1})]
+        else:
+            return ProcessGroup.of(tuple(range(self.world_size)))
+        return ProcessGroup.of(tuple(self.rank(m) for m in members))
+
+    def describe(self) -> str:
+        """The layout as a sentence for ``Workload.assumptions``."""
+        ep = f", ep={self.ep} (consecutive DP blocks)" if self.ep > 1 else ""
+        return (
+            "rank layout: Megatron order, TP fastest, then DP, then PP: "
+            f"rank = tp_idx + {self.tp}*(dp_idx + {self.dp}*pp_idx) "
+            f"(tp={self.tp}, dp={self.dp}, pp={self.pp}{ep})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Demand:
+    """One collective of the schedule, before expansion to ranks."""
+
+    line: int
+    collective: Collective
+    kind: GroupKind
+    size_bytes: int
+    gap_s: float
+    direction: Direction | None = None
+    peer_step: int = 0
+
+
+# --- shared expansion ---------------------------------------------------------------------------
+
+
+def _op_for(demand: _Demand, group: ProcessGroup, name: str, peer: int | None) -> CommOp:
+    notes: list[str] = []
+    approximate = False
+    nbytes = demand.size_bytes
+    splits: tuple[int, ...] | None = None
+    if demand.collective is Collective.ALL_GATHER:
+        nbytes, rest = divmod(demand.size_bytes, group.size)
+        if rest:
+            nbytes += 1
+            approximate = True
+            notes.append(
+                f"gathered size {demand.size_bytes} B is not a multiple of the group size "
+                f"{group.size}: shard rounded up to {nbytes} B"
+            )
+    elif demand.collective is Collective.ALL_TO_ALL:
+        if demand.size_bytes % group.size == 0:
+            splits = (demand.size_bytes // group.size,) * group.size
+            notes.append("total size only: equal splits, as the generator assumes")
+        else:
+            approximate = True
+            notes.append("total size does not split evenly: per-peer bytes unknown")
+    return CommOp(
+        collective=demand.collective,
+        group=group,
+        group_name=name,
+        nbytes=nbytes,
+        compute_gap_s=demand.gap_s,
+        approximate=approximate,
+        notes=tuple(notes),
+        split_nbytes=splits,
+        direction=demand.direction,
+        peer=peer,
+    )
+
+
+def _expand(
+    demands: Sequence[_Demand], layout: ParallelLayout
+) -> dict[int, tuple[CommOp, ...]]:
+    """Every rank's sequence; ops are shared between the members of one group."""
+    cache: dict[tuple[int, ProcessGroup, int | None], CommOp] = {}
+    ops: dict[int, list[CommOp]] = {rank: [] for rank in range(layout.world_size)}
+    groups: dict[tuple[GroupKind, int], ProcessGroup] = {}
+    for index, demand in enumerate(demands):
+        for rank in range(layout.world_size):
+            key = (demand.kind, rank)
+            group = groups.get(key)
+            if group is None:
+                group = layout.group(demand.kind, rank)
+                for member in group.ranks:
+                    groups[(demand.kind, member)] = group
+            peer: int | None = None
+            if demand.collective is Collective.SEND_RECV:
+                c = layout.coords(rank)
+                stage = c.pp + demand.peer_step
+                if not 0 <= stage < layout.pp:
+                    continue  # first / last pipeline stage: no neighbour on that side
+                peer = layout.rank(RankCoords(c.tp, c.dp, stage))
+            op = cache.get((index, group, peer))
+            if op is None:
+                op = _op_for(demand, group, demand.kind.value, peer)
+                cache[(index, group, peer)] = op
+            ops[rank].append(op)
+    return {rank: tuple(seq) for rank, seq in ops.items()}
+
+
+# --- AICB CSV -----------------------------------------------------------------------------------
+
+_AICB_COLLECTIVES: Mapping[str, Collective] = {
+    "all_reduce": Collective.ALL_REDUCE,
+    "all_gather": Collective.ALL_GATHER,
+    "all_gather_into_tensor": Collective.ALL_GATHER,
+    "reduce_scatter": Collective.REDUCE_SCATTER,
+    "reduce_scatter_tensor": Collective.REDUCE_SCATTER,
+    "all_to_all": Collective.ALL_TO_ALL,
+    "broadcast": Collective.BROADCAST,
+    "isend": Collective.SEND_RECV,
+    "irecv": Collective.SEND_RECV,
+}
+_AICB_NOT_DEMAND = frozenset({"computation", "barrier", "NONE", "None", "none"})
+_AICB_UNSUPPORTED = frozenset({"reduce"})
+_AICB_GROUPS: Mapping[str, GroupKind] = {
+    "tp_group": GroupKind.TP,
+    "dp_group": GroupKind.DP,
+    "pp_group": GroupKind.PP,
+    "ep_group": GroupKind.EP,
+    "ep_dp_group": GroupKind.EP_DP,
+    "ep_tp_group": GroupKind.EP_TP,
+    "embedding_group": GroupKind.EMBEDDING,
+    "all": GroupKind.WORLD,
+    "all_nodes": GroupKind.WORLD,
+}
+_P2P_STEPS: Mapping[str, tuple[Direction, int]] = {
+    "send_next": (Direction.SEND, 1),
+    "send_prev": (Direction.SEND, -1),
+    "recv_next": (Direction.RECV, 1),
+    "recv_prev": (Direction.RECV, -1),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _CsvRow:
+    line: int
+    comm_type: str
+    group: GroupKind | None
+    group_size: int | None
+    msg_size: int
+    stage: str
+    additional: str
+    count: int
+
+
+def _csv_int(source: Path, line: int, column: str, value: str, *, minimum: int) -> int:
+    try:
+        number = int(value.strip())
+    except ValueError:
+        raise TraceError(source, column, value, "not an integer", line=line) from None
+    if number < minimum:
+        raise TraceError(source, column, value, f"must be >= {minimum}", line=line)
+    return number
+
+
+def _read_lines(source: Path) -> list[str]:
+    try:
+        return source.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise TraceError(source, "<file>", str(exc)[:60], "not UTF-8 text") from exc
+
+
+def _parse_csv_rows(source: Path, lines: Sequence[str]) -> tuple[int | None, list[_CsvRow]]:
+    world: int | None = None
+    first = 0
+    if lines and (match := _WORLD_LINE_RE.match(lines[0].strip())):
+        low, high = int(match.group(1)), int(match.group(2))
+        if low != 0 or high < low:
+            raise TraceError(source, "[rank0 ~ rankN]", lines[0], "ranks must start at 0", line=1)
+        world = high + 1
+        first = 1
+    records = list(csv.reader(lines[first:]))
+    if not records:
+        raise TraceError(source, "comm_type", None, "no header row", line=first + 1)
+    header = [h.strip() for h in records[0]]
+    for column in _REQUIRED_COLUMNS:
+        if column not in header:
+            raise TraceError(source, column, None, "missing column in the header", line=first + 1)
+    rows: list[_CsvRow] = []
+    for offset, record in enumerate(records[1:]):
+        line = first + 2 + offset
+        if not record or all(not cell.strip() for cell in record):
+            continue
+        if len(record) < len(header):
+            raise TraceError(source, header[len(record)], None, "missing column", line=line)
+        if len(record) > len(header):
+            raise TraceError(source, "<row>", record, "more fields than the header", line=line)
+        rows.append(_csv_row(source, line, dict(zip(header, record, strict=True))))
+    return world, rows
+
+
+def _csv_row(source: Path, line: int, cells: Mapping[str, str]) -> _CsvRow:
+    raw_type = cells["comm_type"].strip()
+    comm_type = raw_type.removeprefix("CommType.")
+    known = {"epoch_end", *_AICB_COLLECTIVES, *_AICB_NOT_DEMAND, *_AICB_UNSUPPORTED}
+    if comm_type not in known:
+        raise TraceError(source, "comm_type", raw_type, "unknown AICB comm_type", line=line)
+    raw_group = cells["comm_group"].strip()
+    group: GroupKind | None = None
+    if raw_group not in _NONE_VALUES:
+        group = _AICB_GROUPS.get(raw_group.removeprefix("CommGroup."))
+        if group is None:
+            raise TraceError(source, "comm_group", raw_group, "unknown AICB comm_group", line=line)
+    raw_size = cells["comm_group_size"].strip()
+    group_size = (
+        None if raw_size in _NONE_VALUES
+        else _csv_int(source, line, "comm_group_size", raw_size, minimum=1)
+    )
+    raw_msg = cells["msg_size"].strip()
+    msg_size = 0 if raw_msg in _NONE_VALUES else _csv_int(
+        source, line, "msg_size", raw_msg, minimum=0
+    )
+    raw_count = cells.get("count", "").strip()
+    count = 1 if raw_count in _NONE_VALUES else _csv_int(
+        source, line, "count", raw_count, minimum=1
+    )
+    if comm_type in _AICB_COLLECTIVES:
+        if group is None:
+            raise TraceError(source, "comm_group", raw_group, "a collective needs a group",
+                             line=line)
+        if group_size is None:
+            raise TraceError(source, "comm_group_size", raw_size, "a collective needs a size",
+                             line=line)
+    return _CsvRow(line, comm_type, group, group_size, msg_size, cells["stage"].strip(),
+                   cells.get("additional", "").strip(), count)
+
+
+def _infer_layout(
+    source: Path, world: int | None, rows: Sequence[_CsvRow], assumptions: list[str]
+) -> ParallelLayout:
+    sizes: dict[GroupKind, tuple[int, int]] = {}
+    for row in rows:
+        if row.comm_type not in _AICB_COLLECTIVES:
+            continue
+        assert row.group is not None and row.group_size is not None
+        if row.comm_type in ("isend", "irecv") and row.group_size == 1:
+            continue  # older AICB writes size 1 on pipeline send/recv rows
+        seen = sizes.setdefault(row.group, (row.group_size, row.line))
+        if seen[0] != row.group_size:
+            raise TraceError(source, "comm_group_size", row.group_size,
+                             f"{row.group.value} group was {seen[0]} on line {seen[1]}",
+                             line=row.line)
+    tp = sizes.get(GroupKind.TP, (1, 0))[0]
+    dp = sizes[GroupKind.DP][0] if GroupKind.DP in sizes else None
+    pp = sizes[GroupKind.PP][0] if GroupKind.PP in sizes else None
+    ep = sizes.get(GroupKind.EP, (1, 0))[0]
+    if world is None:
+        pp, dp = pp or 1, dp or 1
+        world = tp * dp * pp
+        assumptions.append(f"no '[rank0 ~ rankN]' line: world size {world} from the group sizes")
+    elif dp is None and pp is None:
+        pp, dp = 1, world // tp
+    elif dp is None:
+        assert pp is not None
+        dp = world // (tp * pp)
+    elif pp is None:
+        pp = world // (tp * dp)
+    if tp * dp * pp != world:
+        raise TraceError(source, "[rank0 ~ rankN]", world,
+                         f"tp {tp} x dp {dp} x pp {pp} does not make the world size", line=1)
+    try:
+        layout = ParallelLayout(tp=tp, dp=dp, pp=pp, ep=ep)
+    except ValueError as exc:
+        raise TraceError(source, "comm_group_size", ep, str(exc)) from exc
+    p2p = next((r for r in rows if r.comm_type in ("isend", "irecv")), None)
+    if p2p is not None and layout.pp == 1:
+        raise TraceError(source, "comm_group_size", p2p.group_size,
+                         "pipeline send/recv but the pipeline size is unknown (1)", line=p2p.line)
+    for row in rows:
+        if row.comm_type in _AICB_COLLECTIVES and row.comm_type not in ("isend", "irecv"):
+            assert row.group is not None
+            expected = layout.group_size(row.group)
+            if row.group_size != expected:
+                raise TraceError(source, "comm_group_size", row.group_size,
+                                 f"a {row.group.value} group has {expected} ranks in this layout",
+                                 line=row.line)
+    return layout
+
+
+def _iteration_rows(
+    source: Path, rows: Sequence[_CsvRow], assumptions: list[str]
+) -> tuple[str, list[_CsvRow]]:
+    segments: list[list[_CsvRow]] = [[]]
+    closed: list[bool] = [False]
+    for row in rows:
+        if row.comm_type == "epoch_end":
+            closed[-1] = True
+            segments.append([])
+            closed.append(False)
+        else:
+            segments[-1].append(row)
+    if not any(closed):
+        assumptions.append("no epoch_end marker: every non-init row is the iteration")
+        body = [r for r in rows if not r.stage.startswith("init")]
+        return "all non-init rows", body
+    for segment, done in zip(segments, closed, strict=True):
+        demand = [r for r in segment if r.comm_type in _AICB_COLLECTIVES]
+        if done and demand and not all(r.stage.startswith("init") for r in demand):
+            label = f"first iteration (lines {segment[0].line}-{segment[-1].line})"
+            return label, segment
+    raise TraceError(source, "comm_type", "CommType.epoch_end", "no complete iteration between "
+                     "epoch_end markers after the init section")
+
+
+def read_aicb_csv(path: Path) -> Workload:
+    """Read an AICB workload CSV into a Workload for all ranks of the layout.
+
+    Returns ``SourceFormat.AICB_CSV``, one op sequence per rank (``0 .. world-1``, world from the
+    ``[rank0 ~ rankN]`` line), gaps 0. Raises :class:`TraceError` naming the file, line and field
+    on a malformed row (bad number, unknown comm_type or comm_group, missing column), group
+    sizes that do not fit one layout, or no complete iteration.
+    """
+    path = Path(path)
+    assumptions: list[str] = [
+        "AICB schedule generated from the model, not profiled: every rank runs the same "
+        "sequence on its own process groups",
+    ]
+    world, rows = _parse_csv_rows(path, _read_lines(path))
+    layout = _infer_layout(path, world, rows, assumptions)
+    assumptions.append(layout.describe())
+    label, body = _iteration_rows(path, rows, assumptions)
+    demands: list[_Demand] = []
+    skipped: dict[str, int] = {}
+    for row in body:
+        if row.comm_type not in _AICB_COLLECTIVES:
+            skipped[row.comm_type] = skipped.get(row.comm_type, 0) + row.count
+            continue
+        assert row.group is not None
+        direction: Direction | None = None
+        step = 0
+        if row.comm_type in ("isend", "irecv"):
+            if row.additional not in _P2P_STEPS:
+                raise TraceError(path, "additional", row.additional,
+                                 "isend/irecv needs send_next/send_prev/recv_next/recv_prev",
+                                 line=row.line)
+            direction, step = _P2P_STEPS[row.additional]
+            expected = Direction.SEND if row.comm_type == "isend" else Direction.RECV
+            if direction is not expected:
+                raise TraceError(path, "additional", row.additional,
+                                 f"contradicts comm_type {row.comm_type}", line=row.line)
+        demand = _Demand(row.line, _AICB_COLLECTIVES[row.comm_type], row.group, row.msg_size,
+                         0.0, direction, step)
+        demands.extend([demand] * row.count)
+    for comm_type, count in sorted(skipped.items()):
+        assumptions.append(f"{count} '{comm_type}' row(s) in the iteration are not demand: skipped")
+    if any(d.collective is Collective.SEND_RECV for d in demands):
+        assumptions.append(
+            "AICB writes one pipeline stage's schedule; every stage is assumed to run it, and a "
+            "send/recv towards a missing neighbour stage is dropped"
+        )
+    assumptions.append("the AICB CSV has no compute times: every compute gap is 0")
+    return Workload(
+        name=path.name,
+        source_format=SourceFormat.AICB_CSV,
+        world_size=layout.world_size,
+        ranks=_expand(demands, layout),
+        assumptions=tuple(assumptions),
+        iteration=label,
+    )
+
+
+# --- SimAI text ---------------------------------------------------------------------------------
+
+_SIMAI_POLICIES = frozenset({"HYBRID_TRANSFORMER_FWD_IN_BCKWD", "HYBRID_TRANSFORMER"})
+_SIMAI_BASES: Mapping[str, Collective] = {
+    "ALLREDUCE": Collective.ALL_REDUCE,
+    "ALLGATHER": Collective.ALL_GATHER,
+    "REDUCESCATTER": Collective.REDUCE_SCATTER,
+    "ALLTOALL": Collective.ALL_TO_ALL,
+    "BROADCAST": Collective.BROADCAST,
+}
+_SIMAI_FIELDS = 12
+
+
+class _Pass(enum.Enum):
+    FORWARD = "fwd"
+    INPUT_GRAD = "ig"
+    WEIGHT_GRAD = "wg"
+
+
+@dataclass(frozen=True, slots=True)
+class _Slot:
+    compute_ns: int
+    collective: Collective | None
+    kind: GroupKind
+    size_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Layer:
+    line: int
+    name: str
+    forward: _Slot
+    input_grad: _Slot
+    weight_grad: _Slot
+
+
+def _simai_header(source: Path, line: str) -> tuple[str, dict[str, int]]:
+    tokens = line.split()
+    if not tokens or tokens[0] not in _SIMAI_POLICIES:
+        raise TraceError(source, "workload type", tokens[0] if tokens else line,
+                         f"not a SimAI workload type this reader supports "
+                         f"({', '.join(sorted(_SIMAI_POLICIES))})", line=1)
+    params: dict[str, int] = {}
+    i = 1
+    while i < len(tokens):
+        key = tokens[i].rstrip(":")
+        if tokens[i].endswith(":") or key == "pp_comm":
+            if i + 1 >= len(tokens):
+                raise TraceError(source, key, None, "missing value", line=1)
+            value = tokens[i + 1]
+            try:
+                params[key] = int(float(value)) if key == "pp_comm" else int(value)
+            except ValueError:
+                raise TraceError(source, key, value, "not an integer", line=1) from None
+            i += 2
+        else:
+            i += 1
+    return tokens[0], params
+
+
+def _simai_slot(source: Path, line: int, fields: Sequence[str], at: int, which: _Pass) -> _Slot:
+    names = (f"{which.value}_compute_time", f"{which.value}_comm_type", f"{which.value}_comm_size")
+    compute = _csv_int(source, line, names[0], fields[at], minimum=0)
+    raw_type = fields[at + 1]
+    size = _csv_int(source, line, names[2], fields[at + 2], minimum=0)
+    if raw_type == "NONE":
+        return _Slot(compute, None, GroupKind.TP, 0)  # a size on NONE is not demand
+    base, _, suffix = raw_type.partition("_")
+    collective = _SIMAI_BASES.get(base)
+    plain = GroupKind.DP if which is _Pass.WEIGHT_GRAD else GroupKind.TP
+    kind = {"": plain, "EP": GroupKind.EP, "DP_EP": GroupKind.EP_DP}.get(suffix)
+    if collective is None or kind is None:
+        raise TraceError(source, names[1], raw_type, "unknown SimAI collective type", line=line)
+    return _Slot(compute, collective, kind, size)
+
+
+def _simai_layers(source: Path, lines: Sequence[str]) -> list[_Layer]:
+    if len(lines) < 2:
+        raise TraceError(source, "layer count", None, "missing second line", line=2)
+    count = _csv_int(source, 2, "layer count", lines[1], minimum=0)
+    layers: list[_Layer] = []
+    for offset, text in enumerate(lines[2:]):
+        line = 3 + offset
+        fields = text.split()
+        if not fields:
+            continue
+        if len(fields) != _SIMAI_FIELDS:
+            raise TraceError(source, "<layer>", text,
+                             f"{len(fields)} fields, expected {_SIMAI_FIELDS}", line=line)
+        _csv_int(source, line, "dependency", fields[1].lstrip("-"), minimum=0)
+        _csv_int(source, line, "wg_update_time", fields[11], minimum=0)
+        layers.append(_Layer(
+            line=line,
+            name=fields[0],
+            forward=_simai_slot(source, line, fields, 2, _Pass.FORWARD),
+            input_grad=_simai_slot(source, line, fields, 5, _Pass.INPUT_GRAD),
+            weight_grad=_simai_slot(source, line, fields, 8, _Pass.WEIGHT_GRAD),
+        ))
+    if len(layers) != count:
+        raise TraceError(source, "layer count", count, f"but {len(layers)} layer lines follow",
+                         line=2)
+    return layers
+
+
+def _simai_order(layers: Sequence[_Layer]) -> Iterator[tuple[_Layer, _Slot]]:
+    for layer in layers:
+        yield layer, layer.forward
+    for layer in reversed(layers):
+        yield layer, layer.input_grad
+        yield layer, layer.weight_grad
+
+
+def read_simai(path: Path, *, world_size: int | None = None) -> Workload:
+    """Read a SimAI workload text file into a Workload for all ranks.
+
+    ``world_size`` is needed when the header has no ``all_gpus`` (older AICB output); when both
+    are given they must agree. Returns ``SourceFormat.SIMAI`` with gaps from the per-layer
+    compute times (ns) and ``tail_gap_s`` for the compute after the last collective. Raises
+    :class:`TraceError` naming the file, line and field on an unsupported workload type, a
+    malformed layer line (bad number, unknown collective type, wrong field count) or
+    inconsistent degrees.
+    """
+    path = Path(path)
+    lines = _read_lines(path)
+    if not lines:
+        raise TraceError(path, "workload type", "", "empty file", line=1)
+    policy, params = _simai_header(path, lines[0])
+    header_world = params.get("all_gpus")
+    if header_world is not None and world_size is not None and header_world != world_size:
+        raise TraceError(path, "all_gpus", header_world, f"but world_size={world_size} was given",
+                         line=1)
+    world = header_world or world_size
+    if world is None:
+        raise TraceError(path, "all_gpus", None,
+                         "world size not in the header; pass world_size", line=1)
+    tp = params.get("model_parallel_NPU_group", 1)
+    pp = params.get("pp", 1)
+    ep = params.get("ep", 1)
+    if tp < 1 or pp < 1 or world % (tp * pp):
+        raise TraceError(path, "model_parallel_NPU_group", tp,
+                         f"tp {tp} x pp {pp} does not divide the world size {world}", line=1)
+    try:
+        layout = ParallelLayout(tp=tp, dp=world // (tp * pp), pp=pp, ep=ep)
+    except ValueError as exc:
+        raise TraceError(path, "ep", ep, str(exc), line=1) from exc
+    layers = _simai_layers(path, lines)
+    demands: list[_Demand] = []
+    pending_ns = 0
+    for layer, slot in _simai_order(layers):
+        pending_ns += slot.compute_ns
+        if slot.collective is None:
+            continue
+        demands.append(_Demand(layer.line, slot.collective, slot.kind, slot.size_bytes,
+                               pending_ns * _NS))
+        pending_ns = 0
+    assumptions = [
+        "SimAI schedule generated from the model, not profiled: every rank runs the same "
+        "sequence on its own process groups",
+        layout.describe(),
+        "groups as SimAI's Workload.cc: forward and input-gradient collectives on the TP group, "
+        "weight-gradient ones on the DP group (_EP: EP group, _DP_EP: expert-data-parallel)",
+        "order as SimAI runs it: forward layers first to last, then per layer last to first the "
+        "input-gradient then the weight-gradient collective; SimAI overlaps weight-gradient "
+        "collectives with later compute, here they are sequenced",
+        "compute gaps are the layer compute times (ns) before each collective; update times are "
+        "not modelled",
+    ]
+    if policy == "HYBRID_TRANSFORMER_FWD_IN_BCKWD" and params.get("checkpoints", 0) > 0:
+        assumptions.append("activation checkpointing (forward recompute in backward) not modelled")
+    if "pp" not in params or "all_gpus" not in params:
+        assumptions.append(f"header without pp/all_gpus (older AICB): pp={pp}, world={world}")
+    if any(d.collective is Collective.BROADCAST for d in demands):
+        assumptions.append("BROADCAST layers are kept (SimAI itself ignores them)")
+    ops = _expand(demands, layout)
+    tails = {rank: pending_ns * _NS for rank in ops}
+    return Workload(
+        name=path.name,
+        source_format=SourceFormat.SIMAI,
+        world_size=layout.world_size,
+        ranks=ops,
+        assumptions=tuple(assumptions),
+        iteration="one iteration (the whole file)",
+        tail_gap_s=tails,
+    )

@@ -1,0 +1,227 @@
+"""What the trace readers produce: per-rank sequences of collective calls for one iteration.
+
+A :class:`Workload` is one training iteration seen from every rank the source describes: for each
+rank, the collectives it issues in order (:class:`CommOp`), each with the compute time before it.
+A replay tool walks these sequences to drive ``EnterPhase`` / ``ReleasePhase`` (DESIGN.md, "Phase
+protocol"); whatever a reader had to assume is stated in ``Workload.assumptions`` and, per call,
+in ``CommOp.notes``.
+
+Byte counts follow the NCCL / ``torch.distributed`` meaning of a collective's *input* on one rank
+(see :class:`CommOp`). Sources: PyTorch profiler ``record_param_comms`` metadata
+(``torch/csrc/profiler/util.cpp``: ``In msg nelems``, ``Out msg nelems``, ``In split size``, ...),
+NCCL collective semantics (docs.nvidia.com/deeplearning/nccl, "Collective Operations").
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TypeVar
+
+from lightrail.controller.domain.model import Collective, ProcessGroup
+
+_VALUE_REPR_MAX = 120
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+class TraceError(ValueError):
+    """A trace or workload file that cannot be read as it claims to be.
+
+    The message names the file (and line, for text formats), the field and the bad value, e.g.
+    ``workload.csv:17: field 'msg_size' = 'abc': not an integer``.
+
+    Attributes: ``source`` (file, or ``archive!member``), ``field``, ``value``, ``reason`` and
+    ``line`` (1-based, or ``None`` when the format has no lines to speak of).
+    """
+
+    def __init__(
+        self,
+        source: str | os.PathLike[str],
+        field: str,
+        value: object,
+        reason: str,
+        *,
+        line: int | None = None,
+    ) -> None:
+        self.source = os.fspath(source)
+        self.field = field
+        self.value = value
+        self.reason = reason
+        self.line = line
+        where = self.source if line is None else f"{self.source}:{line}"
+        shown = repr(value)
+        if len(shown) > _VALUE_REPR_MAX:
+            shown = shown[: _VALUE_REPR_MAX - 3] + "..."
+        super().__init__(f"{where}: field {field!r} = {shown}: {reason}")
+
+
+class SourceFormat(enum.Enum):
+    """The kind of input a :class:`Workload` was read from."""
+
+    KINETO = "kineto"
+    """PyTorch profiler (Kineto) Chrome-trace JSON, one file per rank."""
+    AICB_CSV = "aicb_csv"
+    """AICB physical workload CSV (aliyun/aicb ``workload/physical``), generated, not profiled."""
+    SIMAI = "simai"
+    """SimAI / ASTRA-sim layer workload text (aliyun/aicb ``workload/simAI``), generated."""
+
+
+class Direction(enum.Enum):
+    """Direction of a point-to-point :attr:`Collective.SEND_RECV` call on the issuing rank."""
+
+    SEND = "send"
+    RECV = "recv"
+
+
+@dataclass(frozen=True, slots=True)
+class CommOp:
+    """One collective call issued by one rank.
+
+    ``nbytes`` is the size of the algorithm input this rank contributes, in bytes
+    (elements x element size):
+
+    - all-reduce: the buffer being reduced (same on every rank of the group);
+    - broadcast: the buffer (the root sends it, the others receive that many bytes);
+    - all-gather: this rank's shard (the output is ``group.size * nbytes``);
+    - reduce-scatter: the full input buffer (this rank's output is ``nbytes / group.size``);
+    - all-to-all: the whole send buffer, summed over all peers including itself
+      (``sum(split_nbytes)`` when the splits are known);
+    - send/recv: the message size, sent (``Direction.SEND``) or received (``Direction.RECV``).
+
+    Fields:
+        collective: which collective.
+        group: the process group (its rank set), or ``None`` when the source does not say which
+            group it was - never silently the world group.
+        group_name: the source's label for the group (PyTorch ``Process Group Name``, AICB
+            ``tp``/``dp``/...); only a label: the same name can denote different rank sets on
+            different ranks, so groups are compared by ``group`` alone.
+        nbytes: see above, >= 0.
+        compute_gap_s: seconds between the end of the previous call of this rank in the iteration
+            (or the start of the iteration, for the first call) and the start of this one, >= 0.
+            It is the window a reconfiguration can hide in.
+        approximate: some field was inferred rather than recorded (``notes`` say which).
+        notes: how fields were derived, human-readable; every approximate op has at least one.
+        split_nbytes: all-to-all only: bytes this rank sends to each member of ``group``, in the
+            order of ``group.ranks`` (ascending global rank, which is group-rank order for
+            ``torch.distributed.new_group``); ``None`` when not recorded or not exact.
+        recv_split_nbytes: all-to-all only: bytes this rank receives from each member, same order.
+        direction: send/recv only: which side this rank is.
+        peer: send/recv only: global rank of the other side, ``None`` when not recorded.
+
+    Raises ``ValueError`` when the fields contradict each other (negative sizes, a split list
+    that does not sum to ``nbytes`` or does not match the group size, a direction on a
+    collective that is not send/recv, a non-finite or negative gap).
+    """
+
+    collective: Collective
+    group: ProcessGroup | None
+    group_name: str
+    nbytes: int
+    compute_gap_s: float
+    approximate: bool = False
+    notes: tuple[str, ...] = ()
+    split_nbytes: tuple[int, ...] | None = None
+    recv_split_nbytes: tuple[int, ...] | None = None
+    direction: Direction | None = None
+    peer: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.nbytes < 0:
+            raise ValueError(f"CommOp: negative nbytes {self.nbytes}")
+        if not math.isfinite(self.compute_gap_s) or self.compute_gap_s < 0:
+            raise ValueError(f"CommOp: compute_gap_s must be finite and >= 0: {self.compute_gap_s}")
+        if self.approximate and not self.notes:
+            raise ValueError("CommOp: an approximate op needs a note saying why")
+        is_a2a = self.collective is Collective.ALL_TO_ALL
+        for name, splits in (("split_nbytes", self.split_nbytes),
+                             ("recv_split_nbytes", self.recv_split_nbytes)):
+            if splits is None:
+                continue
+            if not is_a2a:
+                raise ValueError(f"CommOp: {name} given for {self.collective.value}")
+            if any(s < 0 for s in splits):
+                raise ValueError(f"CommOp: negative entry in {name} {splits}")
+            if self.group is not None and len(splits) != self.group.size:
+                raise ValueError(
+                    f"CommOp: {name} has {len(splits)} entries for a group of {self.group.size}"
+                )
+        if self.split_nbytes is not None and sum(self.split_nbytes) != self.nbytes:
+            raise ValueError(
+                f"CommOp: split_nbytes sums to {sum(self.split_nbytes)}, nbytes is {self.nbytes}"
+            )
+        is_p2p = self.collective is Collective.SEND_RECV
+        if is_p2p and self.direction is None:
+            raise ValueError("CommOp: send_recv needs a direction")
+        if not is_p2p and (self.direction is not None or self.peer is not None):
+            raise ValueError(f"CommOp: direction/peer given for {self.collective.value}")
+        if self.peer is not None and self.peer < 0:
+            raise ValueError(f"CommOp: negative peer {self.peer}")
+
+
+def _frozen_mapping(items: Mapping[_K, _V]) -> Mapping[_K, _V]:
+    return MappingProxyType(dict(items))
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """One iteration of a job, per rank.
+
+    Fields:
+        name: a label for the job (usually the input file name).
+        source_format: what it was read from.
+        world_size: number of ranks in the job (ranks are ``0 .. world_size-1``).
+        ranks: rank -> its collective calls in issue order, for one iteration. Only ranks the
+            source describes (or that could be derived soundly) are present; ``assumptions``
+            say how the others relate.
+        assumptions: statements a replay prints before running, e.g. "no process group
+            recorded; world group assumed".
+        iteration: which iteration of the source was taken (e.g. ``"ProfilerStep#6"``).
+        tail_gap_s: rank -> seconds of compute after its last call until the iteration ends
+            (0 for ranks not listed), so iterations can be replayed back to back.
+
+    The mappings are stored read-only. Raises ``ValueError`` on a rank outside
+    ``0 .. world_size-1`` or a call whose group does not contain the rank issuing it.
+    """
+
+    name: str
+    source_format: SourceFormat
+    world_size: int
+    ranks: Mapping[int, tuple[CommOp, ...]]
+    assumptions: tuple[str, ...] = ()
+    iteration: str = ""
+    tail_gap_s: Mapping[int, float] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise ValueError(f"Workload: world_size must be >= 1: {self.world_size}")
+        object.__setattr__(self, "ranks", _frozen_mapping(self.ranks))
+        object.__setattr__(self, "tail_gap_s", _frozen_mapping(self.tail_gap_s))
+        for rank, ops in self.ranks.items():
+            if not 0 <= rank < self.world_size:
+                raise ValueError(f"Workload: rank {rank} outside 0..{self.world_size - 1}")
+            for i, op in enumerate(ops):
+                if op.group is not None and rank not in op.group.ranks:
+                    raise ValueError(
+                        f"Workload: rank {rank} op #{i} on group {op.group.ranks} without it"
+                    )
+        for rank, gap in self.tail_gap_s.items():
+            if rank not in self.ranks:
+                raise ValueError(f"Workload: tail_gap_s for rank {rank} which has no ops entry")
+            if not math.isfinite(gap) or gap < 0:
+                raise ValueError(f"Workload: tail_gap_s[{rank}] must be finite and >= 0: {gap}")
+
+    def groups(self) -> frozenset[ProcessGroup]:
+        """Every known process group used by any rank."""
+        return frozenset(op.group for ops in self.ranks.values() for op in ops if op.group)
+
+    def collective_counts(self, rank: int) -> Mapping[Collective, int]:
+        """Number of calls per collective on ``rank`` (``KeyError`` if the rank is absent)."""
+        counts: dict[Collective, int] = {}
+        for op in self.ranks[rank]:
+            counts[op.collective] = counts.get(op.collective, 0) + 1
+        return MappingProxyType(counts)

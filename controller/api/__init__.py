@@ -1,0 +1,1 @@
+"""The gRPC edge: protobuf <-> domain codec and the agent and operator servicers."""

@@ -1,0 +1,406 @@
+"""AgentService servicer: the gRPC edge of the phase protocol (proto/lightrail/v1/agent.proto).
+
+PhaseStream carries batches both ways: the reader hands every request of a batch to the
+``PhaseService`` and the writer sends whatever replies accumulated since its last write as one
+batch. Nothing here touches etcd except RegisterJob/UnregisterJob, which write through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+import structlog
+
+from lightrail.controller.api.codec import (
+    ERROR_METADATA_KEY,
+    ERROR_TO_PB,
+    InvalidRequest,
+    PhaseKeyDecoder,
+    abort_refused,
+    check_id,
+    check_timeout,
+    compute_gap_hint,
+    event_to_pb,
+    fill_reply,
+    parallelism_from_pb,
+    placements_from_pb,
+)
+from lightrail.controller.core.coordinator import (
+    Admit,
+    DuplicateJob,
+    ErrorCode,
+    Reject,
+    ReleaseError,
+    UnknownJob,
+)
+from lightrail.controller.core.planner import JobLayout, PlacementError, PlanError
+from lightrail.controller.core.railplan import RailPlanError, plan_step
+from lightrail.controller.domain.model import PhaseKey
+from lightrail.controller.domain.parallelism import ParallelismError
+from lightrail.controller.runtime import metrics
+from lightrail.controller.runtime.events import EventBus, JobEvent, JobEventKind, SubscriberOverflow
+from lightrail.controller.runtime.failover import FailoverManager, GpuState
+from lightrail.controller.runtime.phase_service import PhaseService
+from lightrail.controller.store.jobs import JobRecord, JobRepository
+from lightrail.v1 import agent_pb2, agent_pb2_grpc
+
+log = structlog.get_logger(__name__)
+
+_GPU_STATE = {
+    agent_pb2.GPU_HEALTHY: GpuState.HEALTHY,
+    agent_pb2.GPU_DEGRADED: GpuState.DEGRADED,
+    agent_pb2.GPU_FAILED: GpuState.FAILED,
+    agent_pb2.GPU_UNKNOWN: GpuState.UNKNOWN,
+}
+
+
+class _StreamSink:
+    """Replies of one PhaseStream, written straight into the batch the writer sends next
+    (no per-reply message copies)."""
+
+    __slots__ = ("_batch", "_event")
+
+    def __init__(self) -> None:
+        self._batch = agent_pb2.PhaseReplyBatch()
+        self._event = asyncio.Event()
+
+    def deliver(self, decision: Admit | Reject, steps: int) -> None:
+        fill_reply(self._batch.replies.add(), decision, steps)
+        self._event.set()
+
+    def push(self, reply: agent_pb2.PhaseReply) -> None:
+        self._batch.replies.add().CopyFrom(reply)
+        self._event.set()
+
+    def wake(self) -> None:
+        self._event.set()
+
+    async def take(self) -> agent_pb2.PhaseReplyBatch | None:
+        """The replies accumulated since the last call (None if none), after waiting for
+        at least one or a wake-up."""
+        await self._event.wait()
+        self._event.clear()
+        if not self._batch.replies:
+            return None
+        out, self._batch = self._batch, agent_pb2.PhaseReplyBatch()
+        return out
+
+
+class _FutureSink:
+    """The reply to one unary EnterPhase."""
+
+    __slots__ = ("future",)
+
+    def __init__(self) -> None:
+        self.future: asyncio.Future[tuple[Admit | Reject, int]] = (
+            asyncio.get_running_loop().create_future()
+        )
+
+    def deliver(self, decision: Admit | Reject, steps: int) -> None:
+        if not self.future.done():
+            self.future.set_result((decision, steps))
+
+
+class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
+    """Implements AgentService over a ``PhaseService``.
+
+    ``is_leader`` is consulted per request; a follower (or a fenced leader) answers NOT_LEADER /
+    UNAVAILABLE so that clients reconnect to the leader.
+    """
+
+    def __init__(
+        self,
+        service: PhaseService,
+        jobs: JobRepository,
+        events: EventBus,
+        is_leader: Callable[[], bool],
+        failover: FailoverManager | None = None,
+    ) -> None:
+        self._failover = failover
+        self._service = service
+        self._jobs = jobs
+        self._events = events
+        self._is_leader = is_leader
+        self._decoder = PhaseKeyDecoder()
+        self._register_lock = asyncio.Lock()
+
+    async def _require_leader(self, context: grpc.aio.ServicerContext) -> None:  # type: ignore[type-arg]
+        if not self._is_leader():
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "not the leader")
+
+    # --- jobs -------------------------------------------------------------------------------
+
+    async def RegisterJob(  # noqa: N802 (gRPC method name)
+        self,
+        request: agent_pb2.RegisterJobRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> agent_pb2.RegisterJobResponse:
+        await self._require_leader(context)
+        coord = self._service.coordinator
+        try:
+            check_id("job_id", request.job_id)
+            check_id("tenant", request.tenant, allow_empty=True)
+            placements = placements_from_pb(request.ranks)
+            declared = [
+                self._decoder.decode(p, f"declared_phases[{i}]")
+                for i, p in enumerate(request.declared_phases)
+            ]
+            par = None
+            if request.HasField("parallelism"):
+                if declared:
+                    raise InvalidRequest("parallelism: give either parallelism or "
+                                         "declared_phases, not both")
+                par = parallelism_from_pb(request.parallelism)
+        except InvalidRequest as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+        derive = None
+        if par is not None:
+            p_ = par
+
+            def derive(layout: JobLayout) -> tuple[PhaseKey, ...]:
+                return plan_step(layout, p_.spec, microbatches=p_.microbatches,
+                                 layers_per_stage=p_.layers_per_stage).phases()
+        async with self._register_lock:
+            try:
+                layout = coord.register_job(request.job_id, request.tenant, placements, declared,
+                                            derive_schedule=derive)
+            except DuplicateJob as exc:
+                await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(exc))
+            except (PlacementError, PlanError, ParallelismError, RailPlanError,
+                    ValueError) as exc:
+                prefix = "parallelism." if isinstance(exc, ParallelismError) else ""
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{prefix}{exc}")
+            schedule = coord.declared_phases(request.job_id)
+            record = JobRecord(request.job_id, request.tenant, layout.placements, schedule)
+            try:
+                await self._jobs.save(record)
+            except Exception as exc:
+                self._service.unregister_job(request.job_id)
+                log.error("job_save_failed", job=request.job_id, error=str(exc))
+                await context.abort(grpc.StatusCode.UNAVAILABLE, f"state store: {exc}")
+        metrics.JOBS.set(len(coord.job_ids()))
+        self._events.publish(
+            JobEvent(request.job_id, JobEventKind.REGISTERED,
+                     f"{layout.world_size} ranks on {len(layout.hosts)} hosts",
+                     fields={"tenant": request.tenant})
+        )
+        log.info("job_registered", job=request.job_id, ranks=layout.world_size)
+        return agent_pb2.RegisterJobResponse(job_id=request.job_id, world_size=layout.world_size,
+                                             declared_phases=len(schedule))
+
+    async def UnregisterJob(  # noqa: N802
+        self,
+        request: agent_pb2.UnregisterJobRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> agent_pb2.UnregisterJobResponse:
+        await self._require_leader(context)
+        try:
+            self._service.unregister_job(request.job_id)
+        except UnknownJob:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"job_id: unknown job "
+                                                          f"{request.job_id!r}")
+        await self._jobs.delete(request.job_id)
+        metrics.JOBS.set(len(self._service.coordinator.job_ids()))
+        self._events.publish(JobEvent(request.job_id, JobEventKind.UNREGISTERED, "unregistered"))
+        self._events.close_job(request.job_id)
+        return agent_pb2.UnregisterJobResponse()
+
+    async def WatchJob(  # noqa: N802
+        self,
+        request: agent_pb2.WatchJobRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> AsyncIterator[agent_pb2.JobEvent]:
+        if request.job_id and request.job_id not in self._service.coordinator.job_ids():
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"job_id: unknown job {request.job_id!r}")
+        try:
+            async for event in self._events.subscribe(request.job_id or None):
+                yield event_to_pb(event)
+        except SubscriberOverflow as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+
+    # --- health -----------------------------------------------------------------------------
+
+    async def HealthStream(  # noqa: N802
+        self,
+        request_iterator: AsyncIterator[agent_pb2.HealthReport],
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> AsyncIterator[agent_pb2.HealthAck]:
+        manager = self._failover
+        if manager is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "failover is not enabled")
+        assert manager is not None
+        hosts = self._service.coordinator.fabric.hosts
+        presence: object | None = None
+        try:
+            async for report in request_iterator:
+                host = hosts.get(report.host)
+                if host is None:
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                        f"host: unknown host {report.host!r}")
+                assert host is not None
+                if presence is None:
+                    manager.heartbeat(report.host)  # before the etcd round trips below
+                    presence = await manager.stream_opened(report.host)
+                async for ack in self._health_report(manager, report, host.gpu_count, context):
+                    yield ack
+        finally:
+            await manager.stream_closed(presence)
+
+    async def _health_report(
+        self,
+        manager: FailoverManager,
+        report: agent_pb2.HealthReport,
+        gpu_count: int,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> AsyncIterator[agent_pb2.HealthAck]:
+        """Apply one report; yield its acknowledgement."""
+        manager.heartbeat(report.host)
+        for g in report.gpus:
+            state = _GPU_STATE.get(g.state)
+            if state is None or g.gpu >= gpu_count:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    f"gpus[{g.gpu}]: unknown GPU or state {g.state} on "
+                                    f"{report.host}")
+            assert state is not None
+            reason = g.reason or state.value
+            if g.has_xid:
+                reason = f"XID {g.xid}: {reason}"
+            manager.report(report.host, g.gpu, state, reason)
+        yield agent_pb2.HealthAck(heartbeat_interval_s=manager.heartbeat_interval_s,
+                                  failed_gpus=manager.failed_gpus(report.host))
+
+    # --- phases -----------------------------------------------------------------------------
+
+    async def PhaseStream(  # noqa: N802
+        self,
+        request_iterator: AsyncIterator[agent_pb2.PhaseRequestBatch],
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> AsyncIterator[agent_pb2.PhaseReplyBatch]:
+        sink = _StreamSink()
+        metrics.PHASE_STREAMS.inc()
+        # Group ids are defined per stream: one client cannot crowd out another's groups.
+        decoder = PhaseKeyDecoder(max_groups=4096)
+        reader = asyncio.create_task(self._read_stream(request_iterator, sink, decoder),
+                                     name="phase-stream-reader")
+        reader.add_done_callback(lambda _t: sink.wake())
+        try:
+            while True:
+                batch = await sink.take()
+                if batch is not None:
+                    yield batch
+                if reader.done():
+                    reader.result()
+                    return
+        finally:
+            reader.cancel()
+            self._service.detach(sink)
+            metrics.PHASE_STREAMS.dec()
+
+    async def _read_stream(
+        self,
+        request_iterator: AsyncIterator[agent_pb2.PhaseRequestBatch],
+        sink: _StreamSink,
+        decoder: PhaseKeyDecoder,
+    ) -> None:
+        service = self._service
+        decode = decoder.decode
+        async for batch in request_iterator:
+            leader = self._is_leader()
+            for req in batch.requests:
+                kind = req.WhichOneof("kind")
+                if not leader and kind != "define_group":
+                    # a follower or fenced replica moves no state: the agent resends everything
+                    # to the leader on reconnect
+                    if kind == "enter":
+                        e = req.enter
+                        sink.deliver(Reject(e.job_id, e.rank, e.request_id, ErrorCode.NOT_LEADER,
+                                            "not the leader"), 1)
+                    continue
+                if kind == "enter":
+                    e = req.enter
+                    try:
+                        phase = decode(e.phase)
+                        timeout_s = check_timeout(e.timeout_s)
+                    except InvalidRequest as exc:
+                        sink.deliver(Reject(e.job_id, e.rank, e.request_id,
+                                            ErrorCode.INVALID_PHASE, str(exc)), 1)
+                        continue
+                    service.enter(e.job_id, e.rank, phase, e.request_id, timeout_s, sink,
+                                  e.iteration, e.nbytes, compute_gap_hint(e.compute_gap_s))
+                elif kind == "release":
+                    r = req.release
+                    try:
+                        service.release(r.job_id, r.rank, decode(r.phase), r.iteration)
+                    except (ReleaseError, InvalidRequest) as exc:
+                        code = exc.code if isinstance(exc, ReleaseError) \
+                            else ErrorCode.INVALID_PHASE
+                        sink.push(agent_pb2.PhaseReply(error=agent_pb2.PhaseError(
+                            job_id=r.job_id, rank=r.rank, request_id=0,
+                            code=ERROR_TO_PB[code], message=f"release: {exc}")))
+                elif kind == "sync_done":
+                    service.synced(req.sync_done.job_id, list(req.sync_done.ranks))
+                elif kind == "define_group":
+                    try:
+                        decoder.define(req.define_group)
+                    except InvalidRequest as exc:
+                        sink.push(agent_pb2.PhaseReply(error=agent_pb2.PhaseError(
+                            request_id=0, code=agent_pb2.INVALID_PHASE, message=str(exc))))
+                elif kind == "held":
+                    h = req.held
+                    try:
+                        service.resume_held(h.job_id, h.rank, decode(h.phase), h.iteration)
+                    except (ReleaseError, InvalidRequest) as exc:
+                        log.warning("held_phase_refused", job=h.job_id, rank=h.rank,
+                                    error=str(exc))
+
+    async def EnterPhase(  # noqa: N802
+        self,
+        request: agent_pb2.EnterPhaseRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> agent_pb2.EnterPhaseResponse:
+        await self._require_leader(context)
+        try:
+            phase = self._decoder.decode(request.phase)
+            timeout_s = check_timeout(request.timeout_s)
+        except InvalidRequest as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        remaining = context.time_remaining()
+        if remaining is not None and (timeout_s <= 0 or remaining < timeout_s):
+            timeout_s = max(remaining, 1e-6)
+        sink = _FutureSink()
+        self._service.enter(request.job_id, request.rank, phase, request.request_id, timeout_s,
+                            sink, request.iteration, request.nbytes,
+                            compute_gap_hint(request.compute_gap_s))
+        try:
+            decision, steps = await sink.future
+        except asyncio.CancelledError:
+            # The caller went away: withdraw its wait (or its hold, if admitted meanwhile) so
+            # no ghost holds circuits that nobody will release.
+            self._service.cancel(request.job_id, request.rank, request.request_id, sink)
+            raise
+        if isinstance(decision, Reject):
+            await abort_refused(context, decision.code, decision.message)
+        assert isinstance(decision, Admit)
+        return agent_pb2.EnterPhaseResponse(noop=decision.noop, steps=steps,
+                                            device_s=decision.device_s)
+
+    async def ReleasePhase(  # noqa: N802
+        self,
+        request: agent_pb2.ReleasePhaseRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> agent_pb2.ReleasePhaseResponse:
+        await self._require_leader(context)
+        try:
+            self._service.release(request.job_id, request.rank,
+                                  self._decoder.decode(request.phase), request.iteration)
+        except InvalidRequest as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except ReleaseError as exc:
+            status = grpc.StatusCode.NOT_FOUND if exc.code is ErrorCode.UNKNOWN_JOB \
+                else grpc.StatusCode.FAILED_PRECONDITION
+            await context.abort(status, str(exc), ((ERROR_METADATA_KEY, exc.code.value),))
+        return agent_pb2.ReleasePhaseResponse()

@@ -1,0 +1,310 @@
+"""Protobuf <-> domain conversion, at the gRPC edge only.
+
+Bad input raises ``InvalidRequest`` whose message names the field and the value; callers map it
+to ``INVALID_ARGUMENT`` (unary) or an ``INVALID_PHASE`` reply (stream).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NoReturn
+
+import grpc
+
+from lightrail.controller.core.coordinator import Admit, ErrorCode, Reject
+from lightrail.controller.core.planner import RankPlacement
+from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup
+from lightrail.controller.domain.parallelism import ParallelismError, ParallelismSpec, RankOrder
+from lightrail.controller.runtime.events import JobEvent, JobEventKind
+from lightrail.v1 import agent_pb2
+
+MAX_WORLD_SIZE = 1 << 20
+MAX_TIMEOUT_S = 24 * 3600.0
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def check_id(field: str, value: str, *, allow_empty: bool = False) -> None:
+    """Job and tenant ids become etcd keys and metric labels: 1-128 characters of
+    ``[A-Za-z0-9._-]``, starting with a letter or digit. Raises ``InvalidRequest``."""
+    if allow_empty and not value:
+        return
+    if not _ID.match(value):
+        shown = value if len(value) <= 40 else value[:37] + "..."
+        raise InvalidRequest(f"{field}: {shown!r} is not 1-128 characters of [A-Za-z0-9._-] "
+                             "starting with a letter or digit")
+
+
+def check_timeout(timeout_s: float, field: str = "timeout_s") -> float:
+    """A finite timeout in [0, 24 h] (0 = the controller's default). Raises
+    ``InvalidRequest``."""
+    if not math.isfinite(timeout_s) or timeout_s < 0 or timeout_s > MAX_TIMEOUT_S:
+        raise InvalidRequest(f"{field}: {timeout_s!r} is not a finite number of seconds in "
+                             f"[0, {MAX_TIMEOUT_S:.0f}]")
+    return timeout_s
+
+ERROR_METADATA_KEY = "lightrail-error"
+"""Trailing metadata key of a refused unary EnterPhase/ReleasePhase: the ``ErrorCode`` value,
+so clients tell a refusal (e.g. device failure, UNAVAILABLE) from a transport failure."""
+
+
+REFUSAL_STATUS: dict[ErrorCode, grpc.StatusCode] = {
+    ErrorCode.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
+    ErrorCode.UNKNOWN_JOB: grpc.StatusCode.NOT_FOUND,
+    ErrorCode.INVALID_RANK: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorCode.INVALID_PHASE: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorCode.RANK_BUSY: grpc.StatusCode.FAILED_PRECONDITION,
+    ErrorCode.DEVICE_FAILURE: grpc.StatusCode.UNAVAILABLE,
+    ErrorCode.PLACEMENT_CHANGED: grpc.StatusCode.ABORTED,
+    ErrorCode.NOT_LEADER: grpc.StatusCode.UNAVAILABLE,
+    ErrorCode.CANCELLED: grpc.StatusCode.CANCELLED,
+}
+"""gRPC status of a refused unary EnterPhase/ReleasePhase, sent with ``ERROR_METADATA_KEY``."""
+
+
+async def abort_refused(
+    context: grpc.aio.ServicerContext, code: ErrorCode, message: str  # type: ignore[type-arg]
+) -> NoReturn:
+    """Abort a unary call as a refusal: its status from ``REFUSAL_STATUS`` and the
+    ``ErrorCode`` in trailing metadata (the controller and the host agent's local endpoint
+    answer alike, so ``lightrail.agents.client`` tells a refusal from a transport failure)."""
+    await context.abort(REFUSAL_STATUS[code], message, ((ERROR_METADATA_KEY, code.value),))
+    raise AssertionError("unreachable: ServicerContext.abort raises")
+
+
+def compute_gap_hint(value: float) -> float:
+    """A compute-gap hint: anything not finite and >= 0 counts as unknown (0)."""
+    return value if math.isfinite(value) and value >= 0 else 0.0
+
+
+class InvalidRequest(ValueError):
+    """A request field is missing or out of range."""
+
+
+COLLECTIVE_FROM_PB: dict[int, Collective] = {
+    agent_pb2.ALL_REDUCE: Collective.ALL_REDUCE,
+    agent_pb2.REDUCE_SCATTER: Collective.REDUCE_SCATTER,
+    agent_pb2.ALL_GATHER: Collective.ALL_GATHER,
+    agent_pb2.ALL_TO_ALL: Collective.ALL_TO_ALL,
+    agent_pb2.SEND_RECV: Collective.SEND_RECV,
+    agent_pb2.BROADCAST: Collective.BROADCAST,
+}
+COLLECTIVE_TO_PB: dict[Collective, agent_pb2.Collective.ValueType] = {
+    v: k for k, v in COLLECTIVE_FROM_PB.items()  # type: ignore[misc]
+}
+
+ERROR_TO_PB: dict[ErrorCode, agent_pb2.PhaseErrorCode.ValueType] = {
+    ErrorCode.DEADLINE_EXCEEDED: agent_pb2.DEADLINE_EXCEEDED,
+    ErrorCode.UNKNOWN_JOB: agent_pb2.UNKNOWN_JOB,
+    ErrorCode.INVALID_RANK: agent_pb2.INVALID_RANK,
+    ErrorCode.INVALID_PHASE: agent_pb2.INVALID_PHASE,
+    ErrorCode.RANK_BUSY: agent_pb2.RANK_BUSY,
+    ErrorCode.DEVICE_FAILURE: agent_pb2.DEVICE_FAILURE,
+    ErrorCode.PLACEMENT_CHANGED: agent_pb2.PLACEMENT_CHANGED,
+    ErrorCode.NOT_LEADER: agent_pb2.NOT_LEADER,
+    ErrorCode.CANCELLED: agent_pb2.CANCELLED,
+}
+ERROR_FROM_PB: dict[int, ErrorCode] = {v: k for k, v in ERROR_TO_PB.items()}
+
+EVENT_TO_PB: dict[JobEventKind, agent_pb2.JobEventKind.ValueType] = {
+    JobEventKind.REGISTERED: agent_pb2.JOB_REGISTERED,
+    JobEventKind.RECONFIGURED: agent_pb2.JOB_RECONFIGURED,
+    JobEventKind.PLACEMENT_CHANGED: agent_pb2.JOB_PLACEMENT_CHANGED,
+    JobEventKind.UNREGISTERED: agent_pb2.JOB_UNREGISTERED,
+    JobEventKind.PHASE_ERROR: agent_pb2.JOB_PHASE_ERROR,
+    JobEventKind.DECISION: agent_pb2.JOB_RECONFIGURE_DECISION,
+}
+
+
+_MAX_GROUPS = 65536
+
+
+class PhaseKeyDecoder:
+    """Decodes ``PhaseKey`` messages, interning process groups: a job has few distinct groups,
+    so the hot path neither sorts nor hashes a rank list per call. Groups arrive by rank list
+    or by ``group_id`` after a ``DefineGroup``; the id is a hash of the ranks, checked on
+    definition, so one table serves every stream."""
+
+    def __init__(self, max_groups: int = _MAX_GROUPS) -> None:
+        self._max = max_groups
+        self._groups: dict[tuple[int, ...], ProcessGroup] = {}
+        self._by_id: dict[int, ProcessGroup] = {}
+
+    def _group(self, raw: tuple[int, ...], field: str) -> ProcessGroup:
+        group = self._groups.get(raw)
+        if group is None:
+            if not raw:
+                raise InvalidRequest(f"{field}: empty")
+            if len(set(raw)) != len(raw):
+                raise InvalidRequest(f"{field}: duplicate ranks in {list(raw)[:16]}")
+            if max(raw) >= MAX_WORLD_SIZE:
+                raise InvalidRequest(f"{field}: rank {max(raw)} >= {MAX_WORLD_SIZE}")
+            group = ProcessGroup.of(raw)
+            if len(self._groups) < self._max:
+                self._groups[raw] = group
+        return group
+
+    def define(self, pb: agent_pb2.DefineGroup) -> None:
+        """Bind ``pb.group_id`` to ``pb.ranks``. Raises ``InvalidRequest`` when the id is not
+        the hash of the ranks (a client bug: it would silently alias another group)."""
+        group = self._group(tuple(pb.ranks), "define_group.ranks")
+        if group.group_id != pb.group_id:
+            raise InvalidRequest(
+                f"define_group.group_id: {pb.group_id:#x} is not the id of ranks "
+                f"{list(group.ranks)[:16]} ({group.group_id:#x})")
+        if pb.group_id not in self._by_id and len(self._by_id) >= self._max:
+            raise InvalidRequest(f"define_group: this stream already defined {self._max} "
+                                 "groups; send the rank list instead")
+        self._by_id[pb.group_id] = group
+
+    def decode(self, pb: agent_pb2.PhaseKey, field: str = "phase") -> PhaseKey:
+        """Raises ``InvalidRequest`` naming ``field`` for an empty group, an undefined group id
+        or an unknown collective."""
+        if pb.group_id:
+            group = self._by_id.get(pb.group_id)
+            if group is None:
+                raise InvalidRequest(f"{field}.group_id: unknown group {pb.group_id:#x} "
+                                     "(send DefineGroup first on this stream)")
+        else:
+            group = self._group(tuple(pb.group_ranks), f"{field}.group_ranks")
+        coll = COLLECTIVE_FROM_PB.get(pb.collective)
+        if coll is None:
+            raise InvalidRequest(f"{field}.collective: unspecified or unknown ({pb.collective})")
+        return PhaseKey(group, coll, pb.seq, pb.step)
+
+
+def phase_key_to_pb(phase: PhaseKey, *, by_id: bool = False) -> agent_pb2.PhaseKey:
+    """Encode a ``PhaseKey``: with the rank list, or with ``group_id`` only (``by_id``; the
+    receiver must have had a ``DefineGroup`` for it)."""
+    if by_id:
+        return agent_pb2.PhaseKey(
+            group_id=phase.group.group_id,
+            collective=COLLECTIVE_TO_PB[phase.collective],
+            seq=phase.seq,
+            step=phase.step,
+        )
+    return agent_pb2.PhaseKey(
+        group_ranks=phase.group.ranks,
+        collective=COLLECTIVE_TO_PB[phase.collective],
+        seq=phase.seq,
+        step=phase.step,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelismRequest:
+    """A decoded ``ParallelismSpec`` message: the spec and the schedule's shape."""
+
+    spec: ParallelismSpec
+    microbatches: int
+    layers_per_stage: int
+
+
+_ORDER_FROM_PB = {
+    agent_pb2.RANK_ORDER_UNSPECIFIED: RankOrder.MEGATRON,
+    agent_pb2.RANK_ORDER_MEGATRON: RankOrder.MEGATRON,
+    agent_pb2.RANK_ORDER_MEGATRON_TP_PP_DP: RankOrder.MEGATRON_TP_PP_DP,
+    agent_pb2.RANK_ORDER_TORCHTITAN: RankOrder.TORCHTITAN,
+}
+_ORDER_TO_PB = {
+    RankOrder.MEGATRON: agent_pb2.RANK_ORDER_MEGATRON,
+    RankOrder.MEGATRON_TP_PP_DP: agent_pb2.RANK_ORDER_MEGATRON_TP_PP_DP,
+    RankOrder.TORCHTITAN: agent_pb2.RANK_ORDER_TORCHTITAN,
+}
+
+
+def parallelism_from_pb(pb: agent_pb2.ParallelismSpec) -> ParallelismRequest:
+    """Decode; degrees and counts of 0 mean 1. Raises ``InvalidRequest`` naming the field
+    (``parallelism.<field>``) for an unknown order or strategy or an invalid spec."""
+    order = _ORDER_FROM_PB.get(pb.order)
+    if order is None:
+        raise InvalidRequest(f"parallelism.order: unknown rank order {pb.order}")
+    if pb.ep_strategy not in (agent_pb2.EP_STRATEGY_UNSPECIFIED, agent_pb2.EP_STRATEGY_MATCHINGS):
+        raise InvalidRequest(f"parallelism.ep_strategy: unknown strategy {pb.ep_strategy}")
+    try:
+        spec = ParallelismSpec(
+            tp=pb.tp or 1, pp=pb.pp or 1, dp_replicate=pb.dp_replicate or 1,
+            dp_shard=pb.dp_shard or 1, ep=pb.ep or 1, cp=pb.cp or 1, order=order)
+    except ParallelismError as exc:
+        raise InvalidRequest(f"parallelism.{exc}") from None
+    return ParallelismRequest(spec, pb.microbatches or 1, pb.layers_per_stage or 1)
+
+
+def parallelism_to_pb(
+    spec: ParallelismSpec, microbatches: int = 1, layers_per_stage: int = 1
+) -> agent_pb2.ParallelismSpec:
+    """Encode a ``ParallelismSpec``."""
+    return agent_pb2.ParallelismSpec(
+        tp=spec.tp, pp=spec.pp, dp_replicate=spec.dp_replicate, dp_shard=spec.dp_shard,
+        ep=spec.ep, cp=spec.cp, order=_ORDER_TO_PB[spec.order], microbatches=microbatches,
+        layers_per_stage=layers_per_stage, ep_strategy=agent_pb2.EP_STRATEGY_MATCHINGS)
+
+
+def placements_from_pb(ranks: Sequence[agent_pb2.RankPlacement]) -> list[RankPlacement]:
+    """Decode placements; raises ``InvalidRequest`` for an empty list or empty host."""
+    if not ranks:
+        raise InvalidRequest("ranks: empty")
+    if len(ranks) > MAX_WORLD_SIZE:
+        raise InvalidRequest(f"ranks: {len(ranks)} ranks exceed {MAX_WORLD_SIZE}")
+    out = []
+    for i, r in enumerate(ranks):
+        if not r.host:
+            raise InvalidRequest(f"ranks[{i}].host: empty")
+        out.append(RankPlacement(r.rank, r.host, r.gpu))
+    return out
+
+
+def fill_reply(reply: agent_pb2.PhaseReply, decision: Admit | Reject, steps: int) -> None:
+    """Write an admission or refusal into ``reply`` in place (the PhaseStream hot path)."""
+    if isinstance(decision, Admit):
+        a = reply.admitted
+        a.job_id = decision.job_id
+        a.rank = decision.rank
+        a.request_id = decision.request_id
+        a.noop = decision.noop
+        a.steps = steps
+        a.device_s = decision.device_s
+    else:
+        e = reply.error
+        e.job_id = decision.job_id
+        e.rank = decision.rank
+        e.request_id = decision.request_id
+        e.code = ERROR_TO_PB[decision.code]
+        e.message = decision.message
+
+
+def reply_to_pb(decision: Admit | Reject, steps: int) -> agent_pb2.PhaseReply:
+    """Encode an admission or refusal for a PhaseStream."""
+    if isinstance(decision, Admit):
+        return agent_pb2.PhaseReply(
+            admitted=agent_pb2.Admission(
+                job_id=decision.job_id,
+                rank=decision.rank,
+                request_id=decision.request_id,
+                noop=decision.noop,
+                steps=steps,
+                device_s=decision.device_s,
+            )
+        )
+    return agent_pb2.PhaseReply(
+        error=agent_pb2.PhaseError(
+            job_id=decision.job_id,
+            rank=decision.rank,
+            request_id=decision.request_id,
+            code=ERROR_TO_PB[decision.code],
+            message=decision.message,
+        )
+    )
+
+
+def event_to_pb(event: JobEvent) -> agent_pb2.JobEvent:
+    """Encode a job event."""
+    return agent_pb2.JobEvent(
+        job_id=event.job_id,
+        kind=EVENT_TO_PB[event.kind],
+        at_unix_s=event.at_unix_s,
+        message=event.message,
+        fields=dict(event.fields),
+    )

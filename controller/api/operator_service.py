@@ -1,0 +1,239 @@
+"""OperatorService servicer: read-only views for the operator CLI
+(proto/lightrail/v1/operator.proto)."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import grpc
+
+from lightrail.controller.core.coordinator import FailoverError, UnknownJob
+from lightrail.controller.core.spares import NoSpare
+from lightrail.controller.domain.fabric import Fabric
+from lightrail.controller.runtime.failover import FailoverManager, FailoverTimeline
+from lightrail.controller.runtime.phase_service import PhaseService, ReconfigurationDone
+from lightrail.drivers.base import DriverError
+from lightrail.v1 import operator_pb2, operator_pb2_grpc
+
+VERSION = "0.1.0"
+
+
+class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
+    """Answers from the coordinator's view (confirmed cross-connects) and the fabric."""
+
+    def __init__(
+        self,
+        fabric: Fabric,
+        service: PhaseService,
+        replica_id: str,
+        is_leader: Callable[[], bool],
+        failover: FailoverManager | None = None,
+    ) -> None:
+        self._failover = failover
+        self._fabric = fabric
+        self._service = service
+        self._replica_id = replica_id
+        self._is_leader = is_leader
+        self._started = time.monotonic()
+        self._reconf_by_switch: Counter[str] = Counter()
+        self._reconf_by_job: Counter[str] = Counter()
+        self._endpoint_at: dict[tuple[str, int], str] = {}
+        for ep in fabric.endpoints.values():
+            self._endpoint_at[(ep.switch_id, ep.tx_port)] = str(ep.endpoint_id)
+            self._endpoint_at[(ep.switch_id, ep.rx_port)] = str(ep.endpoint_id)
+        service.listeners.append(self._count)
+
+    def _count(self, done: ReconfigurationDone) -> None:
+        if done.error is None:
+            for sid in done.switches:
+                self._reconf_by_switch[sid] += 1
+            self._reconf_by_job[done.job_id] += 1
+
+    async def GetStatus(  # noqa: N802
+        self,
+        request: operator_pb2.GetStatusRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> operator_pb2.GetStatusResponse:
+        coord = self._service.coordinator
+        return operator_pb2.GetStatusResponse(
+            replica_id=self._replica_id,
+            leader=self._is_leader(),
+            fabric=self._fabric.name,
+            jobs=len(coord.job_ids()),
+            switches=len(self._fabric.switches),
+            cross_connects=sum(len(coord.confirmed(s)) for s in self._fabric.switches),
+            reconfigurations=sum(self._reconf_by_job.values()),
+            uptime_s=time.monotonic() - self._started,
+            version=VERSION,
+        )
+
+    async def ListHosts(  # noqa: N802
+        self,
+        request: operator_pb2.ListHostsRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> operator_pb2.ListHostsResponse:
+        out = []
+        for h in self._fabric.hosts.values():
+            wired = [g for g in range(h.gpu_count) if self._fabric.has_gpu(h.name, g)]
+            out.append(operator_pb2.HostInfo(name=h.name, failure_domain=h.failure_domain,
+                                             gpus=h.gpu_count, spare=h.spare, wired_gpus=wired))
+        return operator_pb2.ListHostsResponse(hosts=out)
+
+    async def ListGpus(  # noqa: N802
+        self,
+        request: operator_pb2.ListGpusRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> operator_pb2.ListGpusResponse:
+        coord = self._service.coordinator
+        ranks: dict[tuple[str, int], tuple[str, int]] = {}
+        for job_id in coord.job_ids():
+            for p in coord.job(job_id).placements:
+                ranks[(p.host, p.gpu)] = (job_id, p.rank)
+        out = []
+        for h in self._fabric.hosts.values():
+            age = self._failover.heartbeat_age_s(h.name) if self._failover else None
+            for g in range(h.gpu_count):
+                rec = self._failover.record(h.name, g) if self._failover else None
+                job_rank = ranks.get((h.name, g))
+                out.append(operator_pb2.GpuInfo(
+                    host=h.name, gpu=g, failure_domain=h.failure_domain, spare_host=h.spare,
+                    state=rec.state.value if rec else "unreported",
+                    reason=rec.reason if rec else "",
+                    job_id=job_rank[0] if job_rank else "",
+                    rank=job_rank[1] if job_rank else 0, has_rank=job_rank is not None,
+                    heartbeat_age_s=age if age is not None else -1.0))
+        return operator_pb2.ListGpusResponse(gpus=out)
+
+    @staticmethod
+    def _timeline_pb(tl: FailoverTimeline) -> operator_pb2.FailoverResponse:
+        return operator_pb2.FailoverResponse(
+            job_id=tl.job_id, rank=tl.rank, from_host=tl.from_host, from_gpu=tl.from_gpu,
+            to_host=tl.to_host, to_gpu=tl.to_gpu, planned_s=tl.planned_s,
+            device_confirmed_s=tl.device_confirmed_s, job_notified_s=tl.job_notified_s)
+
+    async def Failover(  # noqa: N802
+        self,
+        request: operator_pb2.FailoverRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> operator_pb2.FailoverResponse:
+        if self._failover is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "failover is not enabled")
+        assert self._failover is not None
+        spare = (request.spare_host, request.spare_gpu) if request.spare_host else None
+        try:
+            tl = await self._failover.failover(request.job_id, request.rank,
+                                               request.reason or "manual failover",
+                                               spare=spare)
+        except UnknownJob:
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"job_id: unknown job {request.job_id!r}")
+        except NoSpare as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, exc.reason)
+        except FailoverError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except DriverError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        return self._timeline_pb(tl)
+
+    async def Drain(  # noqa: N802
+        self,
+        request: operator_pb2.DrainRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> operator_pb2.DrainResponse:
+        if self._failover is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "failover is not enabled")
+        assert self._failover is not None
+        if request.host not in self._fabric.hosts:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"host: unknown host {request.host!r}")
+        try:
+            tls = await self._failover.drain(request.host, request.reason or "operator")
+        except NoSpare as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, exc.reason)
+        except (FailoverError, DriverError) as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        return operator_pb2.DrainResponse(failovers=[self._timeline_pb(t) for t in tls])
+
+    async def ListSwitches(  # noqa: N802
+        self,
+        request: operator_pb2.ListSwitchesRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> operator_pb2.ListSwitchesResponse:
+        coord = self._service.coordinator
+        out = []
+        for sid in sorted(self._fabric.switches):
+            sw = self._fabric.switches[sid]
+            out.append(
+                operator_pb2.SwitchInfo(
+                    switch_id=sid,
+                    model=sw.model,
+                    kind=sw.capabilities.kind.value,
+                    port_count=sw.capabilities.port_count,
+                    rail=sw.rail if sw.rail is not None else 0,
+                    has_rail=sw.rail is not None,
+                    reconfiguration_delay_s=sw.reconfiguration_delay_s,
+                    cross_connects=len(coord.confirmed(sid)),
+                    reconfigurations=self._reconf_by_switch[sid],
+                )
+            )
+        return operator_pb2.ListSwitchesResponse(switches=out)
+
+    async def ListCircuits(  # noqa: N802
+        self,
+        request: operator_pb2.ListCircuitsRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> operator_pb2.ListCircuitsResponse:
+        coord = self._service.coordinator
+        if request.switch_id and request.switch_id not in self._fabric.switches:
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"switch_id: unknown switch {request.switch_id!r}")
+        if request.job_id and request.job_id not in coord.job_ids():
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"job_id: unknown job {request.job_id!r}")
+        out = []
+        for sid in sorted(self._fabric.switches):
+            if request.switch_id and sid != request.switch_id:
+                continue
+            for xc in sorted(coord.confirmed(sid)):
+                owner = coord.owner_of_port(sid, xc.ingress) or ""
+                if request.job_id and owner != request.job_id:
+                    continue
+                out.append(
+                    operator_pb2.CrossConnectInfo(
+                        switch_id=sid,
+                        ingress=xc.ingress,
+                        egress=xc.egress,
+                        from_endpoint=self._endpoint_at.get((sid, xc.ingress), ""),
+                        to_endpoint=self._endpoint_at.get((sid, xc.egress), ""),
+                        job_id=owner,
+                    )
+                )
+        return operator_pb2.ListCircuitsResponse(cross_connects=out)
+
+    async def ListJobs(  # noqa: N802
+        self,
+        request: operator_pb2.ListJobsRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> operator_pb2.ListJobsResponse:
+        coord = self._service.coordinator
+        out = []
+        for job_id in coord.job_ids():
+            layout = coord.job(job_id)
+            stats = coord.stats(job_id)
+            out.append(
+                operator_pb2.JobInfo(
+                    job_id=job_id,
+                    tenant=coord.tenant(job_id),
+                    world_size=layout.world_size,
+                    hosts=list(layout.hosts),
+                    phases_admitted=stats.admitted,
+                    reconfigurations=stats.reconfigurations,
+                    current_phase=stats.current_phase,
+                    provisioning_hits=stats.provisioning_hits,
+                    provisioning_late=stats.provisioning_late,
+                    provisioning_misses=stats.provisioning_misses,
+                    schedule_learned=stats.schedule_learned,
+                )
+            )
+        return operator_pb2.ListJobsResponse(jobs=out)

@@ -1,0 +1,1 @@
+"""The `lightrail` command: the composition root that wires the daemon, agents and emulator."""

@@ -1,0 +1,157 @@
+"""An embedded controller for the demo, ``lightrail replay`` without ``--controller`` and tests:
+a private single-member etcd (child process, temporary directory) and the controller daemon
+on loopback ports chosen by the OS, both stopped on exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from lightrail.controller.app import RunningController, run_controller
+from lightrail.controller.config import (
+    Config,
+    ControllerSection,
+    EtcdSection,
+    FabricSection,
+)
+from lightrail.controller.store.etcd_server import EmbeddedEtcd
+from lightrail.emulator.ocs import EmulatedFabricDevices
+
+
+def embedded_config(
+    etcd_endpoint: str,
+    fabric: FabricSection | None = None,
+    *,
+    admission_timeout_s: float = 30.0,
+    replica_id: str = "embedded",
+) -> Config:
+    """A config for a controller on OS-chosen loopback ports against ``etcd_endpoint``."""
+    return Config(
+        controller=ControllerSection(
+            replica_id=replica_id,
+            listen="127.0.0.1:0",
+            metrics_listen="127.0.0.1:0",
+            admission_timeout_s=admission_timeout_s,
+            shutdown_timeout_s=5.0,
+        ),
+        etcd=EtcdSection(endpoints=[etcd_endpoint], lease_ttl_s=5.0),
+        fabric=fabric or FabricSection(builtin="demo-4x2"),
+    )
+
+
+@asynccontextmanager
+async def running_controller(
+    cfg: Config,
+    *,
+    devices: EmulatedFabricDevices | None = None,
+    start_timeout_s: float = 30.0,
+) -> AsyncIterator[RunningController]:
+    """Run ``run_controller(cfg)`` as a task until the block exits; yields once it serves.
+
+    Raises whatever the controller raised if it stops before serving, ``TimeoutError`` if it
+    does not serve within ``start_timeout_s``.
+    """
+    stop = asyncio.Event()
+    started: asyncio.Future[RunningController] = asyncio.get_running_loop().create_future()
+
+    def on_started(rc: RunningController) -> None:
+        if not started.done():
+            started.set_result(rc)
+
+    task = asyncio.create_task(
+        run_controller(cfg, stop, devices=devices, on_started=on_started), name="controller"
+    )
+    try:
+        waitables: set[asyncio.Future[object]] = {task, started}  # type: ignore[arg-type]
+        done, _ = await asyncio.wait(waitables, timeout=start_timeout_s,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            task.result()
+            raise RuntimeError("controller exited before serving")
+        if started not in done:
+            raise TimeoutError(f"controller did not serve within {start_timeout_s} s")
+        yield started.result()
+    finally:
+        stop.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(task), cfg.controller.shutdown_timeout_s * 2)
+        except TimeoutError:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+@dataclass(frozen=True, slots=True)
+class ChildController:
+    """A controller daemon running as a child process."""
+
+    grpc_target: str
+    metrics_url: str
+    pid: int
+
+
+@asynccontextmanager
+async def spawn_controller(
+    cfg: Config, *, start_timeout_s: float = 60.0, log_level: str = "warning"
+) -> AsyncIterator[ChildController]:
+    """Run ``lightrail controller --announce`` on ``cfg`` as a child process (its own CPU: the
+    load a replay generates does not slow the controller it measures). Its logs go to this
+    process's stderr. Stops it with SIGTERM (then SIGKILL after the shutdown timeout).
+
+    Raises ``RuntimeError`` with the child's exit code if it exits before serving and
+    ``TimeoutError`` if it does not announce itself within ``start_timeout_s``.
+    """
+    data = cfg.model_dump(mode="json")
+    data["logging"] = {"level": log_level, "format": "console"}
+    with tempfile.TemporaryDirectory(prefix="lightrail-ctl-") as tmp:
+        path = Path(tmp) / "controller.yaml"
+        path.write_text(yaml.safe_dump(data), encoding="utf-8")
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "lightrail.controller", "--config", str(path), "--announce",
+            stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL,
+        )
+        try:
+            assert proc.stdout is not None
+            try:
+                line = await asyncio.wait_for(proc.stdout.readline(), start_timeout_s)
+            except TimeoutError:
+                raise TimeoutError(
+                    f"controller process did not serve within {start_timeout_s} s") from None
+            if not line:
+                rc = await proc.wait()
+                raise RuntimeError(f"controller process exited with code {rc} before serving")
+            info = json.loads(line)
+            yield ChildController(info["grpc"], info["metrics"], proc.pid)
+        finally:
+            if proc.returncode is None:
+                proc.terminate()
+                try:
+                    await asyncio.wait_for(proc.wait(), cfg.controller.shutdown_timeout_s * 2)
+                except TimeoutError:
+                    proc.kill()
+                    await proc.wait()
+
+
+@asynccontextmanager
+async def embedded_stack(
+    fabric: FabricSection | None = None,
+    *,
+    devices: EmulatedFabricDevices | None = None,
+    admission_timeout_s: float = 30.0,
+) -> AsyncIterator[RunningController]:
+    """Start a private etcd and a controller on it; stop both on exit.
+    Raises ``EtcdNotInstalledError`` when the etcd binary is missing."""
+    async with EmbeddedEtcd() as etcd:
+        cfg = embedded_config(etcd.endpoint, fabric, admission_timeout_s=admission_timeout_s)
+        async with running_controller(cfg, devices=devices) as rc:
+            yield rc

@@ -1,0 +1,2 @@
+"""The pure core: phase coordination, planning, decisions, cost model, spares. No I/O, no
+asyncio."""

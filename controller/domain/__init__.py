@@ -1,0 +1,2 @@
+"""Shared vocabulary of the controller: model, fabric, parallelism, errors. Imports nothing above
+it."""

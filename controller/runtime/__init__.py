@@ -1,0 +1,1 @@
+"""The async shell around the core: phase service, reconciler, failover, events, metrics."""

@@ -1,0 +1,386 @@
+"""Failover: GPU health and heartbeats in, spares rewired in (LUMION, Morphlux).
+
+A failure is a fatal health event from a host agent (NVML XID 79 fallen off the bus, 48
+double-bit ECC, ...; ``agents/health.py``) or a host whose heartbeats stop for longer than
+``heartbeat_deadline_s``. For every rank on a failed GPU the manager picks a spare
+(``lightrail.controller.core.spares``), has the coordinator void the job's collectives in flight
+and rewire the
+failed endpoint's circuits to the spare (``PhaseService.failover``), waits for the switch to
+confirm, stores the new placement in etcd and tells the job (WatchJob: PLACEMENT_CHANGED with the
+new placement). Every step is timed: detected -> planned -> device confirmed -> job notified,
+in metrics and in the job's event.
+
+No spare is a clear, alerted state (metric, log error, job event), not a crash; the rank stays
+failed and the job waits for an operator (``lightrail failover`` with an explicit spare, or
+``lightrail drain``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import structlog
+
+from lightrail.controller.core.coordinator import FailoverBusy, FailoverError, UnknownJob
+from lightrail.controller.core.spares import NoSpare, pick_spare
+from lightrail.controller.runtime import metrics
+from lightrail.controller.runtime.events import EventBus, JobEvent, JobEventKind
+from lightrail.controller.runtime.phase_service import PhaseService
+from lightrail.controller.store.etcd import EtcdStore, Lease, StoreError
+from lightrail.controller.store.jobs import JobRecord, JobRepository
+from lightrail.drivers.base import DriverError
+
+log = structlog.get_logger(__name__)
+
+
+class GpuState(enum.Enum):
+    """Health of one GPU as the controller records it (the controller's record wins)."""
+
+    HEALTHY = "healthy"
+    DEGRADED = "degraded"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRecord:
+    """The controller's record of one GPU; ``since_s`` is monotonic seconds."""
+
+    state: GpuState
+    reason: str
+    since_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class FailoverTimeline:
+    """One failover, seconds from detection to each step."""
+
+    job_id: str
+    rank: int
+    from_host: str
+    from_gpu: int
+    to_host: str
+    to_gpu: int
+    planned_s: float
+    device_confirmed_s: float
+    job_notified_s: float
+
+
+class RankMoved(FailoverError):
+    """The rank is no longer on the failed GPU (another failover moved it first)."""
+
+
+class HealthStore(Protocol):
+    """Where the manager keeps what must survive a controller restart (etcd in the daemon):
+    GPU failure records (``gpus/<host>/<gpu>``) and host presence (``hosts/<host>/presence``,
+    under a lease that lives while the host's health stream is open)."""
+
+    def put(self, key: str, obj: object) -> None: ...
+
+    async def host_online(self, host: str, ttl_s: int) -> object: ...
+
+    async def host_offline(self, token: object) -> None: ...
+
+
+class FailoverManager:
+    """Owns GPU health records and host heartbeats; runs failovers one at a time per job.
+
+    ``clock`` (monotonic seconds) is injectable for tests; the heartbeat watchdog runs in the
+    caller's TaskGroup (``start``).
+    """
+
+    def __init__(
+        self,
+        service: PhaseService,
+        jobs: JobRepository,
+        events: EventBus,
+        *,
+        heartbeat_interval_s: float = 1.0,
+        heartbeat_deadline_s: float = 3.0,
+        clock: Callable[[], float] = time.monotonic,
+        store: HealthStore | None = None,
+    ) -> None:
+        self._store = store
+        self._service = service
+        self._jobs = jobs
+        self._events = events
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.heartbeat_deadline_s = heartbeat_deadline_s
+        self._clock = clock
+        self._gpus: dict[tuple[str, int], GpuRecord] = {}
+        self._last_heartbeat: dict[str, float] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._tg: asyncio.TaskGroup | None = None
+        self.timelines: list[FailoverTimeline] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # --- inputs -------------------------------------------------------------------------------
+
+    def start(self, tg: asyncio.TaskGroup) -> None:
+        """Start the heartbeat watchdog in ``tg``."""
+        self._tg = tg
+        self._tasks.add(tg.create_task(self._watchdog(), name="heartbeat-watchdog"))
+
+    async def stop(self, timeout_s: float) -> None:
+        """Cancel the watchdog and failovers in progress (bounded)."""
+        tasks = [t for t in self._tasks if not t.done()]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout_s)
+
+    def heartbeat(self, host: str) -> None:
+        """A host agent spoke."""
+        self._last_heartbeat[host] = self._clock()
+
+    def report(self, host: str, gpu: int, state: GpuState, reason: str) -> None:
+        """A GPU's health as its agent sees it. A transition to FAILED starts a failover for
+        every rank on it; the same failure reported again (e.g. a kernel message and XID 79)
+        starts nothing new. The controller's FAILED record is not cleared by a later
+        "healthy" report of a restarted agent."""
+        key = (host, gpu)
+        prev = self._gpus.get(key)
+        if prev is not None and prev.state is GpuState.FAILED:
+            return  # the controller's record wins; only an operator clears a failure
+        if prev is not None and prev.state is state:
+            return
+        self._gpus[key] = GpuRecord(state, reason, self._clock())
+        if state is GpuState.FAILED:
+            self._persist(host, gpu, reason)
+            self._count_failed()
+            self._spawn_failover(host, gpu, reason)
+
+    def _persist(self, host: str, gpu: int, reason: str) -> None:
+        if self._store is not None:
+            self._store.put(f"gpus/{host}/{gpu}", {"state": GpuState.FAILED.value,
+                                                   "reason": reason, "at_unix_s": time.time()})
+
+    def restore_failed(self, records: dict[tuple[str, int], str]) -> None:
+        """Failure records read back from etcd at start: they stay failed (and are never picked
+        as spares) until an operator clears them."""
+        for (host, gpu), reason in records.items():
+            self._gpus[(host, gpu)] = GpuRecord(GpuState.FAILED, reason, self._clock())
+        self._count_failed()
+
+    async def stream_opened(self, host: str) -> object | None:
+        """A host's health stream opened: record its presence (etcd lease while it lasts)."""
+        if self._store is None:
+            return None
+        ttl = max(2, math.ceil(self.heartbeat_deadline_s))
+        return await self._store.host_online(host, ttl)
+
+    async def stream_closed(self, token: object | None) -> None:
+        """The stream ended: its presence key goes with its lease."""
+        if self._store is not None and token is not None:
+            await self._store.host_offline(token)
+
+    def _count_failed(self) -> None:
+        metrics.GPUS_FAILED.set(sum(1 for r in self._gpus.values()
+                                    if r.state is GpuState.FAILED))
+
+    def failed_gpus(self, host: str) -> list[int]:
+        """GPUs of ``host`` the controller records as failed."""
+        return sorted(g for (h, g), r in self._gpus.items()
+                      if h == host and r.state is GpuState.FAILED)
+
+    def record(self, host: str, gpu: int) -> GpuRecord | None:
+        """The controller's record of a GPU, if any report or failure set one."""
+        return self._gpus.get((host, gpu))
+
+    def heartbeat_age_s(self, host: str) -> float | None:
+        """Seconds since the host's last heartbeat (None: never heard of)."""
+        last = self._last_heartbeat.get(host)
+        return None if last is None else self._clock() - last
+
+    # --- failover -----------------------------------------------------------------------------
+
+    def _spawn_failover(self, host: str, gpu: int, reason: str) -> None:
+        user = self._service.coordinator.gpus_in_use().get((host, gpu))
+        if user is None:
+            log.warning("gpu_failed_unused", host=host, gpu=gpu, reason=reason)
+            return
+        rank = next(p.rank for p in self._service.coordinator.job(user).placements
+                    if (p.host, p.gpu) == (host, gpu))
+        detected = self._clock()
+        assert self._tg is not None, "FailoverManager.start() not called"
+        task = self._tg.create_task(self._guarded(user, rank, reason, detected, (host, gpu)),
+                                    name=f"failover-{user}-r{rank}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _guarded(self, job_id: str, rank: int, reason: str, detected: float,
+                       failed: tuple[str, int]) -> None:
+        """An automatic failover: whatever goes wrong is reported, never takes the daemon
+        down (a switch or etcd error leaves the rank failed, the job told)."""
+        try:
+            await self.failover(job_id, rank, reason, detected_s=detected, expected=failed)
+        except RankMoved as exc:
+            log.info("failover_not_needed", job=job_id, rank=rank, reason=str(exc))
+        except NoSpare as exc:
+            metrics.FAILOVER_NO_SPARE.labels(job_id).inc()
+            log.error("failover_no_spare", job=job_id, rank=rank, reason=exc.reason)
+            self._events.publish(JobEvent(job_id, JobEventKind.PHASE_ERROR,
+                                          f"rank {rank} failed ({reason}) and {exc.reason}",
+                                          fields={"rank": str(rank), "code": "no_spare"}))
+        except (FailoverError, UnknownJob, DriverError, StoreError) as exc:
+            log.error("failover_failed", job=job_id, rank=rank, error=str(exc))
+            self._events.publish(JobEvent(job_id, JobEventKind.PHASE_ERROR,
+                                          f"rank {rank} failed ({reason}); failover failed: "
+                                          f"{exc}", fields={"rank": str(rank),
+                                                             "code": "failover_failed"}))
+
+    async def failover(
+        self,
+        job_id: str,
+        rank: int,
+        reason: str,
+        *,
+        spare: tuple[str, int] | None = None,
+        detected_s: float | None = None,
+        expected: tuple[str, int] | None = None,
+    ) -> FailoverTimeline:
+        """Move ``rank`` of ``job_id`` to ``spare`` (or the spare ``pick_spare`` chooses).
+        Raises ``UnknownJob``, ``NoSpare``, ``FailoverError`` and the ``DriverError`` of a
+        failed rewire."""
+        detected = self._clock() if detected_s is None else detected_s
+        lock = self._locks.setdefault(job_id, asyncio.Lock())
+        async with lock:  # one failover per job at a time: each sees the last one's placement
+            coord = self._service.coordinator
+            layout = coord.job(job_id)
+            if not 0 <= rank < layout.world_size:
+                raise FailoverError(f"rank: {rank} out of range 0..{layout.world_size - 1}")
+            old = layout.placements[rank]
+            if expected is not None and (old.host, old.gpu) != expected:
+                # another failover (or a drain) moved the rank while this one waited for the lock
+                raise RankMoved(f"rank {rank} is no longer on {expected[0]}/gpu{expected[1]}"
+                                f" (now {old.host}/gpu{old.gpu})")
+            unhealthy = {k for k, r in self._gpus.items() if r.state is GpuState.FAILED}
+            while True:
+                if spare is None:
+                    choice = pick_spare(coord.fabric, old.host, old.gpu, coord.gpus_in_use(),
+                                        unhealthy)
+                    to = (choice.host, choice.gpu)
+                else:
+                    to = spare
+                settled = self._service.ports_settled()
+                try:
+                    fut = self._service.failover(job_id, rank, to[0], to[1])
+                    break
+                except FailoverBusy:
+                    # the ports are being switched (or read back): wait until that completes
+                    await asyncio.wait_for(settled.wait(), self.heartbeat_deadline_s + 30.0)
+            planned = self._clock()
+            await fut
+            confirmed = self._clock()
+            new_layout = coord.job(job_id)
+            await self._jobs.save(JobRecord(job_id, coord.tenant(job_id), new_layout.placements,
+                                            coord.declared_phases(job_id)))
+            stored = self._clock()
+            self._events.publish(JobEvent(
+                job_id, JobEventKind.PLACEMENT_CHANGED,
+                f"rank {rank} moved from {old.host}/gpu{old.gpu} to {to[0]}/gpu{to[1]} "
+                f"({reason}); restart from the last checkpoint",
+                fields={"rank": str(rank), "from": f"{old.host}/gpu{old.gpu}",
+                        "to": f"{to[0]}/gpu{to[1]}", "reason": reason,
+                        "placement": ";".join(f"{p.rank}={p.host}/gpu{p.gpu}"
+                                              for p in new_layout.placements),
+                        "planned_s": f"{planned - detected:.6f}",
+                        "device_confirmed_s": f"{confirmed - detected:.6f}",
+                        "stored_s": f"{stored - detected:.6f}"}))
+            notified = self._clock()
+            tl = FailoverTimeline(job_id, rank, old.host, old.gpu, to[0], to[1],
+                                  planned - detected, confirmed - detected, notified - detected)
+            self.timelines.append(tl)
+            metrics.FAILOVER_SECONDS.labels("planned").observe(tl.planned_s)
+            metrics.FAILOVER_SECONDS.labels("device_confirmed").observe(tl.device_confirmed_s)
+            metrics.FAILOVER_SECONDS.labels("job_notified").observe(tl.job_notified_s)
+            log.info("failover_done", job=job_id, rank=rank, to=f"{to[0]}/gpu{to[1]}",
+                     planned_s=tl.planned_s, confirmed_s=tl.device_confirmed_s,
+                     notified_s=tl.job_notified_s)
+            return tl
+
+    async def drain(self, host: str, reason: str) -> list[FailoverTimeline]:
+        """Mark every GPU of ``host`` failed and fail over every rank on it."""
+        out: list[FailoverTimeline] = []
+        coord = self._service.coordinator
+        gpus = coord.fabric.hosts[host].gpu_count
+        for gpu in range(gpus):
+            self._gpus[(host, gpu)] = GpuRecord(GpuState.FAILED, f"drained: {reason}",
+                                                self._clock())
+            self._persist(host, gpu, f"drained: {reason}")
+        self._count_failed()
+        for gpu in range(gpus):
+            user = coord.gpus_in_use().get((host, gpu))
+            if user is None:
+                continue
+            rank = next(p.rank for p in coord.job(user).placements
+                        if (p.host, p.gpu) == (host, gpu))
+            try:
+                out.append(await self.failover(user, rank, f"drained: {reason}",
+                                               expected=(host, gpu)))
+            except RankMoved:
+                continue  # an automatic failover got there first
+        return out
+
+    # --- heartbeats -----------------------------------------------------------------------------
+
+    async def _watchdog(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_interval_s / 2)
+            now = self._clock()
+            for host, last in list(self._last_heartbeat.items()):
+                if now - last <= self.heartbeat_deadline_s:
+                    continue
+                del self._last_heartbeat[host]  # report the silence once
+                log.error("heartbeat_lost", host=host, silent_s=now - last)
+                gpus = self._service.coordinator.fabric.hosts[host].gpu_count
+                for gpu in range(gpus):
+                    self.report(host, gpu, GpuState.FAILED,
+                                f"no heartbeat for {now - last:.2f} s")
+
+
+class EtcdHealthStore:
+    """``HealthStore`` over etcd: records through the coalescing writer, presence as a key under
+    a lease the store keeps alive while the host's stream is open. etcd trouble is logged and
+    never fails a health stream (failover itself does not depend on it)."""
+
+    def __init__(self, store: EtcdStore, put: Callable[[str, object], None]) -> None:
+        self._store = store
+        self._put = put
+
+    def put(self, key: str, obj: object) -> None:
+        self._put(key, obj)
+
+    async def host_online(self, host: str, ttl_s: int) -> object:
+        try:
+            lease = await self._store.grant_lease(ttl_s)
+            await self._store.put_json(f"hosts/{host}/presence",
+                                       {"host": host, "since_unix_s": time.time()}, lease=lease)
+        except StoreError as exc:
+            log.warning("presence_not_recorded", host=host, error=str(exc))
+            return None
+        return lease
+
+    async def host_offline(self, token: object) -> None:
+        if not isinstance(token, Lease):
+            return
+        try:
+            await self._store.revoke(token)
+        except StoreError as exc:
+            log.warning("presence_not_revoked", error=str(exc))
+
+    async def load_failed(self) -> dict[tuple[str, int], str]:
+        """GPU failure records stored by earlier runs: (host, gpu) -> reason."""
+        snap = await self._store.get_prefix_json("gpus/")
+        out: dict[tuple[str, int], str] = {}
+        for key, value in snap.items.items():
+            _, host, gpu = key.split("/", 2)
+            if gpu.isdigit() and isinstance(value, dict) and value.get("state") == "failed":
+                out[(host, int(gpu))] = str(value.get("reason", "failed"))
+        return out

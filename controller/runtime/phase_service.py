@@ -1,0 +1,488 @@
+"""The async shell around the pure ``PhaseCoordinator``: it routes admissions to the stream
+that asked, runs reconfigurations through the reconciler, arms the deadline timer and records
+metrics and events. Nothing here waits for etcd (DESIGN.md "Phase protocol": the hot path has
+no etcd round trip); durable state goes through a non-blocking writer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import structlog
+from prometheus_client import Histogram
+
+from lightrail.controller.core.coordinator import (
+    Admit,
+    Decided,
+    Decision,
+    ErrorCode,
+    PhaseCoordinator,
+    Reconfigure,
+    Reject,
+    Rewire,
+    UnknownJob,
+)
+from lightrail.controller.domain.model import PhaseKey
+from lightrail.controller.runtime import metrics
+from lightrail.controller.runtime.events import EventBus, JobEvent, JobEventKind
+from lightrail.controller.runtime.reconciler import ReconcilerStopped
+from lightrail.drivers.base import CrossConnect, DeviceAlarm, DeviceUnreachable, DriverError
+
+log = structlog.get_logger(__name__)
+
+
+class ReplySink(Protocol):
+    """Where the answer to one EnterPhase goes (a PhaseStream, a unary call's future).
+    ``deliver`` must not block."""
+
+    def deliver(self, decision: Admit | Reject, steps: int) -> None: ...
+
+
+class ReconcileResult(Protocol):
+    @property
+    def device_s(self) -> float: ...
+
+
+class ReconcilerLike(Protocol):
+    """What the shell needs of ``lightrail.controller.runtime.reconciler.Reconciler``."""
+
+    async def reconcile(
+        self, switch_id: str, ports: frozenset[int], target: frozenset[CrossConnect]
+    ) -> ReconcileResult: ...
+
+    async def read_back(self, switch_id: str) -> frozenset[CrossConnect]: ...
+
+    def invalidate(self, switch_id: str) -> None: ...
+
+
+StateWriter = Callable[[str, object], None]
+"""``put(key, value)``: store ``value`` under ``key`` eventually; never blocks."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReconfigurationDone:
+    """Passed to ``on_reconfigured`` listeners after every reconfiguration of a phase."""
+
+    job_id: str
+    phase: PhaseKey
+    switches: tuple[str, ...]
+    device_s: float
+    error: str | None
+
+
+class PhaseService:
+    """Routes the phase protocol between gRPC handlers, the coordinator and the reconciler.
+
+    Call ``start(tg)`` inside the process's TaskGroup before use; reconfigurations run as named
+    tasks in that group. A bug (an exception that is not a ``DriverError``) propagates and takes
+    the group down: fail loud, the supervisor restarts the daemon.
+    """
+
+    def __init__(
+        self,
+        coordinator: PhaseCoordinator,
+        reconciler: ReconcilerLike,
+        events: EventBus,
+        *,
+        state_writer: StateWriter | None = None,
+        plan_write_interval_s: float = 1.0,
+    ) -> None:
+        self.coordinator = coordinator
+        self._plan_interval_s = plan_write_interval_s
+        self._dirty_plans: dict[str, Reconfigure] = {}
+        self._plan_task: asyncio.Task[None] | None = None
+        self._reconciler = reconciler
+        self._events = events
+        self._write = state_writer
+        self._sinks: dict[tuple[str, int], ReplySink] = {}
+        self._tg: asyncio.TaskGroup | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        self._admit_hist: dict[tuple[str, str], Histogram] = {}
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._reading_back: set[str] = set()
+        self._settled = asyncio.Event()
+        self._rewires: dict[int, asyncio.Future[float]] = {}
+        self._read_back_tasks: set[asyncio.Task[None]] = set()
+        self.listeners: list[Callable[[ReconfigurationDone], None]] = []
+
+    def start(self, tg: asyncio.TaskGroup) -> None:
+        """Attach to the running loop and the process's TaskGroup."""
+        self._tg = tg
+        self._loop = asyncio.get_running_loop()
+        if self._write is not None:
+            self._plan_task = tg.create_task(self._write_plans(), name="plan-writer")
+
+    async def _write_plans(self) -> None:
+        """Hand the latest plan of each job to the state writer at most once per interval:
+        a job switching circuits hundreds of times a second costs etcd one write per second."""
+        while True:
+            await asyncio.sleep(self._plan_interval_s)
+            self._flush_plans()
+
+    def _flush_plans(self) -> None:
+        if self._write is None:
+            return
+        dirty, self._dirty_plans = self._dirty_plans, {}
+        for job_id, rec in dirty.items():
+            self._write(f"plans/{job_id}", {
+                    "phase": str(rec.phase),
+                    "switches": {
+                        t.switch_id: sorted([x.ingress, x.egress] for x in t.cross_connects)
+                        for t in rec.targets
+                    },
+                })
+
+    @staticmethod
+    def now() -> float:
+        """``time.monotonic()`` in seconds (uvloop's ``loop.time()`` ticks in whole ms, too
+        coarse for admission latencies)."""
+        return time.monotonic()
+
+    # --- requests ---------------------------------------------------------------------------
+
+    def enter(
+        self,
+        job_id: str,
+        rank: int,
+        phase: PhaseKey,
+        request_id: int,
+        timeout_s: float,
+        sink: ReplySink,
+        iteration: int = 0,
+        nbytes: int = 0,
+        compute_gap_s: float = 0.0,
+    ) -> None:
+        """Ask for admission; the answer goes to ``sink`` (maybe before this returns).
+
+        An immediate answer to this very request goes straight to ``sink``; only a request
+        that waits replaces the rank's reply route, so a refused duplicate can never steal
+        the route of the rank's pending request."""
+        decisions = self.coordinator.enter(job_id, rank, phase, request_id, self.now(),
+                                           timeout_s, iteration, nbytes, compute_gap_s)
+        answered = False
+        rest: list[Decision] = []
+        for d in decisions:
+            if (isinstance(d, (Admit, Reject)) and d.job_id == job_id and d.rank == rank
+                    and d.request_id == request_id):
+                answered = True
+                if isinstance(d, Admit):
+                    self._sinks[(job_id, rank)] = sink
+                    self._on_admit(d)
+                else:
+                    metrics.PHASE_ERRORS.labels(d.job_id, d.code.value).inc()
+                    sink.deliver(d, 1)
+            else:
+                rest.append(d)
+        if not answered:
+            self._sinks[(job_id, rank)] = sink  # it waits: admissions come later
+        if rest:
+            self._dispatch(rest)
+        else:
+            self._arm_timer()  # the rank may wait: its deadline may be the nearest
+
+    def cancel(self, job_id: str, rank: int, request_id: int, sink: ReplySink) -> None:
+        """The caller of ``request_id`` went away: withdraw its wait or ghost hold."""
+        if self._sinks.get((job_id, rank)) is sink:
+            del self._sinks[(job_id, rank)]
+        decisions = self.coordinator.cancel(job_id, rank, request_id, self.now())
+        if decisions:
+            self._dispatch(decisions)
+
+    def release(
+        self, job_id: str, rank: int, phase: PhaseKey, iteration: int | None = None
+    ) -> None:
+        """Leave a phase. Raises ``ReleaseError`` when the rank does not hold it."""
+        decisions = self.coordinator.release(job_id, rank, phase, self.now(), iteration)
+        if decisions:
+            self._dispatch(decisions)
+
+    def resume_held(self, job_id: str, rank: int, phase: PhaseKey, iteration: int = 0) -> None:
+        """Record that a rank still holds ``phase`` (after a reconnect). Raises
+        ``ReleaseError``."""
+        self.coordinator.resume_held(job_id, rank, phase, iteration)
+
+    def synced(self, job_id: str, ranks: list[int]) -> None:
+        """An agent finished resyncing ``ranks`` of ``job_id`` after a reconnect."""
+        decisions = self.coordinator.synced(job_id, ranks, self.now())
+        if decisions:
+            self._dispatch(decisions)
+
+    def detach(self, sink: ReplySink) -> None:
+        """Forget ``sink`` (its stream closed); its ranks may re-attach from a new stream."""
+        for key in [k for k, s in self._sinks.items() if s is sink]:
+            del self._sinks[key]
+
+    def unregister_job(self, job_id: str) -> None:
+        """Remove a job; waiting ranks get CANCELLED. Raises ``UnknownJob``."""
+        self._dispatch(self.coordinator.unregister_job(job_id))
+
+    def refresh_switch(self, switch_id: str, cross_connects: frozenset[CrossConnect]) -> None:
+        """Replace the coordinator's view of a switch with a read-back."""
+        self.coordinator.set_confirmed(switch_id, cross_connects)
+        metrics.CIRCUITS.labels(switch_id).set(len(cross_connects))
+        self._dispatch(self.coordinator.schedule(self.now()))
+        self._settled.set()
+
+    def cancel_all(self, code: ErrorCode, message: str) -> None:
+        """Answer every pending EnterPhase with ``code`` (shutdown, loss of leadership)."""
+        for (job_id, rank), sink in list(self._sinks.items()):
+            # the waiting request's own id: an agent matches answers by it
+            request_id = self.coordinator.waiting_request(job_id, rank) or 0
+            sink.deliver(Reject(job_id, rank, request_id, code, message), 1)
+        self._sinks.clear()
+
+    # --- decisions --------------------------------------------------------------------------
+
+    def _dispatch(self, decisions: list[Decision]) -> None:
+        for d in decisions:
+            if isinstance(d, Admit):
+                self._on_admit(d)
+            elif isinstance(d, Reject):
+                sink = self._sinks.pop((d.job_id, d.rank), None)
+                metrics.PHASE_ERRORS.labels(d.job_id, d.code.value).inc()
+                if sink is not None:
+                    sink.deliver(d, 1)
+                if d.code is ErrorCode.DEADLINE_EXCEEDED or d.code is ErrorCode.DEVICE_FAILURE:
+                    self._events.publish(JobEvent(d.job_id, JobEventKind.PHASE_ERROR, d.message,
+                                                  fields={"rank": str(d.rank),
+                                                          "code": d.code.value}))
+            elif isinstance(d, Decided):
+                self._on_decided(d)
+            elif isinstance(d, Rewire):
+                self._start_rewire(d)
+            else:
+                self._start_reconfiguration(d)
+        self._arm_timer()
+
+    def _on_decided(self, d: Decided) -> None:
+        dec = d.decision
+        outcome = "switch" if dec.switch else "stay"
+        metrics.RECONFIGURE_DECISIONS.labels(d.job_id, outcome).inc()
+        self._events.publish(JobEvent(
+            d.job_id, JobEventKind.DECISION, f"phase {d.phase}: {dec.reason}",
+            fields={
+                "phase": str(d.phase), "decision": outcome,
+                "provisioning": str(d.provisioning).lower(),
+                "current_circuits_time_s": f"{dec.current_circuits_time_s:.9f}",
+                "new_circuits_time_s": f"{dec.new_circuits_time_s:.9f}",
+                "delta_s": f"{dec.delta_s:.9f}",
+                "compute_gap_s": f"{dec.compute_gap_s:.9f}",
+                "delta_exposed_s": f"{dec.delta_exposed_s:.9f}",
+            }))
+
+    def _on_admit(self, d: Admit) -> None:
+        key = (d.job_id, d.phase.collective.value)
+        hist = self._admit_hist.get(key)
+        if hist is None:
+            hist = metrics.PHASE_ADMISSION_SECONDS.labels(*key)
+            self._admit_hist[key] = hist
+        hist.observe(d.waited_s)
+        if d.waited_s > 0:
+            metrics.STALL_SECONDS.labels(d.job_id).inc(d.waited_s)
+        metrics.PHASE_ADMISSIONS.labels(d.job_id, "noop" if d.noop else "switched").inc()
+        sink = self._sinks.pop((d.job_id, d.rank), None)
+        if sink is not None:
+            steps = self.coordinator.steps(d.job_id, d.phase)
+            sink.deliver(d, steps)
+
+    # --- failover -----------------------------------------------------------------------------
+
+    def failover(self, job_id: str, rank: int, host: str, gpu: int) -> asyncio.Future[float]:
+        """Move ``rank`` of ``job_id`` to ``gpu`` of ``host`` (``PhaseCoordinator.replace_rank``):
+        waiting ranks get PLACEMENT_CHANGED at once; the returned future resolves with the
+        device time (s) once the switch confirmed the rewire, or raises the ``DriverError``.
+        Raises ``UnknownJob``, ``FailoverError`` (``FailoverBusy``: retry later)."""
+        decisions = self.coordinator.replace_rank(job_id, rank, host, gpu, self.now())
+        fut: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        for d in decisions:
+            if isinstance(d, Rewire):
+                self._rewires[d.op_id] = fut
+        self._dispatch(decisions)
+        return fut
+
+    async def watch_alarms(self, switch_id: str, alarms: AsyncIterator[DeviceAlarm]) -> None:
+        """Consume a switch's alarms until cancelled: every alarm (loss of signal, port
+        failure, reboot) makes the controller distrust its view of the switch and read it back,
+        so no rank is admitted as a no-op onto cross-connects a rebooted device lost."""
+        async for alarm in alarms:
+            log.warning("device_alarm", switch=switch_id, port=alarm.port,
+                        condition=alarm.condition, severity=alarm.severity.value)
+            metrics.DEVICE_ALARMS.labels(switch_id, alarm.severity.value).inc()
+            self.coordinator.distrust(switch_id)
+            self._reconciler.invalidate(switch_id)
+            self._start_read_back(switch_id)
+
+    def ports_settled(self) -> asyncio.Event:
+        """An event set the next time a reconfiguration, rewire or read-back completes (ports
+        that were being switched or unknown may be free then)."""
+        if self._settled.is_set():
+            self._settled = asyncio.Event()
+        return self._settled
+
+    def _start_rewire(self, rw: Rewire) -> None:
+        assert self._tg is not None, "PhaseService.start() not called"
+        task = self._tg.create_task(self._rewire(rw), name=f"rewire-op{rw.op_id}")
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
+    async def _rewire(self, rw: Rewire) -> None:
+        fut = self._rewires.pop(rw.op_id, None)
+        t0 = self.now()
+        (target,) = rw.targets
+        try:
+            await self._reconciler.reconcile(target.switch_id, target.ports,
+                                             target.cross_connects)
+        except ReconcilerStopped as stopped:  # shutdown: the device was not told
+            exc: DriverError = DeviceUnreachable(target.switch_id, str(stopped))
+            self._dispatch(self.coordinator.reconfigured(
+                rw.op_id, self.now(), str(exc), 0.0, [target.switch_id]))
+            if fut is not None and not fut.done():
+                fut.set_exception(exc)
+            return
+        except DriverError as exc:
+            self._dispatch(self.coordinator.reconfigured(
+                rw.op_id, self.now(), str(exc), 0.0, [target.switch_id]))
+            self._settled.set()
+            self._start_read_back(target.switch_id)
+            if fut is not None and not fut.done():
+                fut.set_exception(exc)
+            return
+        device_s = self.now() - t0
+        self._dispatch(self.coordinator.reconfigured(rw.op_id, self.now(), None, device_s))
+        self._settled.set()
+        metrics.CIRCUITS.labels(target.switch_id).set(
+            len(self.coordinator.confirmed(target.switch_id)))
+        if fut is not None and not fut.done():
+            fut.set_result(device_s)
+
+    def _start_reconfiguration(self, rec: Reconfigure) -> None:
+        assert self._tg is not None, "PhaseService.start() not called"
+        task = self._tg.create_task(self._reconfigure(rec), name=f"reconfigure-op{rec.op_id}")
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
+    async def _reconfigure(self, rec: Reconfigure) -> None:
+        t0 = self.now()
+        results = await asyncio.gather(
+            *(
+                self._reconciler.reconcile(t.switch_id, t.ports, t.cross_connects)
+                for t in rec.targets
+            ),
+            return_exceptions=True,
+        )
+        device_s = self.now() - t0
+        failed: list[tuple[str, DriverError]] = []
+        stopping = False
+        for target, result in zip(rec.targets, results, strict=True):
+            if isinstance(result, ReconcilerStopped):  # shutdown: the device was not told
+                failed.append((target.switch_id,
+                               DeviceUnreachable(target.switch_id, str(result))))
+                stopping = True
+            elif isinstance(result, DriverError):
+                failed.append((target.switch_id, result))
+            elif isinstance(result, BaseException):
+                raise result
+        error = "; ".join(str(e) for _, e in failed) if failed else None
+        self._dispatch(self.coordinator.reconfigured(
+            rec.op_id, self.now(), error, device_s, [sid for sid, _ in failed]))
+        self._settled.set()
+        if not stopping:
+            for switch_id, _ in failed:
+                self._start_read_back(switch_id)
+        switches = tuple(t.switch_id for t in rec.targets)
+        for switch_id in switches:
+            metrics.CIRCUITS.labels(switch_id).set(len(self.coordinator.confirmed(switch_id)))
+        try:
+            stats = self.coordinator.stats(rec.job_id)
+        except UnknownJob:
+            pass
+        else:
+            metrics.PROVISIONING.labels(rec.job_id, "hit").set(stats.provisioning_hits)
+            metrics.PROVISIONING.labels(rec.job_id, "late").set(stats.provisioning_late)
+            metrics.PROVISIONING.labels(rec.job_id, "miss").set(stats.provisioning_misses)
+        done = ReconfigurationDone(rec.job_id, rec.phase, switches, device_s, error)
+        for listener in self.listeners:
+            listener(done)
+        self._events.publish(
+            JobEvent(
+                rec.job_id,
+                JobEventKind.RECONFIGURED,
+                f"phase {rec.phase}: {'failed: ' + error if error else 'confirmed'}"
+                + (" (provisioned ahead)" if rec.provisioning else ""),
+                fields={"phase": str(rec.phase), "switches": ",".join(switches),
+                        "device_s": f"{device_s:.6f}",
+                        "provisioning": str(rec.provisioning).lower()},
+            )
+        )
+        if self._write is not None and error is None:
+            self._dirty_plans[rec.job_id] = rec
+
+    def _start_read_back(self, switch_id: str) -> None:
+        """Read a switch back after a failed apply, retrying with backoff until it answers:
+        its ports stay blocked (unknown) until then."""
+        if switch_id in self._reading_back:
+            return
+        assert self._tg is not None
+        self._reading_back.add(switch_id)
+        task = self._tg.create_task(self._read_back(switch_id), name=f"read-back/{switch_id}")
+        self._read_back_tasks.add(task)
+        task.add_done_callback(self._read_back_tasks.discard)
+
+    async def _read_back(self, switch_id: str) -> None:
+        delay_s = 0.05
+        try:
+            while True:
+                try:
+                    state = await self._reconciler.read_back(switch_id)
+                except ReconcilerStopped:
+                    return  # shutting down
+                except DriverError as exc:
+                    log.warning("read_back_failed", switch=switch_id, error=str(exc),
+                                retry_in_s=delay_s)
+                    await asyncio.sleep(delay_s)
+                    delay_s = min(delay_s * 2, 2.0)
+                    continue
+                self.refresh_switch(switch_id, state)
+                return
+        finally:
+            self._reading_back.discard(switch_id)
+
+    def _arm_timer(self) -> None:
+        deadline = self.coordinator.next_deadline()
+        if deadline == self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = deadline
+        if deadline is not None:
+            assert self._loop is not None
+            self._timer = self._loop.call_later(max(0.0, deadline - self.now()), self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = None
+        self._dispatch(self.coordinator.expire(self.now()))
+
+    async def drain(self, timeout_s: float) -> None:
+        """Wait (bounded) for in-flight reconfigurations to finish, hand the last plans to the
+        state writer and stop the plan-writer task."""
+        if self._inflight:
+            await asyncio.wait(set(self._inflight), timeout=timeout_s)
+        if self._timer is not None:
+            self._timer.cancel()
+        for task in list(self._read_back_tasks):
+            task.cancel()
+        if self._read_back_tasks:
+            await asyncio.wait(set(self._read_back_tasks), timeout=timeout_s)
+        if self._plan_task is not None:
+            self._plan_task.cancel()
+            await asyncio.wait({self._plan_task}, timeout=timeout_s)
+            self._plan_task = None
+            self._flush_plans()

@@ -1,0 +1,1 @@
+"""Durable state in etcd: the store, leader election, coalescing writer, job records."""

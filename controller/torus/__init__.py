@@ -1,0 +1,1 @@
+"""Morphlux torus slices: the torus model, the slice allocator and its evaluation (pure)."""

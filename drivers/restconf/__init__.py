@@ -1,0 +1,1 @@
+"""RESTCONF driver for the Polatis optical-switch YANG model and its wire format."""

@@ -1,0 +1,1 @@
+"""Silicon-photonic MZI mesh driver: Benes routing, calibration, Qontrol-style wire protocol."""

@@ -1,0 +1,1180 @@
+"""Driver for silicon-photonic MZI mesh switches (config ``model: siph``; DESIGN.md, "Drivers").
+
+The switch is an N x N Beneš network of 2x2 Mach-Zehnder interferometer (MZI) elements, one
+thermo-optic heater per element, driven by a Qontrol-style multi-channel DAC over its ASCII serial
+protocol carried over TCP (``lightrail.emulator.servers.mzi`` speaks it back). One apply is:
+
+1. read the heaters (``vall?``), convert them to element states through the calibration table,
+   trace the light paths: that is the switch state now;
+2. the target on ``ports`` plus every cross-connect outside ``ports`` as it is gives the new
+   partial permutation; unspecified inputs are routed to unused outputs (first the output they
+   reach now, else the lowest unused: ``lightrail.drivers.siph.benes.complete_permutation``);
+3. Beneš routing with the looping algorithm (``lightrail.drivers.siph.benes.route``), preferring
+the element
+   states the device holds so unchanged connections mostly keep their paths;
+4. elements that carry only filler paths (inputs no cross-connect asked for) are set *off*
+   (a set-point that is neither the bar nor the cross voltage), so their light is dropped and
+   unused ports stay dark where the mesh allows (``darken_unused``, default on);
+5. per-element calibrated heater set-points (``CalibrationTable``), ONE vector write
+   (``vvec0=v0,v1,...``) that sets every element at once;
+6. settle (``settle_time_s``, microseconds for thermo-optic MZIs), read back (``vall?``), convert
+   back, trace, and compare the whole light-path permutation with what was written
+   (``VerificationMismatch`` if it differs).
+
+Honest caveats (rearrangeable, not strictly non-blocking):
+
+- A Beneš network is rearrangeably non-blocking: changing one connection can force others onto
+  different internal paths. Every element switches in the one vector write, so a cross-connect
+  outside ``ports`` keeps its ingress -> egress mapping but may be *re-routed internally*, which
+  interrupts its light for the settle time (a glitch of about ``settle_time_s``). The driver
+  prefers the current element states to keep such re-routes rare, logs every one
+  (``rerouted outside ports``), keeps them in ``last_rerouted``, and refuses the apply with
+  ``ReroutingRequired`` when the switch option ``reroute_outside_ports`` is false.
+  ``SwitchCapabilities`` has no field for this; ``MESH_PROPERTIES`` states it.
+- MZIs are unitary 2x2 elements: an element that passes one connection also passes its partner
+  input. A partial permutation therefore leaves *filler* paths between unused ports that cannot
+  always be darkened (e.g. with N-1 connections the last unused ingress always reaches the last
+  unused egress). The driver remembers the fillers it routed and ``get_cross_connects`` reports
+  lit paths minus them; a new driver instance (controller restart) reports a previous
+  instance's surviving fillers as cross-connects until an apply on their ports re-classifies
+  them.
+- "Breaking" a cross-connect means it is no longer intended; its light path may stay lit as a
+  filler when the mesh cannot darken it.
+
+Ports are canonical (``lightrail.drivers.base``): ingress 1..N is network input 0..N-1, egress
+N+1..2N
+is network output 0..N-1. Heater channel c drives element ``benes.BenesNetwork.element(c)``
+(stage-major); a daisy chain of 8-channel modules may have spare channels after the last
+element, which are written as 0 V.
+
+Protocol source (Qontrol Ltd, ``qontrol`` Python library v1.1.1, github.com/takeqontrol/api,
+``qontrol.py``): commands are ``[header][channel][operator][value]\\n`` with operator ``=`` (set)
+or ``?`` (get); a set answers ``OK``; ``id?`` answers ``<type>-<serial>`` (e.g. ``Q8iv-0001``);
+``nchan?`` the channel count; ``vall?`` one value per line per channel; ``VVEC<ch>=v0,v1,...``
+sets consecutive channels from ``ch`` (the library's ``set_all_values``); errors are lines
+``E<code>:<channel>`` (regex ``[A-Za-z]{1,3}(\\d+):(\\d+)``) with codes from the library's
+``COMMON_ERRORS`` and ``Qx_ERRORS`` (``QontrolError``). Power, port status, port admin and
+alarms are Lightrail extensions prefixed ``lr`` (a Qontrol DAC has no optical monitors; a lab
+reads monitor photodiodes elsewhere): ``lrpwr?`` and ``lrport?`` answer 2N lines, ``lradm<p>=``
+sets admin state, and ``lrsub`` turns a connection into an alarm stream (``ALM,...`` lines).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import json
+import math
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import structlog
+
+from lightrail.drivers.base import (
+    AlarmSeverity,
+    ApplyMode,
+    ApplyResult,
+    CrossConnect,
+    DeviceAlarm,
+    DeviceInfo,
+    DeviceTimeout,
+    DeviceUnreachable,
+    Driver,
+    DriverError,
+    HardwareFault,
+    InvalidPort,
+    PartialApply,
+    PortAdmin,
+    PortOper,
+    PortStatus,
+    ProtocolError,
+    SwitchCapabilities,
+    SwitchKind,
+    VerificationMismatch,
+    check_apply_request,
+)
+from lightrail.drivers.siph import benes
+from lightrail.drivers.siph.benes import BenesNetwork, ElementState
+
+if TYPE_CHECKING:
+    from lightrail.controller.domain.fabric import Switch
+    from lightrail.drivers.registry import DriverContext
+
+Sleep = Callable[[float], Awaitable[None]]
+"""Waits the given number of seconds."""
+
+_log = structlog.get_logger(__name__)
+
+DEFAULT_V_BAR = 1.5
+"""Default heater voltage (V) that puts an element in the bar state (per-element values come
+from the calibration table; real meshes need one per element because of fabrication phase
+errors)."""
+DEFAULT_V_CROSS = 2.5
+"""Default heater voltage (V) for the cross state."""
+DEFAULT_TOLERANCE_V = 0.05
+"""A read-back within this many volts of a calibrated set-point counts as that state."""
+DEFAULT_TIMEOUT_S = 2.0
+"""Deadline of one request/reply exchange (seconds)."""
+CHANNELS_PER_MODULE = 8
+"""Channels of one Q8iv-style module; a daisy chain has a multiple of this."""
+
+_ERROR_RE = re.compile(r"[A-Za-z]{1,3}(\d+):(\d+)")
+_ID_RE = re.compile(r"Q\w+-[0-9A-Fa-f*]+")
+_NUMBER_RE = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
+
+
+class QontrolError(enum.IntEnum):
+    """Error codes of Qontrol modules (``qontrol.py`` ``COMMON_ERRORS`` and ``Qx_ERRORS``),
+    replied as ``E<code:02d>:<channel:02d>``."""
+
+    UNKNOWN = 0
+    OVER_VOLTAGE = 1
+    OVER_CURRENT = 2
+    POWER = 3
+    CALIBRATION = 4
+    OUTPUT = 5
+    UNRECOGNISED_COMMAND = 10
+    UNRECOGNISED_PARAMETER = 11
+    UNRECOGNISED_CHANNEL = 12
+    FORBIDDEN = 13
+    BUFFER_OVERFLOW = 14
+    SERIAL = 15
+    TIMED_OUT = 16
+    TOO_MANY_ERRORS = 30
+    FIRMWARE_TRAP = 31
+    POWERED_UP = 90
+
+
+_ERROR_TEXT = {
+    QontrolError.UNKNOWN: "unknown error",
+    QontrolError.OVER_VOLTAGE: "over-voltage",
+    QontrolError.OVER_CURRENT: "over-current",
+    QontrolError.POWER: "power error",
+    QontrolError.CALIBRATION: "calibration error",
+    QontrolError.OUTPUT: "output error",
+    QontrolError.UNRECOGNISED_COMMAND: "unrecognised command",
+    QontrolError.UNRECOGNISED_PARAMETER: "unrecognised input parameter",
+    QontrolError.UNRECOGNISED_CHANNEL: "unrecognised channel",
+    QontrolError.FORBIDDEN: "operation forbidden",
+    QontrolError.BUFFER_OVERFLOW: "serial buffer overflow",
+    QontrolError.SERIAL: "serial communication error",
+    QontrolError.TIMED_OUT: "command timed out",
+    QontrolError.TOO_MANY_ERRORS: "too many errors",
+    QontrolError.FIRMWARE_TRAP: "firmware trap",
+    QontrolError.POWERED_UP: "powered up",
+}
+
+
+def format_error(code: QontrolError, channel: int) -> str:
+    """The reply line (without newline) for error ``code`` on ``channel``, e.g. ``E02:05``."""
+    return f"E{int(code):02d}:{channel:02d}"
+
+
+def format_volts(volts: float) -> str:
+    """A voltage as written on the wire (4 decimals, 0.1 mV)."""
+    return f"{volts:.4f}"
+
+
+def ingress_to_input(port: int) -> int:
+    """Network input (0-based) of canonical ingress ``port`` (1..N)."""
+    return port - 1
+
+
+def egress_to_output(size: int, port: int) -> int:
+    """Network output (0-based) of canonical egress ``port`` (N+1..2N)."""
+    return port - size - 1
+
+
+def path_cross_connect(size: int, path: benes.LightPath) -> CrossConnect | None:
+    """The canonical cross-connect a lit light path makes (None when its light is lost)."""
+    if path.output is None:
+        return None
+    return CrossConnect(path.input + 1, size + 1 + path.output)
+
+
+def lit_cross_connects(size: int, paths: Iterable[benes.LightPath]) -> frozenset[CrossConnect]:
+    """The cross-connects of every lit path in ``paths`` (canonical port ids)."""
+    out: set[CrossConnect] = set()
+    for p in paths:
+        xc = path_cross_connect(size, p)
+        if xc is not None:
+            out.add(xc)
+    return frozenset(out)
+
+
+# --- calibration -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ElementCalibration:
+    """Heater set-points of one MZI element in volts: ``v_bar`` gives the bar state,
+    ``v_cross`` the cross state (measured per element in the lab). ``ValueError`` naming the
+    field when one is negative or not finite."""
+
+    v_bar: float
+    v_cross: float
+
+    def __post_init__(self) -> None:
+        for name, v in (("v_bar", self.v_bar), ("v_cross", self.v_cross)):
+            if not math.isfinite(v) or v < 0:
+                raise ValueError(f"{name}: must be a finite voltage >= 0, got {v!r}")
+
+    def volts(self, state: ElementState) -> float:
+        """The set-point for ``state`` (V)."""
+        return self.v_bar if state is ElementState.BAR else self.v_cross
+
+    def state(self, volts: float, tolerance_v: float) -> ElementState | None:
+        """The state a heater at ``volts`` gives: BAR or CROSS within ``tolerance_v`` of its
+        set-point, None (undefined, lossy) otherwise."""
+        if abs(volts - self.v_bar) <= tolerance_v:
+            return ElementState.BAR
+        if abs(volts - self.v_cross) <= tolerance_v:
+            return ElementState.CROSS
+        return None
+
+    def off_volts(self, tolerance_v: float) -> float:
+        """A set-point that is neither state: 0 V when that is far enough from both, else the
+        midpoint of the two."""
+        if self.state(0.0, 2 * tolerance_v) is None:
+            return 0.0
+        return (self.v_bar + self.v_cross) / 2
+
+
+@dataclass(frozen=True, slots=True)
+class CalibrationTable:
+    """Per-element calibration of a ``size``-port mesh, ``elements`` indexed by heater channel
+    (``BenesNetwork.channel``), and the read-back ``tolerance_v`` (V).
+
+    Raises ``ValueError`` naming the field: wrong element count, tolerance not > 0, or an element
+    whose bar and cross set-points are within 2 * ``tolerance_v`` of each other (read-back could
+    not tell them apart).
+    """
+
+    size: int
+    elements: tuple[ElementCalibration, ...]
+    tolerance_v: float = DEFAULT_TOLERANCE_V
+
+    def __post_init__(self) -> None:
+        net = BenesNetwork(self.size)
+        if len(self.elements) != net.element_count:
+            raise ValueError(
+                f"calibration: expected {net.element_count} elements for {self.size} ports, "
+                f"got {len(self.elements)}"
+            )
+        if not math.isfinite(self.tolerance_v) or self.tolerance_v <= 0:
+            raise ValueError(f"tolerance_v: must be > 0, got {self.tolerance_v!r}")
+        for channel, cal in enumerate(self.elements):
+            if abs(cal.v_bar - cal.v_cross) <= 2 * self.tolerance_v:
+                raise ValueError(
+                    f"calibration[{net.element(channel)}]: v_bar {cal.v_bar} and v_cross "
+                    f"{cal.v_cross} are within 2 * tolerance_v ({self.tolerance_v}) of each other"
+                )
+
+    @classmethod
+    def uniform(
+        cls,
+        size: int,
+        v_bar: float = DEFAULT_V_BAR,
+        v_cross: float = DEFAULT_V_CROSS,
+        tolerance_v: float = DEFAULT_TOLERANCE_V,
+    ) -> CalibrationTable:
+        """Every element with the same set-points."""
+        net = BenesNetwork(size)
+        cal = ElementCalibration(v_bar, v_cross)
+        return cls(size, (cal,) * net.element_count, tolerance_v)
+
+    def with_element(
+        self, element: benes.Element, calibration: ElementCalibration
+    ) -> CalibrationTable:
+        """A copy with ``element`` recalibrated."""
+        channel = BenesNetwork(self.size).channel(element)
+        elements = list(self.elements)
+        elements[channel] = calibration
+        return CalibrationTable(self.size, tuple(elements), self.tolerance_v)
+
+    def setpoints(self, states: Sequence[ElementState | None]) -> tuple[float, ...]:
+        """Heater set-points (V, by channel) for element ``states``; None sets the element
+        off (``ElementCalibration.off_volts``)."""
+        if len(states) != len(self.elements):
+            raise ValueError(
+                f"states: expected {len(self.elements)} element states, got {len(states)}"
+            )
+        return tuple(
+            cal.off_volts(self.tolerance_v) if s is None else cal.volts(s)
+            for cal, s in zip(self.elements, states, strict=True)
+        )
+
+    def states(self, volts: Sequence[float]) -> tuple[ElementState | None, ...]:
+        """Element states (by channel) of heater read-backs ``volts`` (V; extra spare
+        channels after the last element are ignored). ``ValueError`` when too few."""
+        if len(volts) < len(self.elements):
+            raise ValueError(
+                f"volts: expected at least {len(self.elements)} channels, got {len(volts)}"
+            )
+        return tuple(
+            cal.state(v, self.tolerance_v) for cal, v in zip(self.elements, volts, strict=False)
+        )
+
+    @classmethod
+    def parse(
+        cls,
+        size: int,
+        text: str,
+        *,
+        v_bar: float = DEFAULT_V_BAR,
+        v_cross: float = DEFAULT_V_CROSS,
+        tolerance_v: float = DEFAULT_TOLERANCE_V,
+    ) -> CalibrationTable:
+        """The table from the inline config form: ``v_bar``/``v_cross`` for every element,
+        overridden by entries ``<stage>.<row>:<v_bar>:<v_cross>`` separated by commas,
+        semicolons or whitespace (e.g. ``"0.1:1.52:2.61, 2.3:1.48:2.55"``). Raises
+        ``ValueError`` naming the offending ``calibration`` entry."""
+        table = cls.uniform(size, v_bar, v_cross, tolerance_v)
+        net = BenesNetwork(size)
+        elements = list(table.elements)
+        for entry in re.split(r"[,;\s]+", text.strip()):
+            if not entry:
+                continue
+            m = re.fullmatch(r"(\d+)\.(\d+):([^:]+):([^:]+)", entry)
+            if m is None:
+                raise ValueError(
+                    f"calibration: entry {entry!r} is not <stage>.<row>:<v_bar>:<v_cross>"
+                )
+            element = benes.Element(int(m.group(1)), int(m.group(2)))
+            try:
+                channel = net.channel(element)
+                cal = ElementCalibration(float(m.group(3)), float(m.group(4)))
+            except ValueError as e:
+                raise ValueError(f"calibration: entry {entry!r}: {e}") from None
+            elements[channel] = cal
+        return cls(size, tuple(elements), tolerance_v)
+
+    @classmethod
+    def from_json(cls, size: int, data: object) -> CalibrationTable:
+        """The table from a JSON document ``{"v_bar": V, "v_cross": V, "tolerance_v": V,
+        "elements": [{"stage": s, "row": r, "v_bar": V, "v_cross": V}, ...]}`` (every key
+        optional). Raises ``ValueError`` naming the offending field."""
+        if not isinstance(data, Mapping):
+            raise ValueError("calibration_file: top level must be an object")
+        unknown = set(data) - {"v_bar", "v_cross", "tolerance_v", "elements"}
+        if unknown:
+            raise ValueError(f"calibration_file: unknown keys {sorted(unknown)}")
+
+        def num(obj: Mapping[str, object], key: str, default: float, where: str) -> float:
+            v = obj.get(key, default)
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                raise ValueError(f"{where}.{key}: must be a number, got {v!r}")
+            return float(v)
+
+        table = cls.uniform(
+            size,
+            num(data, "v_bar", DEFAULT_V_BAR, "calibration_file"),
+            num(data, "v_cross", DEFAULT_V_CROSS, "calibration_file"),
+            num(data, "tolerance_v", DEFAULT_TOLERANCE_V, "calibration_file"),
+        )
+        entries = data.get("elements", [])
+        if not isinstance(entries, list):
+            raise ValueError("calibration_file.elements: must be a list")
+        net = BenesNetwork(size)
+        elements = list(table.elements)
+        for n, entry in enumerate(entries):
+            where = f"calibration_file.elements[{n}]"
+            if not isinstance(entry, Mapping):
+                raise ValueError(f"{where}: must be an object")
+            stage, row = entry.get("stage"), entry.get("row")
+            if not isinstance(stage, int) or not isinstance(row, int):
+                raise ValueError(f"{where}: stage and row must be integers")
+            try:
+                channel = net.channel(benes.Element(stage, row))
+                cal = ElementCalibration(
+                    num(entry, "v_bar", DEFAULT_V_BAR, where),
+                    num(entry, "v_cross", DEFAULT_V_CROSS, where),
+                )
+            except ValueError as e:
+                raise ValueError(f"{where}: {e}") from None
+            elements[channel] = cal
+        return cls(size, tuple(elements), table.tolerance_v)
+
+
+# --- properties and errors ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MeshProperties:
+    """What ``SwitchCapabilities`` cannot say about an MZI Beneš mesh.
+
+    ``rearrangeable``: changing a connection may re-route others internally.
+    ``reroutes_outside_ports``: so an apply may glitch cross-connects outside its ports for
+    about one settle time (their ingress -> egress mapping is kept).
+    ``filler_paths``: unused inputs are routed somewhere (dark only where the mesh allows).
+    """
+
+    rearrangeable: bool = True
+    reroutes_outside_ports: bool = True
+    filler_paths: bool = True
+
+
+MESH_PROPERTIES = MeshProperties()
+"""The properties of every Beneš MZI mesh this driver drives."""
+
+
+class HeaterChannelFault(HardwareFault):
+    """The DAC reported a fault on one heater channel (over-voltage E01, over-current E02,
+    output error E05, ...). ``element`` is the MZI element the channel drives (None for a
+    spare channel)."""
+
+    def __init__(
+        self, switch_id: str, code: QontrolError, channel: int, element: benes.Element | None,
+        command: str,
+    ) -> None:
+        where = f"channel {channel}" + (f" ({element})" if element is not None else "")
+        super().__init__(
+            switch_id,
+            f"{_ERROR_TEXT[code]} on heater {where} (E{int(code):02d}) in reply to {command!r}",
+        )
+        self.code = code
+        self.channel = channel
+        self.element = element
+
+
+class ReroutingRequired(DriverError):
+    """The apply would re-route cross-connects outside its ports (a glitch of about one settle
+    time) and the switch option ``reroute_outside_ports`` forbids it. Nothing was written."""
+
+    def __init__(self, switch_id: str, rerouted: Iterable[CrossConnect]) -> None:
+        self.rerouted = tuple(sorted(rerouted))
+        super().__init__(
+            switch_id,
+            f"apply would re-route cross-connects outside its ports: {list(self.rerouted)}",
+        )
+
+
+# --- the driver --------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Conn:
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+
+
+def _close_writer(writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(OSError, RuntimeError):  # the loop may be closing
+        writer.close()
+
+
+class SiphDriver:
+    """A ``lightrail.drivers.base.Driver`` for a Beneš MZI mesh behind a Qontrol-style DAC at
+    ``host:port`` (TCP).
+
+    ``capabilities`` must be N x N with N a power of two in 2..64; ``calibration`` gives the
+    heater set-points; ``timeout_s`` bounds each request/reply exchange; ``sleep`` waits the
+    settle time (injectable). One connection carries the commands; after any error (timeout,
+    garbage, closed connection, error reply) it is dropped and the next call reconnects, so a
+    desynchronised stream never leaks into a later reply.
+
+    All methods raise ``DriverError`` subclasses only: ``DeviceUnreachable`` (connection refused
+    or dropped, also mid-reply; or the driver is not open), ``DeviceTimeout``, ``ProtocolError``
+    (a reply that does not parse, or an E10-E15 rejection), ``HeaterChannelFault`` (a
+    ``HardwareFault`` naming the channel and element), ``InvalidPort``, ``CrossConnectConflict``,
+    ``PartialApply``, ``VerificationMismatch``, ``ReroutingRequired``.
+    """
+
+    def __init__(
+        self,
+        switch_id: str,
+        capabilities: SwitchCapabilities,
+        *,
+        host: str,
+        port: int,
+        calibration: CalibrationTable | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        reroute_outside_ports: bool = True,
+        darken_unused: bool = True,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
+        if capabilities.kind is not SwitchKind.NXN:
+            raise ValueError("capabilities.kind: an MZI mesh is N x N")
+        self._net = BenesNetwork(capabilities.port_count)
+        self._size = capabilities.port_count
+        if calibration is None:
+            calibration = CalibrationTable.uniform(self._size)
+        if calibration.size != self._size:
+            raise ValueError(
+                f"calibration: table is for {calibration.size} ports, switch has {self._size}"
+            )
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s: must be > 0, got {timeout_s}")
+        self._switch_id = switch_id
+        self._caps = SwitchCapabilities(
+            kind=SwitchKind.NXN,
+            port_count=self._size,
+            atomic_bulk=True,
+            settle_time_s=capabilities.settle_time_s,
+            max_batch=None,
+            readback=True,
+        )
+        self._host = host
+        self._port = port
+        self._cal = calibration
+        self._timeout_s = timeout_s
+        self._allow_reroute = reroute_outside_ports
+        self._darken = darken_unused
+        self._sleep = sleep
+        self._log = _log.bind(switch=switch_id)
+        self._conn: _Conn | None = None
+        self._io_lock = asyncio.Lock()
+        self._apply_lock = asyncio.Lock()
+        self._opened = False
+        self._device_id = ""
+        self._channels = 0
+        self._fillers: frozenset[CrossConnect] = frozenset()
+        self._streams: set[asyncio.StreamWriter] = set()
+        self.last_rerouted: frozenset[CrossConnect] = frozenset()
+        """Cross-connects outside its ports the last apply re-routed internally (glitched)."""
+        self.writes = 0
+        """Vector writes issued by this driver (tests and metrics)."""
+
+    # --- identity ------------------------------------------------------------------------------
+
+    @property
+    def switch_id(self) -> str:
+        """The switch this driver controls."""
+        return self._switch_id
+
+    @property
+    def calibration(self) -> CalibrationTable:
+        """The calibration table in use."""
+        return self._cal
+
+    @property
+    def mesh_properties(self) -> MeshProperties:
+        """Beneš-mesh behaviour ``SwitchCapabilities`` cannot express (re-routes, fillers)."""
+        return MESH_PROPERTIES
+
+    async def open(self) -> None:
+        """Connect and identify the device (``id?``, ``nchan?``). Raises
+        ``DeviceUnreachable``, ``DeviceTimeout``, ``ProtocolError`` (not a Qontrol-style id),
+        ``DriverError`` (fewer channels than the mesh has elements)."""
+        self._opened = True
+        try:
+            async with self._io_lock:
+                if self._conn is None:
+                    await self._connect()
+        except DriverError:
+            self._opened = False
+            raise
+        self._log.debug("opened", device_id=self._device_id, channels=self._channels)
+
+    async def close(self) -> None:
+        """Disconnect and end every ``events()`` iterator; idempotent."""
+        self._opened = False
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            _close_writer(conn.writer)
+        streams, self._streams = self._streams, set()
+        for writer in streams:
+            _close_writer(writer)
+
+    async def info(self) -> DeviceInfo:
+        """Identity and capabilities (``id?`` is asked again). Raises like ``open``."""
+        ident = (await self._exchange("id?", 1))[0]
+        return DeviceInfo(
+            self._switch_id, "Qontrol-compatible DAC", f"mzi-benes-{self._size}x{self._size}",
+            ident, self._caps,
+        )
+
+    # --- state ---------------------------------------------------------------------------------
+
+    async def _read_volts(self) -> list[float]:
+        lines = await self._exchange("vall?", self._channels)
+        return [self._number(line, "vall?") for line in lines]
+
+    async def _read_paths(
+        self,
+    ) -> tuple[tuple[ElementState | None, ...], tuple[benes.LightPath, ...]]:
+        states = self._cal.states(await self._read_volts())
+        return states, benes.trace(self._size, states)
+
+    async def get_cross_connects(self) -> frozenset[CrossConnect]:
+        """Read the heaters back and report every lit light path as a cross-connect, except
+        the filler paths this driver routed for unused inputs. Raises ``DeviceUnreachable``,
+        ``DeviceTimeout``, ``ProtocolError``."""
+        _, paths = await self._read_paths()
+        lit = lit_cross_connects(self._size, paths)
+        return lit - self._fillers
+
+    def _check_request(self, target: frozenset[CrossConnect], ports: frozenset[int]) -> None:
+        check_apply_request(self._switch_id, self._caps, target, ports)
+
+    async def apply(
+        self,
+        target: frozenset[CrossConnect],
+        ports: frozenset[int],
+        mode: ApplyMode = ApplyMode.MINIMAL,
+    ) -> ApplyResult:
+        """Make the cross-connects on ``ports`` equal ``target`` with one vector write
+        (module docstring: read, route, write, settle, read back).
+
+        Cross-connects outside ``ports`` keep their ingress -> egress mapping but may be
+        re-routed inside the mesh, dark for about one settle time (see ``last_rerouted``;
+        ``ReroutingRequired`` when the switch forbids it). MINIMAL reports only what differs
+        and issues no write when nothing does; REPLACE reports every cross-connect on
+        ``ports`` as removed and the whole target as added, and always writes.
+
+        Raises ``InvalidPort`` (unknown port, target leaving ``ports``, a cross-connect on
+        ``ports`` that also uses a port outside them), ``CrossConnectConflict``,
+        ``ReroutingRequired``, ``HeaterChannelFault`` (over-voltage or over-current: the device
+        rejects the vector, nothing changed), ``PartialApply`` (an output error left some
+        heaters at their old set-points; ``result`` says which cross-connects are and are not
+        in place, from a read-back), ``VerificationMismatch`` (read-back differs from what was
+        written), ``DeviceUnreachable``, ``DeviceTimeout``, ``ProtocolError``.
+        """
+        self._check_request(target, ports)
+        async with self._apply_lock:
+            return await self._apply(target, ports, mode)
+
+    async def _apply(
+        self, target: frozenset[CrossConnect], ports: frozenset[int], mode: ApplyMode
+    ) -> ApplyResult:
+        sid = self._switch_id
+        n = self._size
+        states, paths = await self._read_paths()
+        intended = lit_cross_connects(n, paths) - self._fillers
+        on_ports: set[CrossConnect] = set()
+        outside: set[CrossConnect] = set()
+        for xc in intended:
+            inside_in = xc.ingress in ports
+            inside_out = xc.egress in ports
+            if inside_in != inside_out:
+                other = xc.egress if inside_in else xc.ingress
+                raise InvalidPort(
+                    sid, other,
+                    f"cross-connect {xc.ingress}->{xc.egress} on the ports given also uses "
+                    f"port {other} outside them",
+                )
+            (on_ports if inside_in else outside).add(xc)
+        desired = frozenset(outside) | target
+        if mode is ApplyMode.MINIMAL:
+            removed = tuple(sorted(on_ports - target))
+            added = tuple(sorted(target - on_ports))
+            if not removed and not added:
+                return ApplyResult()
+        else:
+            removed = tuple(sorted(on_ports))
+            added = tuple(sorted(target))
+        new_states, fillers = self._plan(desired, states, paths)
+        new_paths = benes.trace(n, new_states)
+        expected = lit_cross_connects(n, new_paths)
+        rerouted = self._rerouted(outside, paths, states, new_states)
+        self.last_rerouted = rerouted
+        if rerouted:
+            self._log.warning(
+                "rerouted outside ports",
+                rerouted=[f"{x.ingress}->{x.egress}" for x in sorted(rerouted)],
+                glitch_s=self._caps.settle_time_s,
+            )
+            if not self._allow_reroute:
+                raise ReroutingRequired(sid, rerouted)
+        volts = self._cal.setpoints(new_states) + (0.0,) * (
+            self._channels - self._net.element_count
+        )
+        try:
+            await self._write_vector(volts)
+        except HeaterChannelFault as e:
+            if e.code is not QontrolError.OUTPUT:
+                raise
+            await self._sleep(self._caps.settle_time_s)
+            return await self._partial(e, desired, expected & fillers, removed, added)
+        await self._sleep(self._caps.settle_time_s)
+        _, after_paths = await self._read_paths()
+        lit_after = lit_cross_connects(n, after_paths)
+        self._fillers = expected & fillers & lit_after
+        if lit_after != expected:
+            raise VerificationMismatch(sid, expected - lit_after, lit_after - expected)
+        self._log.info(
+            "applied", removed=len(removed), added=len(added), rerouted=len(rerouted),
+            fillers=len(self._fillers),
+        )
+        return ApplyResult(removed, added)
+
+    def _plan(
+        self,
+        desired: frozenset[CrossConnect],
+        states: Sequence[ElementState | None],
+        paths: Sequence[benes.LightPath],
+    ) -> tuple[tuple[ElementState | None, ...], frozenset[CrossConnect]]:
+        """Element states (None = off) realising ``desired``, and the filler cross-connects
+        routed for unused inputs (lit or darkened)."""
+        n = self._size
+        partial = {
+            ingress_to_input(xc.ingress): egress_to_output(n, xc.egress) for xc in desired
+        }
+        full = benes.complete_permutation(n, partial, [p.output for p in paths])
+        routed = benes.route(n, full, prefer=states)
+        fillers = frozenset(
+            CrossConnect(i + 1, n + 1 + o) for i, o in enumerate(full) if i not in partial
+        )
+        if not self._darken or not fillers:
+            return routed, fillers
+        carries_real = [False] * self._net.element_count
+        for p in benes.trace(n, routed):
+            if p.input in partial:
+                for channel in p.channels:
+                    carries_real[channel] = True
+        final = tuple(
+            s if real else None for s, real in zip(routed, carries_real, strict=True)
+        )
+        return final, fillers
+
+    def _rerouted(
+        self,
+        outside: Iterable[CrossConnect],
+        paths: Sequence[benes.LightPath],
+        states: Sequence[ElementState | None],
+        new_states: Sequence[ElementState | None],
+    ) -> frozenset[CrossConnect]:
+        out: set[CrossConnect] = set()
+        for xc in outside:
+            path = paths[ingress_to_input(xc.ingress)]
+            if any(states[c] != new_states[c] for c in path.channels):
+                out.add(xc)
+        return frozenset(out)
+
+    async def _partial(
+        self,
+        fault: HeaterChannelFault,
+        desired: frozenset[CrossConnect],
+        fillers: frozenset[CrossConnect],
+        removed: tuple[CrossConnect, ...],
+        added: tuple[CrossConnect, ...],
+    ) -> ApplyResult:
+        """After an output error: read back and raise ``PartialApply`` saying what is in place
+        (or return the full result when the read-back shows the whole intent anyway)."""
+        _, paths = await self._read_paths()
+        lit = lit_cross_connects(self._size, paths)
+        self._fillers = fillers & lit
+        intended = lit - self._fillers
+        if intended == desired:
+            self._log.warning("output error without effect on cross-connects", error=str(fault))
+            return ApplyResult(removed, added)
+        reason = str(fault)
+        failed: dict[CrossConnect, str] = {}
+        for xc in added:
+            if xc not in intended:
+                failed[xc] = reason
+        for xc in removed:
+            if xc in intended:
+                failed[xc] = reason
+        for xc in desired - set(added):
+            if xc not in intended:
+                failed[xc] = f"lost by a partial write (not on the ports given): {reason}"
+        result = ApplyResult(
+            removed=tuple(xc for xc in removed if xc not in intended),
+            added=tuple(xc for xc in added if xc in intended),
+            failed=failed,
+        )
+        self._log.error("partial apply", failed=len(failed), error=reason)
+        raise PartialApply(self._switch_id, result)
+
+    async def _write_vector(self, volts: Sequence[float]) -> None:
+        line = "vvec0=" + ",".join(format_volts(v) for v in volts)
+        reply = (await self._exchange(line, 1))[0]
+        self.writes += 1
+        if reply != "OK":
+            self._drop()
+            raise ProtocolError(self._switch_id, f"expected OK to vvec0=..., got {reply[:60]!r}")
+
+    # --- ports, power, alarms (Lightrail extensions) -------------------------------------------
+
+    def _check_port(self, port: int) -> None:
+        if port not in self._caps.port_ids():
+            raise InvalidPort(self._switch_id, port, "no such port")
+
+    def _port_lines(self, command: str, lines: Sequence[str]) -> dict[int, list[str]]:
+        out: dict[int, list[str]] = {}
+        for line in lines:
+            fields = line.split(",")
+            if not fields[0].isdigit() or int(fields[0]) not in self._caps.port_ids():
+                raise self._protocol(f"bad port line in reply to {command}: {line[:60]!r}")
+            out[int(fields[0])] = fields[1:]
+        if len(out) != len(self._caps.port_ids()):
+            raise self._protocol(f"reply to {command} does not cover every port")
+        return out
+
+    async def set_port_admin(self, port: int, admin: PortAdmin) -> None:
+        """Enable or disable ``port`` (``lradm<port>=1|0``). Raises ``InvalidPort``,
+        ``DeviceUnreachable``, ``DeviceTimeout``, ``ProtocolError``."""
+        self._check_port(port)
+        value = 1 if admin is PortAdmin.ENABLED else 0
+        reply = (await self._exchange(f"lradm{port}={value}", 1))[0]
+        if reply != "OK":
+            self._drop()
+            raise self._protocol(f"expected OK to lradm{port}=, got {reply[:60]!r}")
+
+    async def get_port_status(self, ports: Iterable[int] | None = None) -> list[PortStatus]:
+        """Status of ``ports`` (default: all) in the order given (``lrport?``). Raises
+        ``InvalidPort``, ``DeviceUnreachable``, ``DeviceTimeout``, ``ProtocolError``."""
+        wanted = list(self._caps.port_ids() if ports is None else ports)
+        for port in wanted:
+            self._check_port(port)
+        lines = await self._exchange("lrport?", len(self._caps.port_ids()))
+        table = self._port_lines("lrport?", lines)
+        out: list[PortStatus] = []
+        for port in wanted:
+            fields = table[port]
+            try:
+                admin, oper = PortAdmin(fields[0]), PortOper(fields[1])
+            except (IndexError, ValueError):
+                raise self._protocol(f"bad status of port {port}: {fields!r}") from None
+            out.append(PortStatus(port, admin, oper))
+        return out
+
+    async def get_power(self, ports: Iterable[int] | None = None) -> dict[int, float]:
+        """Optical power per port in dBm (``lrpwr?``, the mesh's monitor photodiodes). Raises
+        ``InvalidPort``, ``DeviceUnreachable``, ``DeviceTimeout``, ``ProtocolError``."""
+        wanted = list(self._caps.port_ids() if ports is None else ports)
+        for port in wanted:
+            self._check_port(port)
+        lines = await self._exchange("lrpwr?", len(self._caps.port_ids()))
+        table = self._port_lines("lrpwr?", lines)
+        out: dict[int, float] = {}
+        for port in wanted:
+            fields = table[port]
+            if len(fields) != 1:
+                raise self._protocol(f"bad power of port {port}: {fields!r}")
+            out[port] = self._number(fields[0], "lrpwr?")
+        return out
+
+    def events(self) -> AsyncIterator[DeviceAlarm]:
+        """Alarms until ``close``, on a second connection in ``lrsub`` mode opened by the first
+        ``__anext__`` (``subscribe_alarms`` opens it at once). Raises ``DeviceUnreachable``
+        when not open; the iterator raises ``DeviceUnreachable``/``DeviceTimeout`` when the
+        stream cannot be opened and ``ProtocolError`` on a line that does not parse, and ends
+        when the device closes the stream or the driver is closed."""
+        if not self._opened:
+            raise DeviceUnreachable(self._switch_id, "driver is not open")
+        return SiphAlarmStream(self)
+
+    async def subscribe_alarms(self) -> SiphAlarmStream:
+        """Like ``events`` but the stream is open (the device is delivering to it) on return.
+        Raises ``DeviceUnreachable``, ``DeviceTimeout``, ``ProtocolError``."""
+        stream = SiphAlarmStream(self)
+        await stream.connect()
+        return stream
+
+    async def _open_stream(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        sid = self._switch_id
+        if not self._opened:
+            raise DeviceUnreachable(sid, "driver is not open")
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                reader, writer = await asyncio.open_connection(self._host, self._port)
+                writer.write(b"lrsub\n")
+                await writer.drain()
+                first = await reader.readline()
+        except TimeoutError:
+            raise DeviceTimeout(sid, "alarm stream did not open in time") from None
+        except OSError as e:
+            raise DeviceUnreachable(sid, f"alarm stream: {e}") from None
+        if first.rstrip(b"\r\n") != b"OK":
+            _close_writer(writer)
+            raise self._protocol(f"expected OK to lrsub, got {first[:60]!r}")
+        self._streams.add(writer)
+        return reader, writer
+
+    def _forget_stream(self, writer: asyncio.StreamWriter) -> None:
+        self._streams.discard(writer)
+        _close_writer(writer)
+
+    def _parse_alarm(self, raw: bytes) -> DeviceAlarm:
+        try:
+            text = raw.decode("ascii").rstrip("\r\n")
+            tag, port, condition, severity, at_s, description = text.split(",", 5)
+            if tag != "ALM":
+                raise ValueError(tag)
+            return DeviceAlarm(
+                self._switch_id,
+                None if port == "-" else int(port),
+                condition,
+                AlarmSeverity(severity),
+                float(at_s),
+                description,
+            )
+        except ValueError:
+            raise self._protocol(f"bad alarm line {raw[:80]!r}") from None
+
+    # --- wire ----------------------------------------------------------------------------------
+
+    def _protocol(self, message: str) -> ProtocolError:
+        return ProtocolError(self._switch_id, message)
+
+    def _number(self, text: str, command: str) -> float:
+        if _NUMBER_RE.fullmatch(text) is None:
+            self._drop()
+            raise self._protocol(f"expected a number in reply to {command}, got {text[:40]!r}")
+        return float(text)
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            _close_writer(conn.writer)
+
+    async def _connect(self) -> _Conn:
+        """Open the command connection and identify the device (holding ``_io_lock``)."""
+        sid = self._switch_id
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                reader, writer = await asyncio.open_connection(self._host, self._port)
+        except TimeoutError:
+            raise DeviceTimeout(sid, f"connect to {self._host}:{self._port} timed out") from None
+        except OSError as e:
+            raise DeviceUnreachable(sid, f"connect to {self._host}:{self._port}: {e}") from None
+        conn = _Conn(reader, writer)
+        self._conn = conn
+        ident = (await self._raw(conn, "id?", 1))[0]
+        if _ID_RE.fullmatch(ident) is None:
+            self._drop()
+            raise self._protocol(f"not a Qontrol-style device id: {ident[:40]!r}")
+        count = (await self._raw(conn, "nchan?", 1))[0]
+        if not count.isdigit():
+            self._drop()
+            raise self._protocol(f"expected a channel count in reply to nchan?, got {count!r}")
+        channels = int(count)
+        if channels < self._net.element_count:
+            self._drop()
+            raise DriverError(
+                sid,
+                f"device {ident} has {channels} channels, a {self._size}-port Beneš mesh "
+                f"needs {self._net.element_count}",
+            )
+        if self._device_id and ident != self._device_id:
+            self._log.warning("device id changed", was=self._device_id, now=ident)
+        self._device_id = ident
+        self._channels = channels
+        return conn
+
+    async def _exchange(self, command: str, lines: int) -> list[str]:
+        """Send ``command``, return ``lines`` reply lines (reconnecting first when needed)."""
+        if not self._opened:
+            raise DeviceUnreachable(self._switch_id, "driver is not open")
+        async with self._io_lock:
+            conn = self._conn
+            if conn is not None and (conn.reader.at_eof() or conn.writer.is_closing()):
+                self._drop()  # the device closed it while idle (e.g. it restarted)
+                conn = None
+            if conn is None:
+                conn = await self._connect()
+            return await self._raw(conn, command, lines)
+
+    async def _raw(self, conn: _Conn, command: str, lines: int) -> list[str]:
+        sid = self._switch_id
+        name = command.split("=", 1)[0] + ("=..." if "=" in command else "")
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                conn.writer.write(f"{command}\n".encode("ascii"))
+                await conn.writer.drain()
+                out: list[str] = []
+                while len(out) < lines:
+                    raw = await conn.reader.readline()
+                    out.append(self._decode(raw, name, len(out)))
+                return out
+        except TimeoutError:
+            self._drop()
+            raise DeviceTimeout(
+                sid, f"no complete reply to {name!r} within {self._timeout_s} s"
+            ) from None
+        except ValueError:  # a line longer than the stream limit
+            self._drop()
+            raise self._protocol(f"reply line to {name!r} too long") from None
+        except OSError as e:
+            self._drop()
+            raise DeviceUnreachable(sid, f"connection lost during {name!r}: {e}") from None
+        except DriverError:
+            self._drop()
+            raise
+
+    def _decode(self, raw: bytes, command: str, received: int) -> str:
+        sid = self._switch_id
+        if not raw and not received:
+            raise DeviceUnreachable(
+                sid, f"device closed the connection before replying to {command!r}"
+            )
+        if not raw:
+            raise DeviceUnreachable(
+                sid, f"device closed the connection mid-reply to {command!r} after "
+                     f"{received} lines",
+            )
+        if not raw.endswith(b"\n"):
+            raise DeviceUnreachable(sid, f"device closed the connection mid-reply to "
+                                         f"{command!r} after {raw[:40]!r}")
+        try:
+            text = raw.decode("ascii").rstrip("\r\n")
+        except UnicodeDecodeError:
+            raise self._protocol(f"non-ASCII reply to {command!r}: {raw[:40]!r}") from None
+        m = _ERROR_RE.fullmatch(text)
+        if m is not None:
+            raise self._device_error(int(m.group(1)), int(m.group(2)), command)
+        return text
+
+    def _device_error(self, code: int, channel: int, command: str) -> DriverError:
+        sid = self._switch_id
+        try:
+            err = QontrolError(code)
+        except ValueError:
+            return self._protocol(f"unknown error E{code:02d}:{channel:02d} to {command!r}")
+        if err in (
+            QontrolError.OVER_VOLTAGE, QontrolError.OVER_CURRENT, QontrolError.POWER,
+            QontrolError.CALIBRATION, QontrolError.OUTPUT,
+        ):
+            element = (
+                self._net.element(channel) if channel < self._net.element_count else None
+            )
+            return HeaterChannelFault(sid, err, channel, element, command)
+        if err is QontrolError.TIMED_OUT:
+            return DeviceTimeout(sid, f"device timed out on {command!r} (E16)")
+        return self._protocol(
+            f"device rejected {command!r}: {_ERROR_TEXT[err]} "
+            f"(E{code:02d}, channel {channel})"
+        )
+
+
+class SiphAlarmStream(AsyncIterator[DeviceAlarm]):
+    """Alarms of one ``SiphDriver`` from one ``lrsub`` connection (``SiphDriver.events``)."""
+
+    def __init__(self, driver: SiphDriver) -> None:
+        self._driver = driver
+        self._conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self._done = False
+
+    def __aiter__(self) -> SiphAlarmStream:
+        return self
+
+    async def connect(self) -> None:
+        """Open the stream now (idempotent). Raises ``DeviceUnreachable``, ``DeviceTimeout``,
+        ``ProtocolError``."""
+        if self._conn is None and not self._done:
+            self._conn = await self._driver._open_stream()
+
+    async def __anext__(self) -> DeviceAlarm:
+        await self.connect()
+        if self._conn is None:
+            raise StopAsyncIteration
+        reader, _ = self._conn
+        try:
+            raw = await reader.readline()
+        except OSError:
+            raw = b""
+        if not raw.endswith(b"\n"):
+            await self.aclose()
+            raise StopAsyncIteration
+        return self._driver._parse_alarm(raw)
+
+    async def aclose(self) -> None:
+        """End the stream (a pending ``__anext__`` ends with ``StopAsyncIteration``)."""
+        self._done = True
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            self._driver._forget_stream(conn[1])
+
+
+# --- config ------------------------------------------------------------------------------------
+
+
+def _option(
+    switch: Switch, name: str, kind: type[object], default: object = None
+) -> object:
+    value = switch.options.get(name, default)
+    if value is None:
+        return None
+    ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        ok = True
+    if not ok:
+        raise ValueError(
+            f"options.{name}: expected {kind.__name__}, got {type(value).__name__} {value!r}"
+        )
+    return value
+
+
+def calibration_from_options(switch: Switch) -> CalibrationTable:
+    """The calibration table from ``switch.options``: ``calibration_file`` (JSON, see
+    ``CalibrationTable.from_json``) or ``v_bar``/``v_cross``/``tolerance_v`` defaults with
+    inline ``calibration`` overrides (``CalibrationTable.parse``). Raises ``ValueError`` naming
+    the option; ``OSError`` when the file cannot be read."""
+    size = switch.capabilities.port_count
+    path = _option(switch, "calibration_file", str)
+    if path is not None:
+        assert isinstance(path, str)
+        for other in ("calibration", "v_bar", "v_cross", "tolerance_v"):
+            if other in switch.options:
+                raise ValueError(f"options.{other}: give it in calibration_file, not both")
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"options.calibration_file: {path}: {e}") from None
+        return CalibrationTable.from_json(size, data)
+    v_bar = _option(switch, "v_bar", float, DEFAULT_V_BAR)
+    v_cross = _option(switch, "v_cross", float, DEFAULT_V_CROSS)
+    tolerance = _option(switch, "tolerance_v", float, DEFAULT_TOLERANCE_V)
+    text = _option(switch, "calibration", str, "")
+    assert isinstance(v_bar, int | float) and isinstance(v_cross, int | float)
+    assert isinstance(tolerance, int | float) and isinstance(text, str)
+    try:
+        return CalibrationTable.parse(
+            size, text, v_bar=float(v_bar), v_cross=float(v_cross), tolerance_v=float(tolerance)
+        )
+    except ValueError as e:
+        raise ValueError(f"options.{e}") from None
+
+
+KNOWN_OPTIONS = frozenset({
+    "host", "port", "timeout_s", "v_bar", "v_cross", "tolerance_v", "calibration",
+    "calibration_file", "reroute_outside_ports", "darken_unused",
+})
+"""Switch options this driver reads; any other option is rejected."""
+
+
+def make_driver(switch: Switch, context: DriverContext) -> Driver:
+    """The driver for ``switch`` (config ``model: siph``): an N x N switch, N a power of two in
+    2..64, with options ``port`` (required), ``host`` (default 127.0.0.1), ``timeout_s``,
+    the calibration (``calibration_from_options``), ``reroute_outside_ports`` (default true)
+    and ``darken_unused`` (default true). ``context`` is not used.
+
+    Raises ``lightrail.drivers.registry.DriverConfigError`` naming the switch, the model and the
+    option.
+    """
+    from lightrail.drivers.registry import DriverConfigError
+
+    del context
+    try:
+        unknown = set(switch.options) - KNOWN_OPTIONS
+        if unknown:
+            raise ValueError(f"options: unknown {sorted(unknown)} (known: {sorted(KNOWN_OPTIONS)})")
+        caps = switch.capabilities
+        if caps.kind is not SwitchKind.NXN:
+            raise ValueError("kind: an MZI mesh is nxn")
+        benes.check_size(caps.port_count)
+        port = _option(switch, "port", int)
+        if port is None:
+            raise ValueError("options.port: required (TCP port of the DAC)")
+        host = _option(switch, "host", str, "127.0.0.1")
+        timeout_s = _option(switch, "timeout_s", float, DEFAULT_TIMEOUT_S)
+        reroute = _option(switch, "reroute_outside_ports", bool, True)
+        darken = _option(switch, "darken_unused", bool, True)
+        assert isinstance(port, int) and isinstance(host, str)
+        assert isinstance(timeout_s, int | float)
+        assert isinstance(reroute, bool) and isinstance(darken, bool)
+        if not 0 < port < 65536:
+            raise ValueError(f"options.port: {port} not in 1..65535")
+        calibration = calibration_from_options(switch)
+        return SiphDriver(
+            switch.switch_id, caps, host=host, port=port, calibration=calibration,
+            timeout_s=float(timeout_s), reroute_outside_ports=reroute, darken_unused=darken,
+        )
+    except (ValueError, OSError) as e:
+        raise DriverConfigError(switch.switch_id, switch.model, str(e)) from None

@@ -1,0 +1,1 @@
+"""TL1 optical circuit switch driver (Polatis/Calient dialects) and its wire format."""

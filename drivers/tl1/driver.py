@@ -1,0 +1,1219 @@
+"""TL1 driver for Polatis-dialect optical circuit switches (config ``model: tl1``).
+
+One TCP connection per driver (asyncio streams) carrying one TL1 session: ``ACT-USER`` at
+connect, ``CANC-USER`` at close, and a fresh login on every reconnect. Commands are pipelined:
+each gets its own ctag (1..999999), several may be in flight at once, and a background reader
+matches replies to callers by ctag, so replies may come back in any order and a reply that
+arrives after its caller timed out is dropped. Autonomous ``REPT ALM`` messages become
+``DeviceAlarm`` s on ``events()``. The wire syntax and its sources are in
+``lightrail.drivers.tl1.wire``.
+
+Commands used (canonical port ids are Polatis port numbers: ingress 1..N, egress N+1..2N)::
+
+    ACT-USER::<user>:<ctag>::<password>;      CANC-USER::<user>:<ctag>:;
+    RTRV-PATCH:::<ctag>:;  RTRV-PATCH::<ports>:<ctag>:;     ->  "<in>,<out>" per patch
+    DLT-PATCH::<ports>:<ctag>:;                (deletes the patches on those ports)
+    ENT-PATCH::<ins>,<outs>:<ctag>:;           (bulk, paired in order)
+    RTRV-PORT-POWER::<ports>:<ctag>:;          ->  "<port>:<dBm>"
+    RTRV-PORT-SHUTTER / OPR-PORT-SHUTTER / RLS-PORT-SHUTTER::<ports>:<ctag>:;
+    RTRV-ALM-ALL::ALL:<ctag>:;  RTRV-NETYPE:::<ctag>:;  RTRV-EQPT::SYSTEM:<ctag>:::PARAMETER=SIZE;
+
+``apply`` reads back the patches on the given ports, computes the minimal diff (as
+``lightrail.emulator.driver``), then issues the breaks as DLT-PATCH (chunks of ``max_batch``,
+pipelined)
+and, only once every break is confirmed, the makes as ENT-PATCH (chunks sent one after the
+other), then reads back and raises ``VerificationMismatch`` unless the ports hold exactly the
+target. TL1 has no transaction spanning DLT and ENT: when the ENT is refused after the DLT took
+effect the driver reads back and raises ``PartialApply`` saying what changed.
+
+DENY error codes (Telcordia GR-833 names; Polatis usage where observed) map to errors:
+
+=====================================================  =======================================
+``PICC`` ``PLNA`` ``PIUI`` ``PIUC`` ``PIPW``            ``AuthenticationFailed`` (a command
+                                                       denied ``PLNA`` is retried once after a
+                                                       new login)
+``IIAC`` ``IDNV`` ``IDRG``                             ``InvalidPort`` (the port from the
+                                                       comment, else the first port sent)
+``SAAS``                                               ``CrossConnectConflict`` (the existing
+                                                       cross-connect found by a read-back)
+``SROF`` ``SWFA`` ``SPFA`` ``EQWT``                    ``HardwareFault``
+``SDNR`` ``SARB``                                      ``DeviceTimeout`` (retryable: not ready)
+``ICNV`` ``IICM``                                      ``UnsupportedOperation``
+``IICT`` ``IPNV`` ``IPMS`` ``IPEX`` ``IBEX`` ``IBMS``  ``Tl1CommandRejected``
+``ISCH`` ``ISPC`` ``IITA`` ``IISP`` ``IISY``, others
+=====================================================  =======================================
+
+Transport errors: connection refused, reset or closed -> ``DeviceUnreachable``; no reply within
+``timeout_s`` -> ``DeviceTimeout``; a reply that cannot be parsed -> ``ProtocolError`` (the
+connection is dropped; the next call reconnects). A read-only command that fails because the
+connection turned out to be dead before any reply started is retried once on a new connection.
+
+Options (``switch.options``): ``host``, ``port`` (required); ``username`` or ``username_env``,
+``password`` or ``password_env`` (the name of an environment variable, read at each login;
+credentials are never logged); ``timeout_s`` (per command, plus the settle time for ENT-PATCH;
+default 5), ``connect_timeout_s`` (3), ``reconnect_interval_s`` (1: how often ``events()``
+subscribers reconnect after a drop), ``tid`` (target identifier, default empty), ``verify``
+(read back after apply, default true), ``los_threshold_dbm`` (power at or below which a port is
+DOWN in ``get_port_status``, default -30). Port status: admin from the shutter (OPEN enabled,
+CLOSED disabled), oper FAILED when an alarm other than NA/CL is active on the port, else UP when
+its power is above ``los_threshold_dbm``, else DOWN.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import functools
+import os
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Protocol
+
+import structlog
+
+from lightrail.drivers.alarm_stream import AlarmStream
+from lightrail.drivers.base import (
+    AlarmSeverity,
+    ApplyMode,
+    ApplyResult,
+    AuthenticationFailed,
+    CrossConnect,
+    CrossConnectConflict,
+    DeviceAlarm,
+    DeviceInfo,
+    DeviceTimeout,
+    DeviceUnreachable,
+    Driver,
+    DriverError,
+    HardwareFault,
+    InvalidPort,
+    PartialApply,
+    PortAdmin,
+    PortOper,
+    PortStatus,
+    ProtocolError,
+    SwitchCapabilities,
+    SwitchKind,
+    VerificationMismatch,
+    check_apply_request,
+    cross_connects_on_ports,
+)
+from lightrail.drivers.tl1.wire import (
+    FrameSplitter,
+    Tl1Acknowledgment,
+    Tl1Autonomous,
+    Tl1Response,
+    Tl1SyntaxError,
+    decode_frame,
+    format_command,
+    format_port_list,
+    parse_alarm_line,
+    tl1_value,
+)
+
+if TYPE_CHECKING:
+    from lightrail.controller.domain.fabric import Switch
+    from lightrail.drivers.registry import DriverContext
+
+_log = structlog.get_logger(__name__)
+
+_READ_CHUNK = 65536
+_ALARM_QUEUE_SIZE = 1024
+_MAX_CTAG = 999_999
+_PATCH_RE = re.compile(r"^\s*(\d+)\s*,\s*(\d+)\s*$")
+_VALUE_RE = re.compile(r"^\s*(\d+)\s*:\s*(\S+)\s*$")
+_SIZE_RE = re.compile(r"SIZE=(\d+)x(\d+)", re.IGNORECASE)
+_PORT_IN_TEXT_RE = re.compile(r"port\D{0,3}(\d+)", re.IGNORECASE)
+
+Clock = Callable[[], float]
+"""Returns the current time in seconds (monotonic)."""
+Sleep = Callable[[float], Awaitable[None]]
+"""Waits the given number of seconds."""
+
+
+# --- errors and the DENY mapping -----------------------------------------------------------------
+
+
+class Tl1CommandRejected(DriverError):
+    """The device denied a command for a reason that is not about ports, state or privilege
+    (malformed input, a parameter it does not accept). ``code`` is the TL1 error code. Not
+    retryable: the same command would be denied again."""
+
+    def __init__(self, switch_id: str, code: str, message: str) -> None:
+        super().__init__(switch_id, message)
+        self.code = code
+
+
+class UnsupportedOperation(DriverError):
+    """The device does not support the command this call needs (DENY ``ICNV``/``IICM``), e.g. a
+    Polatis model without shutters asked for ``set_port_admin``. Not retryable."""
+
+
+class DenyCategory(enum.Enum):
+    """What a DENY error code says, for the mapping to ``DriverError`` subclasses."""
+
+    AUTH = "auth"
+    INVALID_PORT = "invalid_port"
+    CONFLICT = "conflict"
+    HARDWARE = "hardware"
+    BUSY = "busy"
+    UNSUPPORTED = "unsupported"
+    REJECTED = "rejected"
+
+
+DENY_CODES: Mapping[str, DenyCategory] = MappingProxyType(
+    {
+        # privilege (GR-833 P*): bad login, not logged in, illegal user
+        "PICC": DenyCategory.AUTH,
+        "PLNA": DenyCategory.AUTH,
+        "PIUI": DenyCategory.AUTH,
+        "PIUC": DenyCategory.AUTH,
+        "PIPW": DenyCategory.AUTH,
+        # input: the access identifier / data names a port that does not exist or is misplaced
+        "IIAC": DenyCategory.INVALID_PORT,
+        "IDNV": DenyCategory.INVALID_PORT,
+        "IDRG": DenyCategory.INVALID_PORT,
+        # status: already assigned (a port in use by another patch)
+        "SAAS": DenyCategory.CONFLICT,
+        # status / equipment: the operation failed in the device
+        "SROF": DenyCategory.HARDWARE,
+        "SWFA": DenyCategory.HARDWARE,
+        "SPFA": DenyCategory.HARDWARE,
+        "EQWT": DenyCategory.HARDWARE,
+        # status: not ready, resources busy (try again)
+        "SDNR": DenyCategory.BUSY,
+        "SARB": DenyCategory.BUSY,
+        # the command itself is not valid here
+        "ICNV": DenyCategory.UNSUPPORTED,
+        "IICM": DenyCategory.UNSUPPORTED,
+        # malformed input
+        "IICT": DenyCategory.REJECTED,
+        "IPNV": DenyCategory.REJECTED,
+        "IPMS": DenyCategory.REJECTED,
+        "IPEX": DenyCategory.REJECTED,
+        "IBEX": DenyCategory.REJECTED,
+        "IBMS": DenyCategory.REJECTED,
+        "ISCH": DenyCategory.REJECTED,
+        "ISPC": DenyCategory.REJECTED,
+        "IITA": DenyCategory.REJECTED,
+        "IISP": DenyCategory.REJECTED,
+        "IISY": DenyCategory.REJECTED,
+    }
+)
+"""DENY error code -> category; codes not listed are ``DenyCategory.REJECTED``."""
+
+
+def deny_error(
+    switch_id: str,
+    response: Tl1Response,
+    *,
+    ports: Sequence[int] = (),
+    wanted: Iterable[CrossConnect] = (),
+    current: Iterable[CrossConnect] = (),
+) -> DriverError:
+    """The error for a DENY ``response`` (see the table in the module docstring).
+
+    ``ports`` are the ports the command named (for ``InvalidPort`` when the comment names
+    none); ``wanted`` the cross-connects it tried to make and ``current`` the device state read
+    back after the denial (for ``CrossConnectConflict``). A conflict whose existing
+    cross-connect cannot be found becomes ``Tl1CommandRejected``.
+    """
+    code = response.error_code or "????"
+    detail = f"DENY {code}"
+    if response.comments:
+        detail += ": " + "; ".join(response.comments)
+    category = DENY_CODES.get(code, DenyCategory.REJECTED)
+    if category is DenyCategory.AUTH:
+        return AuthenticationFailed(switch_id, detail)
+    if category is DenyCategory.INVALID_PORT:
+        port = _port_named(response.comments)
+        if port is None and ports:
+            port = ports[0]
+        if port is None:
+            return Tl1CommandRejected(switch_id, code, detail)
+        return InvalidPort(switch_id, port, detail)
+    if category is DenyCategory.CONFLICT:
+        conflict = _find_conflict(wanted, current)
+        if conflict is None:
+            return Tl1CommandRejected(switch_id, code, detail)
+        return CrossConnectConflict(switch_id, conflict[0], conflict[1])
+    if category is DenyCategory.HARDWARE:
+        return HardwareFault(switch_id, detail)
+    if category is DenyCategory.BUSY:
+        return DeviceTimeout(switch_id, detail)
+    if category is DenyCategory.UNSUPPORTED:
+        return UnsupportedOperation(switch_id, detail)
+    return Tl1CommandRejected(switch_id, code, detail)
+
+
+def _port_named(comments: Iterable[str]) -> int | None:
+    for comment in comments:
+        m = _PORT_IN_TEXT_RE.search(comment)
+        if m is not None:
+            return int(m[1])
+    return None
+
+
+def _find_conflict(
+    wanted: Iterable[CrossConnect], current: Iterable[CrossConnect]
+) -> tuple[CrossConnect, CrossConnect] | None:
+    by_port: dict[int, CrossConnect] = {}
+    for xc in current:
+        by_port[xc.ingress] = xc
+        by_port[xc.egress] = xc
+    for xc in wanted:
+        for port in xc.ports():
+            existing = by_port.get(port)
+            if existing is not None and existing != xc:
+                return xc, existing
+    return None
+
+
+_SEVERITY: Mapping[str, AlarmSeverity] = MappingProxyType(
+    {
+        "CR": AlarmSeverity.CRITICAL,
+        "MJ": AlarmSeverity.MAJOR,
+        "MN": AlarmSeverity.MINOR,
+        "NA": AlarmSeverity.WARNING,
+        "NR": AlarmSeverity.WARNING,
+        "CL": AlarmSeverity.CLEARED,
+    }
+)
+
+
+# --- options -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Secret:
+    """A credential; its value never appears in ``repr`` or logs."""
+
+    value: str = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Tl1Options:
+    """Driver settings from ``switch.options`` (see the module docstring). Exactly one of
+    ``username``/``username_env`` and one of ``password``/``password_env`` is set."""
+
+    host: str
+    port: int
+    username: str | None = None
+    username_env: str | None = None
+    password: Secret | None = None
+    password_env: str | None = None
+    timeout_s: float = 5.0
+    connect_timeout_s: float = 3.0
+    reconnect_interval_s: float = 1.0
+    tid: str = ""
+    verify: bool = True
+    los_threshold_dbm: float = -30.0
+
+    @staticmethod
+    def from_switch(switch: Switch) -> Tl1Options:
+        """Parse ``switch.options``. Raises ``lightrail.drivers.registry.DriverConfigError`` naming
+        the
+        switch, the model and the bad option."""
+        from lightrail.drivers.registry import DriverConfigError
+
+        opts = switch.options
+
+        def bad(message: str) -> DriverConfigError:
+            return DriverConfigError(switch.switch_id, switch.model, message)
+
+        def text(key: str) -> str | None:
+            value = opts.get(key)
+            if value is None:
+                return None
+            if not isinstance(value, str) or not value:
+                raise bad(f"options.{key} must be a non-empty string")
+            return value
+
+        def number(key: str, default: float, *, positive: bool = True) -> float:
+            value = opts.get(key, default)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise bad(f"options.{key} must be a number, got {value!r}")
+            if positive and value <= 0:
+                raise bad(f"options.{key} must be > 0, got {value}")
+            return float(value)
+
+        host = text("host")
+        if host is None:
+            raise bad("options.host is required")
+        raw_port = opts.get("port")
+        if isinstance(raw_port, str) and raw_port.isdigit():
+            raw_port = int(raw_port)
+        if isinstance(raw_port, bool) or not isinstance(raw_port, int) or not 0 < raw_port < 65536:
+            raise bad(f"options.port must be a TCP port 1..65535, got {raw_port!r}")
+        username, username_env = text("username"), text("username_env")
+        if (username is None) == (username_env is None):
+            raise bad("set exactly one of options.username and options.username_env")
+        password, password_env = text("password"), text("password_env")
+        if (password is None) == (password_env is None):
+            raise bad("set exactly one of options.password and options.password_env")
+        verify = opts.get("verify", True)
+        if not isinstance(verify, bool):
+            raise bad(f"options.verify must be true or false, got {verify!r}")
+        tid = opts.get("tid", "")
+        if not isinstance(tid, str):
+            raise bad("options.tid must be a string")
+        return Tl1Options(
+            host=host,
+            port=raw_port,
+            username=username,
+            username_env=username_env,
+            password=None if password is None else Secret(password),
+            password_env=password_env,
+            timeout_s=number("timeout_s", 5.0),
+            connect_timeout_s=number("connect_timeout_s", 3.0),
+            reconnect_interval_s=number("reconnect_interval_s", 1.0),
+            tid=tid,
+            verify=verify,
+            los_threshold_dbm=number("los_threshold_dbm", -30.0, positive=False),
+        )
+
+
+# --- one TL1 session -----------------------------------------------------------------------------
+
+
+class StreamWriterLike(Protocol):
+    """The part of ``asyncio.StreamWriter`` a session uses."""
+
+    def write(self, data: bytes) -> None: ...
+
+    async def drain(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def is_closing(self) -> bool: ...
+
+    async def wait_closed(self) -> None: ...
+
+
+class ConnectionLost(DeviceUnreachable):
+    """The connection dropped while a command waited for its reply. ``mid_reply`` is True
+    when part of a frame had arrived (the command may or may not have taken effect)."""
+
+    def __init__(self, switch_id: str, message: str, *, mid_reply: bool) -> None:
+        super().__init__(switch_id, message)
+        self.mid_reply = mid_reply
+
+
+@dataclass(slots=True)
+class _Pending:
+    code: str
+    future: asyncio.Future[Tl1Response]
+    lines: list[str] = field(default_factory=list)
+    comments: list[str] = field(default_factory=list)
+
+
+class Tl1Session:
+    """One TL1 connection: sends commands with fresh ctags, reads frames in a background task,
+    resolves each caller's future by ctag, hands autonomous messages to ``on_autonomous`` and
+    reports the loss of the connection once to ``on_lost``.
+
+    ``command`` returns the response (COMPLD or DENY; the caller maps DENY). It raises
+    ``DeviceTimeout`` after ``timeout_s`` seconds without the final frame of the reply,
+    ``DeviceUnreachable`` (``ConnectionLost``) when the connection is or goes down, and
+    ``ProtocolError`` when the device sent something unparseable (the session then closes).
+    """
+
+    def __init__(
+        self,
+        switch_id: str,
+        reader: asyncio.StreamReader,
+        writer: StreamWriterLike,
+        *,
+        timeout_s: float,
+        tid: str = "",
+        on_autonomous: Callable[[Tl1Autonomous], None] | None = None,
+        on_lost: Callable[[DriverError], None] | None = None,
+    ) -> None:
+        self._switch_id = switch_id
+        self._reader = reader
+        self._writer = writer
+        self._timeout_s = timeout_s
+        self._tid = tid
+        self._on_autonomous = on_autonomous
+        self._on_lost = on_lost
+        self._splitter = FrameSplitter()
+        self._pending: dict[str, _Pending] = {}
+        self._ctag = 0
+        self._lost: DriverError | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._log = _log.bind(switch=switch_id)
+
+    @property
+    def alive(self) -> bool:
+        """True until the connection is lost or closed."""
+        return self._lost is None
+
+    @property
+    def in_flight(self) -> int:
+        """Commands sent and not yet answered."""
+        return len(self._pending)
+
+    def start(self) -> None:
+        """Start the reader task (call once, inside the running loop)."""
+        if self._task is None:
+            self._task = asyncio.create_task(
+                self._read_loop(), name=f"tl1-reader-{self._switch_id}"
+            )
+
+    async def command(
+        self,
+        code: str,
+        *,
+        aid: str = "",
+        params: Sequence[str] = (),
+        timeout_s: float | None = None,
+        secret: bool = False,
+    ) -> Tl1Response:
+        """Send one command and wait for its complete reply (``>`` parts are merged).
+        ``secret`` keeps the aid out of the debug log (login)."""
+        if self._lost is not None:
+            raise ConnectionLost(
+                self._switch_id, f"connection lost earlier: {self._lost}", mid_reply=False
+            )
+        ctag = self._next_ctag()
+        text = format_command(code, ctag, tid=self._tid, aid=aid, params=params)
+        future: asyncio.Future[Tl1Response] = asyncio.get_running_loop().create_future()
+        self._pending[ctag] = _Pending(code, future)
+        self._log.debug("tl1 send", code=code, ctag=ctag, aid=None if secret else aid)
+        deadline_s = self._timeout_s if timeout_s is None else timeout_s
+        try:
+            try:
+                self._writer.write(text.encode("ascii"))
+                await self._writer.drain()
+            except (ConnectionError, OSError) as e:
+                error = ConnectionLost(self._switch_id, f"send failed: {e}", mid_reply=False)
+                self._lose(lambda: error)
+                raise error from None
+            try:
+                async with asyncio.timeout(deadline_s):
+                    return await future
+            except TimeoutError:
+                raise DeviceTimeout(
+                    self._switch_id, f"{code} (ctag {ctag}): no reply within {deadline_s:g} s"
+                ) from None
+        finally:
+            self._pending.pop(ctag, None)
+
+    async def close(self) -> None:
+        """Close the connection; pending commands fail with ``DeviceUnreachable``."""
+        self._lose(lambda: ConnectionLost(self._switch_id, "session closed", mid_reply=False))
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        with contextlib.suppress(OSError, TimeoutError):
+            async with asyncio.timeout(1.0):
+                await self._writer.wait_closed()
+
+    def _next_ctag(self) -> str:
+        while True:
+            self._ctag = self._ctag % _MAX_CTAG + 1
+            ctag = str(self._ctag)
+            if ctag not in self._pending:
+                return ctag
+
+    async def _read_loop(self) -> None:
+        make_error: Callable[[], DriverError] | None = None
+        sid = self._switch_id
+        try:
+            while True:
+                try:
+                    data = await self._reader.read(_READ_CHUNK)
+                except (ConnectionError, OSError) as e:
+                    make_error = functools.partial(
+                        ConnectionLost, sid, f"connection failed: {e}",
+                        mid_reply=self._splitter.pending,
+                    )
+                    return
+                if not data:
+                    mid = self._splitter.pending
+                    reason = "connection closed by the device" + (" mid-reply" if mid else "")
+                    make_error = functools.partial(ConnectionLost, sid, reason, mid_reply=mid)
+                    return
+                try:
+                    for raw in self._splitter.feed(data):
+                        frame = decode_frame(raw)
+                        if frame is not None:
+                            self._dispatch(frame)
+                except Tl1SyntaxError as e:
+                    make_error = functools.partial(
+                        ProtocolError, sid, f"unparseable reply, connection dropped: {e}"
+                    )
+                    self._log.warning("tl1 garbage from device", error=str(e))
+                    return
+        finally:
+            self._lose(
+                make_error
+                or (lambda: ConnectionLost(sid, "session reader stopped", mid_reply=False))
+            )
+
+    def _dispatch(self, frame: Tl1Response | Tl1Autonomous | Tl1Acknowledgment) -> None:
+        if isinstance(frame, Tl1Response):
+            pending = self._pending.get(frame.ctag)
+            if pending is None or pending.future.done():
+                self._log.debug(
+                    "tl1 reply for no waiting command (late or stray)",
+                    ctag=frame.ctag, completion=frame.completion.value,
+                )
+                return
+            pending.lines.extend(frame.lines)
+            pending.comments.extend(frame.comments)
+            if frame.final:
+                pending.future.set_result(
+                    replace(frame, lines=tuple(pending.lines), comments=tuple(pending.comments))
+                )
+        elif isinstance(frame, Tl1Autonomous):
+            if self._on_autonomous is not None:
+                self._on_autonomous(frame)
+        else:
+            self._log.debug("tl1 acknowledgment", code=frame.code, ctag=frame.ctag)
+
+    def _lose(self, make_error: Callable[[], DriverError]) -> None:
+        if self._lost is not None:
+            return
+        self._lost = make_error()
+        for pending in list(self._pending.values()):
+            if not pending.future.done():
+                pending.future.set_exception(make_error())
+        with contextlib.suppress(OSError, RuntimeError):
+            self._writer.close()
+        if self._on_lost is not None:
+            self._on_lost(self._lost)
+
+
+# --- the driver ----------------------------------------------------------------------------------
+
+
+class Tl1Driver:
+    """A ``lightrail.drivers.base.Driver`` speaking Polatis TL1 to ``options.host:options.port``.
+
+    ``switch.capabilities`` (from config) gives the port layout, the settle time and
+    ``max_batch``; ``info`` checks the device's reported size against it. ``clock`` stamps
+    received alarms (``DeviceAlarm.at_s``), ``sleep`` paces reconnection; ``environ`` is where
+    ``username_env``/``password_env`` are looked up (default ``os.environ``).
+
+    Every call other than ``open`` raises ``DeviceUnreachable`` before ``open`` or after
+    ``close``. The connection is made by ``open`` and remade on demand after a drop.
+    """
+
+    def __init__(
+        self,
+        switch: Switch,
+        options: Tl1Options,
+        *,
+        clock: Clock = time.monotonic,
+        sleep: Sleep = asyncio.sleep,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self._switch_id = switch.switch_id
+        self._caps = switch.capabilities
+        self._opts = options
+        self._clock = clock
+        self._sleep = sleep
+        self._environ = os.environ if environ is None else environ
+        self._session: Tl1Session | None = None
+        self._username: str | None = None
+        self._connect_lock = asyncio.Lock()
+        self._apply_lock = asyncio.Lock()
+        self._opened = False
+        self._subscribers: set[AlarmStream] = set()
+        self._reconnect_task: asyncio.Task[None] | None = None
+        self._log = _log.bind(switch=switch.switch_id)
+
+    @property
+    def switch_id(self) -> str:
+        """The switch this driver controls."""
+        return self._switch_id
+
+    @property
+    def capabilities(self) -> SwitchCapabilities:
+        """The configured capabilities."""
+        return self._caps
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Connect and log in. Raises ``DeviceUnreachable``, ``DeviceTimeout``,
+        ``AuthenticationFailed``, ``ProtocolError``."""
+        self._opened = True
+        try:
+            await self._ensure_session()
+        except BaseException:
+            self._opened = False
+            raise
+
+    async def close(self) -> None:
+        """Log out (best effort), disconnect and end every ``events()`` stream; idempotent."""
+        self._opened = False
+        task, self._reconnect_task = self._reconnect_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        session, self._session = self._session, None
+        if session is not None:
+            if session.alive and self._username is not None:
+                with contextlib.suppress(DriverError, ValueError):
+                    await session.command(
+                        "CANC-USER",
+                        aid=tl1_value(self._username),
+                        timeout_s=min(1.0, self._opts.timeout_s),
+                        secret=True,
+                    )
+            await session.close()
+        for stream in list(self._subscribers):
+            await stream.aclose()
+
+    # --- reads --------------------------------------------------------------------------------
+
+    async def info(self) -> DeviceInfo:
+        """Identity (RTRV-NETYPE) and capabilities (from config, checked against RTRV-EQPT
+        SYSTEM SIZE on an N x N switch). Raises ``DriverError`` when the device's size differs
+        from the configured ``port_count``, ``ProtocolError``, ``DeviceUnreachable``,
+        ``DeviceTimeout``."""
+        netype, size = await asyncio.gather(
+            self._checked("RTRV-NETYPE"),
+            self._checked("RTRV-EQPT", aid="SYSTEM", params=("", "PARAMETER=SIZE")),
+        )
+        if not netype.lines:
+            raise ProtocolError(self._switch_id, "RTRV-NETYPE returned no line")
+        fields = [f.strip() for f in netype.lines[0].split(",")]
+        if len(fields) < 4:
+            raise ProtocolError(self._switch_id, f"bad RTRV-NETYPE line {netype.lines[0]!r}")
+        vendor, model, _kind, firmware = fields[:4]
+        match = next((m for m in map(_SIZE_RE.search, size.lines) if m is not None), None)
+        if match is None:
+            raise ProtocolError(self._switch_id, "RTRV-EQPT returned no SIZE")
+        ins, outs = int(match[1]), int(match[2])
+        n = self._caps.port_count
+        if self._caps.kind is SwitchKind.NXN and (ins, outs) != (n, n):
+            raise DriverError(
+                self._switch_id,
+                f"device reports size {ins}x{outs}, config says {n}x{n} (port_count {n})",
+            )
+        return DeviceInfo(self._switch_id, vendor, model, firmware, self._caps)
+
+    async def get_cross_connects(self) -> frozenset[CrossConnect]:
+        """Every cross-connect on the switch (RTRV-PATCH). Raises ``DeviceUnreachable``,
+        ``DeviceTimeout``, ``ProtocolError``."""
+        return await self._read_patches(None)
+
+    async def get_power(self, ports: Iterable[int] | None = None) -> dict[int, float]:
+        """Optical power in dBm of ``ports`` (default: all), in the order given
+        (RTRV-PORT-POWER). Raises ``InvalidPort``, ``DeviceUnreachable``, ``DeviceTimeout``,
+        ``ProtocolError``."""
+        wanted = self._port_args(ports)
+        if not wanted:
+            return {}
+        resp = await self._checked("RTRV-PORT-POWER", aid=format_port_list(wanted), ports=wanted)
+        values = self._port_values(resp, "RTRV-PORT-POWER")
+        out: dict[int, float] = {}
+        for port in wanted:
+            raw = values.get(port)
+            if raw is None:
+                raise ProtocolError(self._switch_id, f"RTRV-PORT-POWER: no value for port {port}")
+            try:
+                out[port] = float(raw)
+            except ValueError:
+                raise ProtocolError(
+                    self._switch_id, f"RTRV-PORT-POWER: bad value {raw!r} for port {port}"
+                ) from None
+        return out
+
+    async def get_port_status(self, ports: Iterable[int] | None = None) -> list[PortStatus]:
+        """Status of ``ports`` (default: all) in the order given, from RTRV-PORT-SHUTTER,
+        RTRV-PORT-POWER and RTRV-ALM-ALL sent together (see the module docstring). Raises
+        ``InvalidPort``, ``UnsupportedOperation`` (no shutters), ``DeviceUnreachable``,
+        ``DeviceTimeout``, ``ProtocolError``."""
+        wanted = self._port_args(ports)
+        if not wanted:
+            return []
+        aid = format_port_list(wanted)
+        shutter, power, alarms = await asyncio.gather(
+            self._checked("RTRV-PORT-SHUTTER", aid=aid, ports=wanted),
+            self._checked("RTRV-PORT-POWER", aid=aid, ports=wanted),
+            self._checked("RTRV-ALM-ALL", aid="ALL"),
+        )
+        shutters = self._port_values(shutter, "RTRV-PORT-SHUTTER")
+        powers = self._port_values(power, "RTRV-PORT-POWER")
+        failed: set[int] = set()
+        for line in alarms.lines:
+            try:
+                alarm = parse_alarm_line(line)
+            except Tl1SyntaxError as e:
+                raise ProtocolError(self._switch_id, f"RTRV-ALM-ALL: {e}") from None
+            if alarm.aid.isdigit() and alarm.notification not in {"NA", "NR", "CL"}:
+                failed.add(int(alarm.aid))
+        out: list[PortStatus] = []
+        for port in wanted:
+            state, level = shutters.get(port), powers.get(port)
+            if state is None or level is None:
+                raise ProtocolError(self._switch_id, f"no shutter or power for port {port}")
+            if state.upper() not in {"OPEN", "CLOSED"}:
+                raise ProtocolError(self._switch_id, f"bad shutter state {state!r}")
+            admin = PortAdmin.ENABLED if state.upper() == "OPEN" else PortAdmin.DISABLED
+            try:
+                lit = float(level) > self._opts.los_threshold_dbm
+            except ValueError:
+                raise ProtocolError(self._switch_id, f"bad power {level!r}") from None
+            oper = PortOper.UP if lit else PortOper.DOWN
+            if port in failed:
+                oper = PortOper.FAILED
+            out.append(PortStatus(port, admin, oper))
+        return out
+
+    # --- writes -------------------------------------------------------------------------------
+
+    async def set_port_admin(self, port: int, admin: PortAdmin) -> None:
+        """Enable (RLS-PORT-SHUTTER) or disable (OPR-PORT-SHUTTER) ``port``. Raises
+        ``InvalidPort``, ``UnsupportedOperation``, ``DeviceUnreachable``, ``DeviceTimeout``."""
+        self._port_args([port])
+        code = "RLS-PORT-SHUTTER" if admin is PortAdmin.ENABLED else "OPR-PORT-SHUTTER"
+        await self._checked(code, aid=str(port), ports=[port])
+
+    async def apply(
+        self,
+        target: frozenset[CrossConnect],
+        ports: frozenset[int],
+        mode: ApplyMode = ApplyMode.MINIMAL,
+    ) -> ApplyResult:
+        """Make the cross-connects on ``ports`` equal ``target``: read back, DLT-PATCH the
+        breaks, ENT-PATCH the makes, read back again (``verify``). Nothing to do returns an empty
+        ``ApplyResult`` after the read-back, without a DLT or ENT command.
+
+        Raises ``InvalidPort`` (a port the switch lacks, a target cross-connect leaving
+        ``ports``, a cross-connect on ``ports`` that also uses a port outside them),
+        ``CrossConnectConflict`` (``target`` is not a partial permutation, or the device refused
+        a make because a port is in use), ``HardwareFault``, ``PartialApply`` (part of it took
+        effect; ``result`` says what, learnt by reading back), ``VerificationMismatch``,
+        ``DeviceUnreachable``, ``DeviceTimeout``, ``ProtocolError``.
+        """
+        check_apply_request(self._switch_id, self._caps, target, ports)
+        if not ports:
+            return ApplyResult()
+        async with self._apply_lock:
+            on_ports = self._on_ports(await self._read_patches(ports), ports)
+            if mode is ApplyMode.MINIMAL:
+                breaks = sorted(on_ports - target)
+                makes = sorted(target - on_ports)
+            else:
+                breaks = sorted(on_ports)
+                makes = sorted(target)
+            if not breaks and not makes:
+                return ApplyResult()
+            self._log.debug("tl1 apply", breaks=len(breaks), makes=len(makes))
+            await self._break(breaks, makes, ports)
+            added = await self._make(breaks, makes, ports)
+            if self._opts.verify and self._caps.readback:
+                actual = self._on_ports(await self._read_patches(ports), ports)
+                if actual != target:
+                    raise VerificationMismatch(self._switch_id, target - actual, actual - target)
+            return ApplyResult(tuple(breaks), tuple(added))
+
+    def events(self) -> AsyncIterator[DeviceAlarm]:
+        """Alarms (REPT ALM) from now on until ``close``; while a stream is open the driver
+        reconnects by itself after a drop (every ``reconnect_interval_s``). Alarms sent while
+        disconnected are lost. ``DeviceAlarm.at_s`` is the driver's ``clock`` at receipt (the
+        device's ocrdat/ocrtm wall time is not used); ``port`` is None for a non-port aid.
+        Raises ``DeviceUnreachable`` when not open."""
+        if not self._opened:
+            raise DeviceUnreachable(self._switch_id, "driver is not open")
+        stream = AlarmStream(self._unsubscribe, _ALARM_QUEUE_SIZE)
+        self._subscribers.add(stream)
+        if self._session is None or not self._session.alive:
+            self._start_reconnect()
+        return stream
+
+    # --- apply steps --------------------------------------------------------------------------
+
+    async def _break(
+        self, breaks: list[CrossConnect], makes: list[CrossConnect], ports: frozenset[int]
+    ) -> None:
+        if not breaks:
+            return
+        chunks = self._chunks(breaks)
+        results = await asyncio.gather(
+            *(self._send_patch_command("DLT-PATCH", chunk) for chunk in chunks),
+            return_exceptions=True,
+        )
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if not errors:
+            return
+        first = errors[0]
+        if not isinstance(first, DriverError):
+            raise first
+        after = await self._learn(ports)
+        first = self._refine(first, breaks, after or frozenset())
+        if after is None:
+            raise first
+        removed = [xc for xc in breaks if xc not in after]
+        if len(removed) == len(breaks):
+            self._log.warning(
+                "tl1 DLT-PATCH reply lost but read-back shows it done", error=str(first)
+            )
+            return
+        if not removed:
+            raise first
+        failed = {xc: str(first) for xc in breaks if xc in after}
+        failed.update(dict.fromkeys(makes, "not attempted: a break failed"))
+        raise PartialApply(self._switch_id, ApplyResult(tuple(removed), (), failed))
+
+    async def _make(
+        self, breaks: list[CrossConnect], makes: list[CrossConnect], ports: frozenset[int]
+    ) -> list[CrossConnect]:
+        added: list[CrossConnect] = []
+        chunks = self._chunks(makes)
+        for n, chunk in enumerate(chunks):
+            try:
+                await self._send_patch_command("ENT-PATCH", chunk)
+            except DriverError as error:
+                later = [xc for rest in chunks[n + 1 :] for xc in rest]
+                after = await self._learn(ports)
+                if after is None:
+                    error = self._refine(error, chunk, frozenset())
+                    if not breaks and not added:
+                        raise error from None
+                    failed = {xc: f"unknown: {error}" for xc in chunk}
+                    failed.update(dict.fromkeys(later, "not attempted: an earlier command failed"))
+                    raise PartialApply(
+                        self._switch_id, ApplyResult(tuple(breaks), tuple(added), failed)
+                    ) from error
+                denial = error
+                error = self._refine(error, chunk, after)
+                made_now = [xc for xc in chunk if xc in after]
+                if len(made_now) == len(chunk):
+                    self._log.warning(
+                        "tl1 ENT-PATCH reply lost but read-back shows it done", error=str(error)
+                    )
+                    added += chunk
+                    continue
+                added += made_now
+                if not breaks and not added:
+                    raise error from None
+                failed = {
+                    xc: self._reason_for(xc, denial, str(error))
+                    for xc in chunk
+                    if xc not in after
+                }
+                failed.update(dict.fromkeys(later, "not attempted: an earlier command failed"))
+                raise PartialApply(
+                    self._switch_id, ApplyResult(tuple(breaks), tuple(added), failed)
+                ) from error
+            added += chunk
+        return added
+
+    async def _send_patch_command(self, code: str, chunk: list[CrossConnect]) -> None:
+        """DLT-PATCH by ingress ports, or ENT-PATCH with paired lists; DENY raises
+        ``_Denied``."""
+        if code == "DLT-PATCH":
+            aid = format_port_list(sorted(xc.ingress for xc in chunk))
+            timeout_s = self._opts.timeout_s
+        else:
+            ordered = sorted(chunk)
+            aid = (
+                format_port_list(xc.ingress for xc in ordered)
+                + ","
+                + format_port_list(xc.egress for xc in ordered)
+            )
+            timeout_s = self._opts.timeout_s + self._caps.settle_time_s
+        resp = await self._run(code, aid=aid, idempotent=False, timeout_s=timeout_s)
+        if resp.denied:
+            raise _Denied(self._switch_id, resp, [p for xc in chunk for p in xc.ports()], chunk)
+
+    def _refine(
+        self, error: DriverError, wanted: Sequence[CrossConnect], after: frozenset[CrossConnect]
+    ) -> DriverError:
+        """A DENY mapped with the state read back after it (for conflicts)."""
+        if isinstance(error, _Denied):
+            return deny_error(
+                self._switch_id, error.response, ports=error.ports, wanted=wanted, current=after
+            )
+        return error
+
+    @staticmethod
+    def _reason_for(xc: CrossConnect, error: DriverError, default: str) -> str:
+        """The DENY comment naming ``xc`` (``<in>,<out>: reason``), else ``default``."""
+        comments: Sequence[str] = ()
+        if isinstance(error, _Denied):
+            comments = error.response.comments
+        key = f"{xc.ingress},{xc.egress}"
+        for comment in comments:
+            head, sep, reason = comment.partition(":")
+            if sep and head.strip() == key:
+                return reason.strip() or comment
+        return default
+
+    async def _learn(self, ports: frozenset[int]) -> frozenset[CrossConnect] | None:
+        """The cross-connects touching ``ports`` after a failure (including any that also use
+        ports outside them: a conflict), or None when that read fails too."""
+        try:
+            return await self._read_patches(ports)
+        except DriverError as e:
+            self._log.warning("tl1 read-back after a failed command failed too", error=str(e))
+            return None
+
+    def _on_ports(
+        self, xcs: Iterable[CrossConnect], ports: frozenset[int]
+    ) -> frozenset[CrossConnect]:
+        return cross_connects_on_ports(self._switch_id, xcs, ports)
+
+    def _chunks(self, xcs: list[CrossConnect]) -> list[list[CrossConnect]]:
+        limit = self._caps.max_batch
+        if not xcs:
+            return []  # nothing to send: an ENT-PATCH needs at least one port
+        if limit is None or len(xcs) <= limit:
+            return [xcs]
+        return [xcs[i : i + limit] for i in range(0, len(xcs), limit)]
+
+    # --- command plumbing ---------------------------------------------------------------------
+
+    async def _read_patches(self, ports: Iterable[int] | None) -> frozenset[CrossConnect]:
+        wanted = None if ports is None else sorted(ports)
+        aid = "" if wanted is None else format_port_list(wanted)
+        resp = await self._checked("RTRV-PATCH", aid=aid, ports=wanted or ())
+        return frozenset(self._parse_patch(line) for line in resp.lines)
+
+    def _parse_patch(self, line: str) -> CrossConnect:
+        m = _PATCH_RE.match(line)
+        if m is None:
+            raise ProtocolError(self._switch_id, f"bad RTRV-PATCH line {line!r}")
+        a, b = int(m[1]), int(m[2])
+        caps = self._caps
+        if caps.kind is SwitchKind.DUPLEX:
+            if a == b or a not in caps.port_ids() or b not in caps.port_ids():
+                raise ProtocolError(self._switch_id, f"bad duplex patch {line!r}")
+            return CrossConnect(min(a, b), max(a, b))
+        if caps.is_ingress(a) and caps.is_egress(b):
+            return CrossConnect(a, b)
+        if caps.is_ingress(b) and caps.is_egress(a):
+            return CrossConnect(b, a)
+        raise ProtocolError(self._switch_id, f"patch {line!r} is not ingress,egress")
+
+    def _port_values(self, resp: Tl1Response, code: str) -> dict[int, str]:
+        out: dict[int, str] = {}
+        for line in resp.lines:
+            m = _VALUE_RE.match(line)
+            if m is None:
+                raise ProtocolError(self._switch_id, f"{code}: bad line {line!r}")
+            out[int(m[1])] = m[2]
+        return out
+
+    def _port_args(self, ports: Iterable[int] | None) -> list[int]:
+        valid = self._caps.port_ids()
+        if ports is None:
+            return list(valid)
+        wanted = list(dict.fromkeys(ports))
+        for port in wanted:
+            if port not in valid:
+                raise InvalidPort(self._switch_id, port, "no such port")
+        return wanted
+
+    async def _checked(
+        self,
+        code: str,
+        *,
+        aid: str = "",
+        params: Sequence[str] = (),
+        ports: Sequence[int] = (),
+    ) -> Tl1Response:
+        """A read-only or idempotent command whose DENY raises the mapped error."""
+        resp = await self._run(code, aid=aid, params=params, idempotent=True)
+        if resp.denied:
+            raise deny_error(self._switch_id, resp, ports=ports)
+        return resp
+
+    async def _run(
+        self,
+        code: str,
+        *,
+        aid: str = "",
+        params: Sequence[str] = (),
+        idempotent: bool,
+        timeout_s: float | None = None,
+    ) -> Tl1Response:
+        """Send on the current session (connecting and logging in first when needed). A
+        ``PLNA`` denial is retried once after a new login; an idempotent command whose
+        connection proved dead before its reply started is retried once on a new one."""
+        for attempt in (1, 2):
+            session, fresh = await self._ensure_session()
+            try:
+                resp = await session.command(code, aid=aid, params=params, timeout_s=timeout_s)
+            except ConnectionLost as e:
+                if idempotent and attempt == 1 and not fresh and not e.mid_reply:
+                    self._log.info("tl1 connection was dead; retrying once", code=code)
+                    continue
+                raise
+            if resp.denied and resp.error_code == "PLNA" and attempt == 1:
+                self._log.warning("tl1 session not logged in; logging in again", code=code)
+                await session.close()
+                continue
+            return resp
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _ensure_session(self) -> tuple[Tl1Session, bool]:
+        """The live session and whether it was made by this call."""
+        session = self._session
+        if session is not None and session.alive:
+            return session, False
+        async with self._connect_lock:
+            if not self._opened:
+                raise DeviceUnreachable(self._switch_id, "driver is not open")
+            session = self._session
+            if session is not None and session.alive:
+                return session, False
+            session = await self._connect()
+            self._session = session
+            return session, True
+
+    async def _connect(self) -> Tl1Session:
+        opts = self._opts
+        sid = self._switch_id
+        username, password = self._credentials()
+        try:
+            user_value, password_value = tl1_value(username), tl1_value(password)
+        except ValueError:
+            raise AuthenticationFailed(sid, "credentials must be printable ASCII") from None
+        where = f"{opts.host}:{opts.port}"
+        try:
+            async with asyncio.timeout(opts.connect_timeout_s):
+                reader, writer = await asyncio.open_connection(opts.host, opts.port)
+        except TimeoutError:
+            raise DeviceUnreachable(
+                sid, f"connect to {where}: no answer within {opts.connect_timeout_s:g} s"
+            ) from None
+        except OSError as e:
+            raise DeviceUnreachable(sid, f"connect to {where} failed: {e.strerror or e}") from None
+        session = Tl1Session(
+            sid,
+            reader,
+            writer,
+            timeout_s=opts.timeout_s,
+            tid=opts.tid,
+            on_autonomous=self._on_autonomous,
+            on_lost=self._on_lost,
+        )
+        session.start()
+        try:
+            resp = await session.command(
+                "ACT-USER", aid=user_value, params=(password_value,), secret=True
+            )
+        except BaseException:
+            await session.close()
+            raise
+        if resp.denied:
+            await session.close()
+            error = deny_error(sid, resp)
+            if isinstance(error, DeviceTimeout):
+                raise error
+            # the comment may echo the user name: keep only the code
+            raise AuthenticationFailed(sid, f"login rejected (DENY {resp.error_code})")
+        self._username = username
+        self._log.info("tl1 session open", host=opts.host, port=opts.port)
+        return session
+
+    def _credentials(self) -> tuple[str, str]:
+        opts = self._opts
+
+        def lookup(value: str | None, env: str | None, what: str) -> str:
+            if value is not None:
+                return value
+            assert env is not None
+            found = self._environ.get(env)
+            if not found:
+                raise AuthenticationFailed(
+                    self._switch_id, f"{what}: environment variable {env!r} is not set"
+                )
+            return found
+
+        username = lookup(opts.username, opts.username_env, "username")
+        password = lookup(
+            None if opts.password is None else opts.password.value, opts.password_env, "password"
+        )
+        return username, password
+
+    def _on_lost(self, error: DriverError) -> None:
+        if not self._opened:
+            return
+        self._log.warning("tl1 connection lost", error=str(error))
+        if self._subscribers:
+            self._start_reconnect()
+
+    def _start_reconnect(self) -> None:
+        task = self._reconnect_task
+        if task is None or task.done():
+            self._reconnect_task = asyncio.get_running_loop().create_task(
+                self._reconnect_loop(), name=f"tl1-reconnect-{self._switch_id}"
+            )
+
+    async def _reconnect_loop(self) -> None:
+        while self._opened and self._subscribers:
+            try:
+                await self._ensure_session()
+                return
+            except AuthenticationFailed as e:
+                self._log.error("tl1 reconnect: login rejected; giving up", error=str(e))
+                return
+            except DriverError as e:
+                self._log.debug("tl1 reconnect failed", error=str(e))
+            await self._sleep(self._opts.reconnect_interval_s)
+
+    def _on_autonomous(self, frame: Tl1Autonomous) -> None:
+        if not frame.message.startswith("REPT ALM"):
+            self._log.debug("tl1 autonomous message ignored", message=frame.message)
+            return
+        for line in frame.lines:
+            try:
+                alarm = parse_alarm_line(line)
+            except Tl1SyntaxError as e:
+                self._log.warning("tl1 bad alarm line", error=str(e))
+                continue
+            event = DeviceAlarm(
+                switch_id=self._switch_id,
+                port=int(alarm.aid) if alarm.aid.isdigit() else None,
+                condition=alarm.condition,
+                severity=_SEVERITY.get(alarm.notification, AlarmSeverity.WARNING),
+                at_s=self._clock(),
+                description=alarm.description,
+            )
+            self._log.info(
+                "tl1 alarm", port=event.port, condition=event.condition,
+                severity=event.severity.value,
+            )
+            for stream in self._subscribers:
+                stream.offer(event)
+
+    def _unsubscribe(self, stream: AlarmStream) -> None:
+        self._subscribers.discard(stream)
+
+
+class _Denied(DriverError):
+    """Internal: a DENY from DLT/ENT-PATCH, mapped once the state is read back."""
+
+    def __init__(
+        self,
+        switch_id: str,
+        response: Tl1Response,
+        ports: Sequence[int],
+        wanted: Sequence[CrossConnect],
+    ) -> None:
+        super().__init__(switch_id, "; ".join(response.comments) or f"DENY {response.error_code}")
+        self.response = response
+        self.ports = tuple(ports)
+        self.wanted = tuple(wanted)
+
+
+def make_driver(switch: Switch, context: DriverContext) -> Driver:
+    """The unopened TL1 driver for ``switch`` (config ``model: tl1``). Raises
+    ``lightrail.drivers.registry.DriverConfigError`` for missing or malformed options."""
+    del context  # everything comes from switch.options
+    return Tl1Driver(switch, Tl1Options.from_switch(switch))

@@ -1,0 +1,1 @@
+"""Emulated devices served over real sockets: TL1, RESTCONF, MZI (Qontrol) and whole fabrics."""
