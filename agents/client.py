@@ -44,11 +44,10 @@ from lightrail.controller.api.codec import (
     parallelism_to_pb,
     phase_key_to_pb,
 )
-from lightrail.controller.core.coordinator import ErrorCode
-from lightrail.controller.core.planner import RankPlacement
-from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup
+from lightrail.controller.domain.errors import ErrorCode
+from lightrail.controller.domain.events import JobEvent, JobEventKind
+from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup, RankPlacement
 from lightrail.controller.domain.parallelism import ParallelismSpec
-from lightrail.controller.runtime.events import JobEvent, JobEventKind
 from lightrail.v1 import agent_pb2, agent_pb2_grpc
 
 T = TypeVar("T")

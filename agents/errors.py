@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lightrail.controller.core.coordinator import ErrorCode
+from lightrail.controller.domain.errors import ErrorCode
 
 
 @dataclass(frozen=True, slots=True)

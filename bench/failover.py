@@ -31,10 +31,9 @@ import grpc
 from lightrail.agents.client import ControllerClient
 from lightrail.controller.cli.embedded import embedded_config, running_controller
 from lightrail.controller.config import FabricSection
-from lightrail.controller.core.planner import RankPlacement
-from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup
+from lightrail.controller.domain.events import JobEvent, JobEventKind
+from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup, RankPlacement
 from lightrail.controller.logs import configure_logging
-from lightrail.controller.runtime.events import JobEvent, JobEventKind
 from lightrail.controller.store.etcd_server import EmbeddedEtcd
 from lightrail.v1 import agent_pb2, agent_pb2_grpc
 

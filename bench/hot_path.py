@@ -87,8 +87,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from lightrail.agents.client import ControllerClient
 from lightrail.agents.errors import Admission
 from lightrail.agents.host.agent import HostAgent
-from lightrail.controller.core.planner import RankPlacement
-from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup
+from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup, RankPlacement
 from lightrail.controller.logs import configure_logging
 from lightrail.controller.store.etcd_server import EmbeddedEtcd
 

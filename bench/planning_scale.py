@@ -52,10 +52,10 @@ from lightrail.controller.core.coordinator import (
     Reconfigure,
     Reject,
 )
-from lightrail.controller.core.planner import JobLayout, RankPlacement, layout_job, plan_phase
+from lightrail.controller.core.planner import JobLayout, layout_job, plan_phase
 from lightrail.controller.core.railplan import RailPlan, contiguous_placement, plan_step
 from lightrail.controller.domain.fabric import Fabric, rail_fabric
-from lightrail.controller.domain.model import Collective, PhaseKey
+from lightrail.controller.domain.model import Collective, PhaseKey, RankPlacement
 from lightrail.controller.domain.parallelism import Dim, ParallelismSpec
 
 GPUS_PER_HOST = 8

@@ -27,8 +27,9 @@ from lightrail.controller.api.agent_service import AgentServicer
 from lightrail.controller.api.operator_service import OperatorServicer
 from lightrail.controller.config import Config, build_fabric
 from lightrail.controller.core.advisor import CostAdvisor
-from lightrail.controller.core.coordinator import ErrorCode, PhaseCoordinator
+from lightrail.controller.core.coordinator import PhaseCoordinator
 from lightrail.controller.core.costmodel import LinkModel
+from lightrail.controller.domain.errors import ErrorCode
 from lightrail.controller.domain.fabric import Fabric
 from lightrail.controller.runtime import metrics
 from lightrail.controller.runtime.events import EventBus

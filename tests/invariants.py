@@ -12,8 +12,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from lightrail.agents.replay.replayer import HoldRecord
-from lightrail.controller.core.planner import RankPlacement, layout_job, plan_phase
+from lightrail.controller.core.planner import layout_job, plan_phase
 from lightrail.controller.domain.fabric import Fabric
+from lightrail.controller.domain.model import RankPlacement
 from lightrail.drivers.base import CrossConnect
 from lightrail.emulator.ocs import ChangeAction, ChangeRecord
 

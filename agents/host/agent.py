@@ -24,7 +24,7 @@ import structlog
 
 from lightrail.agents.errors import Admission, ControllerUnavailable, PhaseError, error_for
 from lightrail.controller.api.codec import COLLECTIVE_TO_PB, ERROR_FROM_PB
-from lightrail.controller.core.coordinator import ErrorCode
+from lightrail.controller.domain.errors import ErrorCode
 from lightrail.controller.domain.model import PhaseKey
 from lightrail.v1 import agent_pb2, agent_pb2_grpc
 

@@ -35,10 +35,9 @@ from lightrail.agents.client import ControllerClient, RankSession, placement_of
 from lightrail.agents.errors import PhaseError, PlacementChanged
 from lightrail.agents.host.agent import HostAgent
 from lightrail.agents.replay.trace.model import CommOp, Workload
-from lightrail.controller.core.coordinator import ErrorCode
-from lightrail.controller.core.planner import RankPlacement
-from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup
-from lightrail.controller.runtime.events import JobEvent
+from lightrail.controller.domain.errors import ErrorCode
+from lightrail.controller.domain.events import JobEvent
+from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup, RankPlacement
 from lightrail.v1 import operator_pb2, operator_pb2_grpc
 
 

@@ -27,20 +27,15 @@ from lightrail.controller.api.codec import (
     parallelism_from_pb,
     placements_from_pb,
 )
-from lightrail.controller.core.coordinator import (
-    Admit,
-    DuplicateJob,
-    ErrorCode,
-    Reject,
-    ReleaseError,
-    UnknownJob,
-)
+from lightrail.controller.core.coordinator import Admit, Reject
 from lightrail.controller.core.planner import JobLayout, PlacementError, PlanError
 from lightrail.controller.core.railplan import RailPlanError, plan_step
+from lightrail.controller.domain.errors import DuplicateJob, ErrorCode, ReleaseError, UnknownJob
+from lightrail.controller.domain.events import JobEvent, JobEventKind
 from lightrail.controller.domain.model import PhaseKey
 from lightrail.controller.domain.parallelism import ParallelismError
 from lightrail.controller.runtime import metrics
-from lightrail.controller.runtime.events import EventBus, JobEvent, JobEventKind, SubscriberOverflow
+from lightrail.controller.runtime.events import EventBus, SubscriberOverflow
 from lightrail.controller.runtime.failover import FailoverManager, GpuState
 from lightrail.controller.runtime.phase_service import PhaseService
 from lightrail.controller.store.jobs import JobRecord, JobRepository

@@ -14,11 +14,11 @@ from typing import NoReturn
 
 import grpc
 
-from lightrail.controller.core.coordinator import Admit, ErrorCode, Reject
-from lightrail.controller.core.planner import RankPlacement
-from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup
+from lightrail.controller.core.coordinator import Admit, Reject
+from lightrail.controller.domain.errors import ErrorCode
+from lightrail.controller.domain.events import JobEvent, JobEventKind
+from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup, RankPlacement
 from lightrail.controller.domain.parallelism import ParallelismError, ParallelismSpec, RankOrder
-from lightrail.controller.runtime.events import JobEvent, JobEventKind
 from lightrail.v1 import agent_pb2
 
 MAX_WORLD_SIZE = 1 << 20

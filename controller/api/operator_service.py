@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 import grpc
 
-from lightrail.controller.core.coordinator import FailoverError, UnknownJob
 from lightrail.controller.core.spares import NoSpare
+from lightrail.controller.domain.errors import FailoverError, UnknownJob
 from lightrail.controller.domain.fabric import Fabric
 from lightrail.controller.runtime.failover import FailoverManager, FailoverTimeline
 from lightrail.controller.runtime.phase_service import PhaseService, ReconfigurationDone

@@ -33,14 +33,21 @@ from lightrail.controller.core.planner import (
     JobLayout,
     Plan,
     PlanError,
-    RankPlacement,
     SwitchTarget,
     all_to_all_steps,
     layout_job,
     plan_phase,
 )
+from lightrail.controller.domain.errors import (
+    DuplicateJob,
+    ErrorCode,
+    FailoverBusy,
+    FailoverError,
+    ReleaseError,
+    UnknownJob,
+)
 from lightrail.controller.domain.fabric import Fabric
-from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup
+from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup, RankPlacement
 from lightrail.drivers.base import CrossConnect
 
 
@@ -56,20 +63,6 @@ class Advisor(Protocol):
         nbytes: int,
         compute_gap_s: float,
     ) -> Advice | None: ...
-
-
-class ErrorCode(enum.Enum):
-    """Why an EnterPhase was refused (mirrors ``lightrail.v1.PhaseErrorCode``)."""
-
-    DEADLINE_EXCEEDED = "deadline_exceeded"
-    UNKNOWN_JOB = "unknown_job"
-    INVALID_RANK = "invalid_rank"
-    INVALID_PHASE = "invalid_phase"
-    RANK_BUSY = "rank_busy"
-    DEVICE_FAILURE = "device_failure"
-    PLACEMENT_CHANGED = "placement_changed"
-    NOT_LEADER = "not_leader"
-    CANCELLED = "cancelled"
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,34 +128,7 @@ class Rewire:
     targets: tuple[SwitchTarget, ...]
 
 
-class FailoverError(ValueError):
-    """A rank cannot be moved to the given GPU; the message names the field and value."""
-
-
-class FailoverBusy(FailoverError):
-    """The ports involved are being switched right now: retry once that completes."""
-
-
 Decision = Admit | Reject | Reconfigure | Decided | Rewire
-
-
-class DuplicateJob(ValueError):
-    """A job id is registered already."""
-
-
-class UnknownJob(KeyError):
-    """No job with that id is registered."""
-
-    def __str__(self) -> str:
-        return f"unknown job {self.args[0]!r}"
-
-
-class ReleaseError(ValueError):
-    """A ReleasePhase that does not match what the rank holds; ``code`` says why."""
-
-    def __init__(self, code: ErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 class _RankState(enum.Enum):

@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from lightrail.controller.domain.fabric import Endpoint, Fabric
-from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup
+from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup, RankPlacement
 from lightrail.drivers.base import CrossConnect, SwitchKind
 
 _RING = frozenset(
@@ -42,15 +42,6 @@ class PlanError(ValueError):
 
 class PlacementError(ValueError):
     """A job's rank placement is invalid; the message names the rank and the field."""
-
-
-@dataclass(frozen=True, slots=True)
-class RankPlacement:
-    """Where one rank runs: ``host`` name and local ``gpu`` index."""
-
-    rank: int
-    host: str
-    gpu: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,12 +56,11 @@ from types import MappingProxyType
 from lightrail.controller.core.planner import (
     JobLayout,
     Plan,
-    RankPlacement,
     SwitchTarget,
     all_to_all_steps,
     plan_phase,
 )
-from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup
+from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup, RankPlacement
 from lightrail.controller.domain.parallelism import Dim, ParallelismSpec
 from lightrail.drivers.base import CrossConnect
 

@@ -92,3 +92,12 @@ class PhaseKey:
     def __str__(self) -> str:
         ranks = ",".join(map(str, self.group.ranks))
         return f"{self.collective.value}[{ranks}]#{self.seq}.{self.step}"
+
+
+@dataclass(frozen=True, slots=True)
+class RankPlacement:
+    """Where one rank runs: ``host`` name and local ``gpu`` index."""
+
+    rank: int
+    host: str
+    gpu: int

@@ -27,10 +27,11 @@ from typing import Protocol
 
 import structlog
 
-from lightrail.controller.core.coordinator import FailoverBusy, FailoverError, UnknownJob
 from lightrail.controller.core.spares import NoSpare, pick_spare
+from lightrail.controller.domain.errors import FailoverBusy, FailoverError, UnknownJob
+from lightrail.controller.domain.events import JobEvent, JobEventKind
 from lightrail.controller.runtime import metrics
-from lightrail.controller.runtime.events import EventBus, JobEvent, JobEventKind
+from lightrail.controller.runtime.events import EventBus
 from lightrail.controller.runtime.phase_service import PhaseService
 from lightrail.controller.store.etcd import EtcdStore, Lease, StoreError
 from lightrail.controller.store.jobs import JobRecord, JobRepository

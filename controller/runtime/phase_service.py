@@ -19,16 +19,16 @@ from lightrail.controller.core.coordinator import (
     Admit,
     Decided,
     Decision,
-    ErrorCode,
     PhaseCoordinator,
     Reconfigure,
     Reject,
     Rewire,
-    UnknownJob,
 )
+from lightrail.controller.domain.errors import ErrorCode, UnknownJob
+from lightrail.controller.domain.events import JobEvent, JobEventKind
 from lightrail.controller.domain.model import PhaseKey
 from lightrail.controller.runtime import metrics
-from lightrail.controller.runtime.events import EventBus, JobEvent, JobEventKind
+from lightrail.controller.runtime.events import EventBus
 from lightrail.controller.runtime.reconciler import ReconcilerStopped
 from lightrail.drivers.base import CrossConnect, DeviceAlarm, DeviceUnreachable, DriverError
 

@@ -14,9 +14,8 @@ from lightrail.agents.errors import PhaseError
 from lightrail.agents.replay.replayer import HoldRecord
 from lightrail.controller.cli.embedded import embedded_config, running_controller
 from lightrail.controller.config import build_fabric
-from lightrail.controller.core.coordinator import ErrorCode
-from lightrail.controller.core.planner import RankPlacement
-from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup
+from lightrail.controller.domain.errors import ErrorCode
+from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup, RankPlacement
 from lightrail.controller.store.etcd_server import EmbeddedEtcd
 from lightrail.drivers.base import CrossConnect
 from lightrail.emulator.ocs import EmulatedFabricDevices, EmulatedOcs

@@ -17,9 +17,8 @@ from lightrail.agents.host.local_endpoint import serve_local
 from lightrail.controller.app import RunningController
 from lightrail.controller.cli.embedded import embedded_config, running_controller
 from lightrail.controller.config import FabricSection
-from lightrail.controller.core.coordinator import ErrorCode
-from lightrail.controller.core.planner import RankPlacement
-from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup
+from lightrail.controller.domain.errors import ErrorCode
+from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup, RankPlacement
 from lightrail.controller.store.etcd_server import EmbeddedEtcd
 from lightrail.drivers.base import CrossConnect
 from lightrail.emulator.ocs import EmulatedFabricDevices

@@ -15,9 +15,8 @@ from lightrail.agents.errors import PlacementChanged
 from lightrail.controller.app import RunningController
 from lightrail.controller.cli.embedded import embedded_config, running_controller
 from lightrail.controller.config import FabricSection
-from lightrail.controller.core.planner import RankPlacement
-from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup
-from lightrail.controller.runtime.events import JobEventKind
+from lightrail.controller.domain.events import JobEventKind
+from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup, RankPlacement
 from lightrail.controller.store.etcd import EtcdStore
 from lightrail.controller.store.etcd_server import EmbeddedEtcd
 from lightrail.drivers.base import CrossConnect

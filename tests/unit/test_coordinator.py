@@ -7,16 +7,14 @@ import pytest
 from lightrail.controller.core.coordinator import (
     Admit,
     Decision,
-    DuplicateJob,
-    ErrorCode,
     PhaseCoordinator,
     Reconfigure,
     Reject,
-    ReleaseError,
 )
-from lightrail.controller.core.planner import PlacementError, RankPlacement
+from lightrail.controller.core.planner import PlacementError
+from lightrail.controller.domain.errors import DuplicateJob, ErrorCode, ReleaseError
 from lightrail.controller.domain.fabric import rail_fabric
-from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup
+from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup, RankPlacement
 from lightrail.drivers.base import CrossConnect
 
 N = 4

@@ -7,17 +7,15 @@ import pytest
 from lightrail.controller.core.coordinator import (
     Admit,
     Decision,
-    ErrorCode,
-    FailoverError,
     PhaseCoordinator,
     Reconfigure,
     Reject,
     Rewire,
 )
-from lightrail.controller.core.planner import RankPlacement
 from lightrail.controller.core.spares import NoSpare, pick_spare
+from lightrail.controller.domain.errors import ErrorCode, FailoverError
 from lightrail.controller.domain.fabric import rail_fabric
-from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup
+from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup, RankPlacement
 from lightrail.drivers.base import CrossConnect
 
 # 4 job hosts + 1 spare host (host4), 2 GPUs each; N = 5 ports per side
@@ -119,7 +117,7 @@ def test_two_failures_at_once_in_one_job() -> None:
 
 
 def test_failure_during_a_reconfiguration_waits_for_it() -> None:
-    from lightrail.controller.core.coordinator import FailoverBusy
+    from lightrail.controller.domain.errors import FailoverBusy
 
     c = PhaseCoordinator(FABRIC)
     c.register_job("job", "t", PLACE)

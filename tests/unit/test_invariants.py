@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from lightrail.agents.replay.replayer import HoldRecord
-from lightrail.controller.core.planner import RankPlacement
 from lightrail.controller.domain.fabric import rail_fabric
-from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup
+from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup, RankPlacement
 from lightrail.drivers.base import CrossConnect
 from lightrail.emulator.ocs import ChangeAction, ChangeRecord
 from tests.invariants import check_holds

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
-from lightrail.controller.core.coordinator import Admit, ErrorCode, PhaseCoordinator, Reject
-from lightrail.controller.core.planner import RankPlacement
+from lightrail.controller.core.coordinator import Admit, PhaseCoordinator, Reject
+from lightrail.controller.domain.errors import ErrorCode
 from lightrail.controller.domain.fabric import rail_fabric
-from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup
+from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup, RankPlacement
 from lightrail.controller.runtime.events import EventBus
 from lightrail.controller.runtime.phase_service import PhaseService
 from lightrail.drivers.base import CrossConnect

@@ -7,13 +7,12 @@ import pytest
 from lightrail.controller.core.planner import (
     PlacementError,
     PlanError,
-    RankPlacement,
     all_to_all_steps,
     layout_job,
     plan_phase,
 )
 from lightrail.controller.domain.fabric import rail_fabric
-from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup
+from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup, RankPlacement
 from lightrail.drivers.base import CrossConnect
 
 FABRIC = rail_fabric("t", 4, 2, delay_s=0.0)

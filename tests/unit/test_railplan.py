@@ -10,13 +10,7 @@ from __future__ import annotations
 import pytest
 
 from lightrail.controller.core.coordinator import PhaseCoordinator
-from lightrail.controller.core.planner import (
-    JobLayout,
-    PlanError,
-    RankPlacement,
-    layout_job,
-    plan_phase,
-)
+from lightrail.controller.core.planner import JobLayout, PlanError, layout_job, plan_phase
 from lightrail.controller.core.railplan import (
     EpStrategy,
     RailPlanError,
@@ -32,7 +26,7 @@ from lightrail.controller.domain.fabric import (
     Switch,
     rail_fabric,
 )
-from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup
+from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup, RankPlacement
 from lightrail.controller.domain.parallelism import (
     Dim,
     ParallelismError,
