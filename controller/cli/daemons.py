@@ -1,0 +1,114 @@
+"""`lightrail controller`, `lightrail agent`, `lightrail check-config`: the daemons' composition."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+from pathlib import Path
+
+from lightrail.controller.cli.common import run_async
+from lightrail.controller.config import ConfigError, load_config
+from lightrail.controller.logs import configure_logging
+
+
+def cmd_controller(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_config(Path(args.config) if args.config else None)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    configure_logging(cfg.logging.level, cfg.logging.format)
+
+    async def main() -> int:
+        from lightrail.controller.app import LeadershipLost, RunningController, run_controller
+        from lightrail.controller.cli.embedded import embedded_config
+        from lightrail.controller.store.etcd_server import EmbeddedEtcd
+
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        def announce(rc: RunningController) -> None:
+            if args.announce:
+                print(json.dumps({"grpc": rc.grpc_target, "metrics": rc.metrics_url}),
+                      flush=True)
+
+        try:
+            if cfg.etcd.embedded:
+                async with EmbeddedEtcd() as etcd:
+                    c2 = embedded_config(etcd.endpoint, cfg.fabric)
+                    c2 = c2.model_copy(update={"controller": cfg.controller})
+                    await run_controller(c2, stop, on_started=announce)
+            else:
+                await run_controller(cfg, stop, on_started=announce)
+        except LeadershipLost as exc:
+            print(f"lightrail controller: {exc}", file=sys.stderr)
+            return 1
+        return 0
+
+    return run_async(main())
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_config(Path(args.config))
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    from lightrail.controller.config import build_fabric
+    from lightrail.drivers.registry import DriverConfigError, DriverContext, create_driver
+    from lightrail.emulator.ocs import EmulatedFabricDevices
+
+    fabric = build_fabric(cfg.fabric)
+    context = DriverContext(emulated_devices=EmulatedFabricDevices())
+    problems = []
+    for sw in fabric.switches.values():
+        try:
+            create_driver(sw, context=context)  # validates model and options; opens nothing
+        except DriverConfigError as exc:
+            problems.append(str(exc))
+    if problems:
+        print(f"{args.config}: invalid configuration:\n  " + "\n  ".join(problems),
+              file=sys.stderr)
+        return 2
+    print(f"{args.config}: OK: fabric {fabric.name!r}, {len(fabric.hosts)} hosts, "
+          f"{len(fabric.switches)} switches, {len(fabric.endpoints)} endpoints")
+    return 0
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    configure_logging(args.log_level, "json")
+
+    async def main() -> int:
+        from lightrail.agents.host.agent import HostAgent
+        from lightrail.agents.host.health import (
+            HealthConfig,
+            NvmlUnavailableError,
+            create_health_source,
+        )
+        from lightrail.agents.host.local_endpoint import serve_local
+        from lightrail.agents.host.reporter import HealthReporter
+
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            source = await create_health_source(args.host, HealthConfig(
+                emulated_fallback=args.health == "auto", emulated_gpus=args.emulated_gpus))
+        except NvmlUnavailableError as exc:
+            print(f"lightrail agent: {exc}", file=sys.stderr)
+            return 1
+        reporter = HealthReporter(source, args.controller)
+        async with HostAgent(args.host, args.controller) as agent, asyncio.TaskGroup() as tg:
+            monitor = tg.create_task(source.run(), name="health-monitor")
+            link = tg.create_task(reporter.run(), name="health-reporter")
+            await serve_local(agent, args.controller, args.socket, stop)
+            monitor.cancel()
+            link.cancel()
+        return 0
+
+    return run_async(main())

@@ -1,0 +1,144 @@
+"""Operator commands over OperatorService: status, switches, circuits, jobs, gpus, hosts,
+failover, drain."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import grpc
+from google.protobuf.json_format import MessageToDict
+from google.protobuf.message import Message
+from rich.table import Table
+
+from lightrail.controller.cli.common import make_console, run_async
+from lightrail.v1 import operator_pb2, operator_pb2_grpc
+
+
+async def _operator_call(
+    target: str, call: Callable[[operator_pb2_grpc.OperatorServiceStub], Any]
+) -> Message:
+    async with grpc.aio.insecure_channel(target) as ch:
+        stub = operator_pb2_grpc.OperatorServiceStub(ch)
+        result: Message = await call(stub)
+        return result
+
+
+def _operator(args: argparse.Namespace, call: Callable[[Any], Any],
+              render: Callable[[Any], Table | str]) -> int:
+    async def main() -> int:
+        try:
+            resp = await _operator_call(args.controller, call)
+        except grpc.aio.AioRpcError as exc:
+            print(f"lightrail {args.cmd}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            return 1
+        if args.json:
+            print(json.dumps(MessageToDict(resp, always_print_fields_with_no_presence=True),
+                             indent=2))
+        else:
+            make_console().print(render(resp))
+        return 0
+
+    return run_async(main())
+
+
+def table(title: str, cols: Sequence[str], rows: Sequence[Sequence[object]]) -> Table:
+    t = Table(title=title)
+    for c in cols:
+        t.add_column(c)
+    for r in rows:
+        t.add_row(*(str(x) for x in r))
+    return t
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    def render(r: operator_pb2.GetStatusResponse) -> Table:
+        return table("controller", ["replica", "leader", "fabric", "jobs", "switches",
+                                     "cross-connects", "reconfigurations", "uptime s"],
+                      [[r.replica_id, r.leader, r.fabric, r.jobs, r.switches, r.cross_connects,
+                        r.reconfigurations, f"{r.uptime_s:.0f}"]])
+    return _operator(args, lambda s: s.GetStatus(operator_pb2.GetStatusRequest(), timeout=10),
+                     render)
+
+
+def cmd_switches(args: argparse.Namespace) -> int:
+    def render(r: operator_pb2.ListSwitchesResponse) -> Table:
+        return table("switches", ["switch", "model", "kind", "ports", "rail", "delay ms",
+                                   "cross-connects", "reconfigurations"],
+                      [[s.switch_id, s.model, s.kind, s.port_count,
+                        s.rail if s.has_rail else "-", f"{s.reconfiguration_delay_s * 1e3:g}",
+                        s.cross_connects, s.reconfigurations] for s in r.switches])
+    return _operator(args, lambda s: s.ListSwitches(operator_pb2.ListSwitchesRequest(),
+                                                    timeout=10), render)
+
+
+def cmd_circuits(args: argparse.Namespace) -> int:
+    def render(r: operator_pb2.ListCircuitsResponse) -> Table:
+        return table("cross-connects", ["switch", "ingress", "egress", "from", "to", "job"],
+                      [[c.switch_id, c.ingress, c.egress, c.from_endpoint or "-",
+                        c.to_endpoint or "-", c.job_id or "-"] for c in r.cross_connects])
+    req = operator_pb2.ListCircuitsRequest(switch_id=args.switch or "", job_id=args.job or "")
+    return _operator(args, lambda s: s.ListCircuits(req, timeout=10), render)
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    def render(r: operator_pb2.ListJobsResponse) -> Table:
+        return table("jobs", ["job", "tenant", "ranks", "hosts", "admitted", "reconfigurations",
+                               "last phase"],
+                      [[j.job_id, j.tenant, j.world_size, len(j.hosts), j.phases_admitted,
+                        j.reconfigurations, j.current_phase or "-"] for j in r.jobs])
+    return _operator(args, lambda s: s.ListJobs(operator_pb2.ListJobsRequest(), timeout=10),
+                     render)
+
+
+def cmd_gpus(args: argparse.Namespace) -> int:
+    def render(r: operator_pb2.ListGpusResponse) -> Table:
+        return table("GPUs", ["host", "gpu", "domain", "spare host", "health", "reason",
+                               "job", "rank", "heartbeat age s"],
+                      [[g.host, g.gpu, g.failure_domain, g.spare_host, g.state, g.reason or "-",
+                        g.job_id or "-", g.rank if g.has_rank else "-",
+                        f"{g.heartbeat_age_s:.1f}" if g.heartbeat_age_s >= 0 else "-"]
+                       for g in r.gpus])
+    return _operator(args, lambda s: s.ListGpus(operator_pb2.ListGpusRequest(), timeout=10),
+                     render)
+
+
+def _timeline_table(title: str, fos: Sequence[operator_pb2.FailoverResponse]) -> Table:
+    return table(title, ["job", "rank", "from", "to", "planned ms", "confirmed ms",
+                          "notified ms"],
+                  [[f.job_id, f.rank, f"{f.from_host}/gpu{f.from_gpu}",
+                    f"{f.to_host}/gpu{f.to_gpu}", f"{f.planned_s * 1e3:.1f}",
+                    f"{f.device_confirmed_s * 1e3:.1f}", f"{f.job_notified_s * 1e3:.1f}"]
+                   for f in fos])
+
+
+def cmd_failover(args: argparse.Namespace) -> int:
+    spare_host, spare_gpu = "", 0
+    if args.to:
+        host, _, gpu = args.to.rpartition(":")
+        if not host or not gpu.isdigit():
+            print(f"lightrail failover: --to: expected HOST:GPU, got {args.to!r}",
+                  file=sys.stderr)
+            return 2
+        spare_host, spare_gpu = host, int(gpu)
+    req = operator_pb2.FailoverRequest(job_id=args.job, rank=args.rank, spare_host=spare_host,
+                                       spare_gpu=spare_gpu, reason=args.reason)
+    return _operator(args, lambda s: s.Failover(req, timeout=60),
+                     lambda r: _timeline_table("failover", [r]))
+
+
+def cmd_drain(args: argparse.Namespace) -> int:
+    req = operator_pb2.DrainRequest(host=args.host, reason=args.reason)
+    return _operator(args, lambda s: s.Drain(req, timeout=120),
+                     lambda r: _timeline_table(f"drained {args.host}", list(r.failovers)))
+
+
+def cmd_hosts(args: argparse.Namespace) -> int:
+    def render(r: operator_pb2.ListHostsResponse) -> Table:
+        return table("hosts", ["host", "failure domain", "gpus", "spare"],
+                      [[h.name, h.failure_domain, h.gpus, h.spare] for h in r.hosts])
+    return _operator(args, lambda s: s.ListHosts(operator_pb2.ListHostsRequest(), timeout=10),
+                     render)

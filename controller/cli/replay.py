@@ -1,0 +1,234 @@
+"""`lightrail replay`, `lightrail demo`, `lightrail evaluate`: traces through a controller or
+the cost model."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import grpc
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from lightrail.controller.cli.common import DLRM_TRACE, make_console, run_async, shared_data_dir
+from lightrail.controller.logs import configure_logging
+from lightrail.v1 import operator_pb2, operator_pb2_grpc
+
+
+def _print_report(console: Console, report: Any, fabric: str, delay_ms: float) -> None:
+    from lightrail.agents.replay.replayer import ReplayReport
+
+    assert isinstance(report, ReplayReport)
+    hosts = sorted({p.host for p in report.placements})
+    console.print(
+        f"[bold]job {report.job_id}[/]: {report.world_size} ranks on {len(hosts)} hosts of "
+        f"fabric {fabric} (reconfiguration delay {delay_ms:g} ms), {report.iterations} "
+        f"iterations in {report.wall_s:.2f} s"
+    )
+    for note in report.notes:
+        console.print(f"  note: {note}")
+    if report.scale_up_ops:
+        console.print(f"  note: {report.scale_up_ops} rank-ops were on groups inside one host "
+                      "(scale-up, e.g. TP over NVLink): no circuit, no controller call")
+    if report.unplanned_ops:
+        console.print(f"  note: {report.unplanned_ops} rank-ops had no known process group and "
+                      "ran without circuits")
+    table = Table(title="Per-phase summary (admission latency: last arrival -> admission, "
+                        "device delay excluded)")
+    for col in ("phase", "count", "reconfig", "adm p50 ms", "adm p99 ms", "device ms",
+                "stall ms/iter"):
+        table.add_column(col, justify="left" if col == "phase" else "right")
+    for r in report.rows:
+        table.add_row(r.phase, str(r.count), str(r.reconfigurations), f"{r.p50_ms:.3f}",
+                      f"{r.p99_ms:.3f}", f"{r.device_ms:.2f}", f"{r.stall_ms_per_iter:.2f}")
+    console.print(table)
+    console.print(f"total stall per iteration (mean per rank): {report.stall_ms_per_iter:.2f} ms")
+    prov = report.provisioning
+    if prov is not None:
+        state = "learned" if prov.learned else "not learned"
+        console.print(
+            f"provisioning (schedule {state}): {prov.hits} phases switched ahead and ready, "
+            f"{prov.late} still switching when ranks came, {prov.misses} switched on demand "
+            f"-> hit rate {prov.hit_rate:.0%}")
+
+
+async def _hosts(target: str) -> list[Any]:
+    from lightrail.agents.replay.replayer import HostSlot
+
+    async with grpc.aio.insecure_channel(target) as ch:
+        resp = await operator_pb2_grpc.OperatorServiceStub(ch).ListHosts(
+            operator_pb2.ListHostsRequest(), timeout=10.0)
+    return [HostSlot(h.name, tuple(h.wired_gpus)) for h in resp.hosts if not h.spare]
+
+
+async def _inject_gpu_failure(
+    target: str, gpu: tuple[str, int], reached: asyncio.Event
+) -> None:
+    """Once ``reached`` is set, report ``gpu`` lost (XID 79) as its host agent would."""
+    from lightrail.v1 import agent_pb2, agent_pb2_grpc
+
+    await reached.wait()
+    async with grpc.aio.insecure_channel(target) as ch:
+        call = agent_pb2_grpc.AgentServiceStub(ch).HealthStream()  # type: ignore[call-arg]
+        await call.write(agent_pb2.HealthReport(host=gpu[0], gpus=[agent_pb2.GpuHealth(
+            gpu=gpu[1], state=agent_pb2.GPU_FAILED, reason="GPU has fallen off the bus",
+            xid=79, has_xid=True)]))
+        await call.read()
+        await asyncio.Event().wait()  # keep the stream (the host's heartbeat) open
+
+
+async def replay_main(
+    trace: Path,
+    *,
+    controller: str | None,
+    fabric: str | None,
+    delay_ms: float,
+    iterations: int,
+    time_scale: float,
+    job_id: str,
+    as_json: bool,
+    progress: bool,
+    max_ops: int | None = None,
+    fail_gpu: tuple[str, int] | None = None,
+    fail_after: int = 2,
+    devices: str = "tl1",
+) -> int:
+    """Load ``trace``, run it through a controller (embedded when ``controller`` is None),
+    print the summary. ``fail_gpu`` (host, gpu): after ``fail_after`` iterations that GPU's
+    emulated host reports it lost (NVML XID 79) and the job goes on with a spare. Returns the
+    exit code."""
+    from lightrail.agents.client import ControllerClient, JobRegistrationError
+    from lightrail.agents.replay.replayer import Replayer, ReplayError, report_to_json
+    from lightrail.agents.replay.trace.loader import load_workload
+    from lightrail.agents.replay.trace.model import TraceError
+
+    err = make_console(stderr=True)
+    try:
+        workload = load_workload(trace)
+    except (TraceError, OSError) as exc:
+        err.print(f"lightrail replay: {exc}")
+        return 2
+    fabric_name = fabric or ("demo-4x2" if workload.world_size <= 8 else "rail-16x8")
+
+    async def run(target: str) -> int:
+        hosts = await _hosts(target)
+        try:
+            replayer = Replayer(workload, target, hosts, job_id=job_id, iterations=iterations,
+                                time_scale=time_scale, max_ops=max_ops)
+        except ReplayError as exc:
+            err.print(f"lightrail replay: {exc}")
+            return 2
+        bar = Progress(TextColumn("replaying {task.description}"), BarColumn(),
+                       MofNCompleteColumn(), TimeElapsedColumn(), console=err,
+                       disable=not progress or as_json)
+        reached = asyncio.Event()
+        with bar:
+            task = bar.add_task(trace.name, total=iterations)
+
+            def on_progress(done: int, _total: int) -> None:
+                bar.update(task, completed=done)
+                if done >= fail_after:
+                    reached.set()
+
+            replayer.on_progress = on_progress
+            injector = (asyncio.create_task(_inject_gpu_failure(target, fail_gpu, reached),
+                                            name="inject-failure")
+                        if fail_gpu is not None else None)
+            async with ControllerClient(target) as client:
+                try:
+                    report = await replayer.run(client)
+                except (ReplayError, JobRegistrationError) as exc:
+                    err.print(f"lightrail replay: {exc}")
+                    return 1
+                finally:
+                    if injector is not None:
+                        injector.cancel()
+        if fail_gpu is not None and not as_json:
+            for ev in replayer.placement_events:
+                f = ev.fields
+                err.print(
+                    f"[bold]failover[/]: {ev.message}\n  timeline from detection: planned "
+                    f"{float(f.get('planned_s', 0)) * 1e3:.1f} ms, switch confirmed "
+                    f"{float(f.get('device_confirmed_s', 0)) * 1e3:.1f} ms, placement stored "
+                    f"{float(f.get('stored_s', 0)) * 1e3:.1f} ms; the job restarted the "
+                    f"iteration from its checkpoint ({replayer.restarts} restart(s))")
+        if as_json:
+            print(json.dumps(report_to_json(report), indent=2))
+        else:
+            _print_report(make_console(), report, fabric_name if controller is None else target,
+                          delay_ms)
+        return 0
+
+    if controller is not None:
+        return await run(controller)
+    from lightrail.controller.cli.embedded import embedded_config, spawn_controller
+    from lightrail.controller.store.etcd_server import EmbeddedEtcd
+    from lightrail.emulator.ocs import EmulatedFabricDevices
+    from lightrail.emulator.servers.fabric import emulated_rails, rail_section
+
+    # the demo fabric plus one spare host wired to both rails when failover needs a spare
+    spares = 1 if fail_gpu is not None else 0
+    section = rail_section(fabric_name, spares=spares, delay_ms=delay_ms)
+    fabric_name = section.name or fabric_name
+    if progress and not as_json:
+        how = {"tl1": "TL1 (Polatis dialect) over TCP", "restconf": "RESTCONF over HTTP",
+               "emulated": "the in-process driver"}[devices]
+        err.print(f"starting an embedded etcd, emulated switches speaking {how}, and a "
+                  f"controller process (fabric {fabric_name}) ...")
+    async with EmbeddedEtcd() as etcd, \
+            emulated_rails(section, EmulatedFabricDevices(), devices) as served:
+        cfg = embedded_config(etcd.endpoint, served)
+        async with spawn_controller(cfg) as child:
+            return await run(child.grpc_target)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    configure_logging("warning", "console")
+    return run_async(replay_main(
+        Path(args.trace), controller=args.controller, fabric=args.fabric,
+        delay_ms=args.delay_ms, iterations=args.iterations, time_scale=args.time_scale,
+        job_id=args.job_id, as_json=args.json, progress=not args.no_progress,
+        max_ops=args.max_ops, devices=args.devices,
+    ))
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    configure_logging("warning", "console")
+    trace = Path(args.trace) if args.trace else shared_data_dir() / DLRM_TRACE
+    fail_gpu = None
+    if args.fail_gpu:
+        host, _, gpu = args.fail_gpu.rpartition(":")
+        if not host or not gpu.isdigit():
+            print(f"lightrail demo: --fail-gpu: expected HOST:GPU, got {args.fail_gpu!r}",
+                  file=sys.stderr)
+            return 2
+        fail_gpu = (host, int(gpu))
+    if not trace.exists():
+        print(f"lightrail demo: trace not found: {trace} (set LIGHTRAIL_DATA to the folder "
+              "holding traces/param-dlrm-8rank)", file=sys.stderr)
+        return 2
+    console = make_console(stderr=True)
+    console.print("[bold]Lightrail demo[/]: an embedded etcd, the controller driving 2 emulated "
+                  "rail OCSes over TL1 sockets (4 hosts x 2 GPUs), and 4 host agents replaying "
+                  "the recorded DLRM training step of 8 ranks (PyTorch Kineto)"
+                  + (", failing a GPU after 2 iterations." if args.fail_gpu else "."))
+    return run_async(replay_main(
+        trace, controller=None, fabric="demo-4x2", delay_ms=args.delay_ms,
+        iterations=args.iterations, time_scale=args.time_scale, job_id="dlrm-demo",
+        as_json=False, progress=True, fail_gpu=fail_gpu, devices=args.devices,
+    ))
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from lightrail.agents.replay.evaluate import evaluate_main
+
+    return evaluate_main(
+        Path(args.workload), args.delay_ms, Path(args.out) if args.out else None,
+        fabric=args.fabric, max_ops=args.max_ops, link_gbps=args.link_gbps,
+        alpha_us=args.alpha_us, scale_up_gbps=args.scale_up_gbps, as_json=args.json,
+    )
