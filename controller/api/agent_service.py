@@ -23,10 +23,10 @@ from lightrail.controller.api.codec import (
     check_timeout,
     compute_gap_hint,
     event_to_pb,
-    fill_reply,
     parallelism_from_pb,
     placements_from_pb,
 )
+from lightrail.controller.api.replies import fill_reply
 from lightrail.controller.core.coordinator import Admit, Reject
 from lightrail.controller.core.planner import JobLayout, PlacementError, PlanError
 from lightrail.controller.core.railplan import RailPlanError, plan_step

@@ -1,5 +1,10 @@
 """Protobuf <-> domain conversion, at the gRPC edge only.
 
+Imports only the domain (``lightrail.controller.domain``) and the generated stubs
+(``lightrail.v1``): the job-side library (``lightrail.agents.client``) and the host agent load it.
+Encoding the coordinator's decisions lives with the servicer, in
+``lightrail.controller.api.replies``.
+
 Bad input raises ``InvalidRequest`` whose message names the field and the value; callers map it
 to ``INVALID_ARGUMENT`` (unary) or an ``INVALID_PHASE`` reply (stream).
 """
@@ -14,7 +19,6 @@ from typing import NoReturn
 
 import grpc
 
-from lightrail.controller.core.coordinator import Admit, Reject
 from lightrail.controller.domain.errors import ErrorCode
 from lightrail.controller.domain.events import JobEvent, JobEventKind
 from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup, RankPlacement
@@ -254,49 +258,6 @@ def placements_from_pb(ranks: Sequence[agent_pb2.RankPlacement]) -> list[RankPla
             raise InvalidRequest(f"ranks[{i}].host: empty")
         out.append(RankPlacement(r.rank, r.host, r.gpu))
     return out
-
-
-def fill_reply(reply: agent_pb2.PhaseReply, decision: Admit | Reject, steps: int) -> None:
-    """Write an admission or refusal into ``reply`` in place (the PhaseStream hot path)."""
-    if isinstance(decision, Admit):
-        a = reply.admitted
-        a.job_id = decision.job_id
-        a.rank = decision.rank
-        a.request_id = decision.request_id
-        a.noop = decision.noop
-        a.steps = steps
-        a.device_s = decision.device_s
-    else:
-        e = reply.error
-        e.job_id = decision.job_id
-        e.rank = decision.rank
-        e.request_id = decision.request_id
-        e.code = ERROR_TO_PB[decision.code]
-        e.message = decision.message
-
-
-def reply_to_pb(decision: Admit | Reject, steps: int) -> agent_pb2.PhaseReply:
-    """Encode an admission or refusal for a PhaseStream."""
-    if isinstance(decision, Admit):
-        return agent_pb2.PhaseReply(
-            admitted=agent_pb2.Admission(
-                job_id=decision.job_id,
-                rank=decision.rank,
-                request_id=decision.request_id,
-                noop=decision.noop,
-                steps=steps,
-                device_s=decision.device_s,
-            )
-        )
-    return agent_pb2.PhaseReply(
-        error=agent_pb2.PhaseError(
-            job_id=decision.job_id,
-            rank=decision.rank,
-            request_id=decision.request_id,
-            code=ERROR_TO_PB[decision.code],
-            message=decision.message,
-        )
-    )
 
 
 def event_to_pb(event: JobEvent) -> agent_pb2.JobEvent:
