@@ -47,6 +47,9 @@ is network output 0..N-1. Heater channel c drives element ``benes.BenesNetwork.e
 (stage-major); a daisy chain of 8-channel modules may have spare channels after the last
 element, which are written as 0 V.
 
+The wire syntax, error codes and port <-> network mapping are in ``lightrail.drivers.siph.wire``,
+the heater calibration in ``lightrail.drivers.siph.calibration``.
+
 Protocol source (Qontrol Ltd, ``qontrol`` Python library v1.1.1, github.com/takeqontrol/api,
 ``qontrol.py``): commands are ``[header][channel][operator][value]\\n`` with operator ``=`` (set)
 or ``?`` (get); a set answers ``OK``; ``id?`` answers ``<type>-<serial>`` (e.g. ``Q8iv-0001``);
@@ -63,11 +66,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import json
-import math
-import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -99,6 +99,23 @@ from lightrail.drivers.base import (
 )
 from lightrail.drivers.siph import benes
 from lightrail.drivers.siph.benes import BenesNetwork, ElementState
+from lightrail.drivers.siph.calibration import (
+    DEFAULT_TOLERANCE_V,
+    DEFAULT_V_BAR,
+    DEFAULT_V_CROSS,
+    CalibrationTable,
+)
+from lightrail.drivers.siph.wire import (
+    ERROR_RE,
+    ERROR_TEXT,
+    ID_RE,
+    NUMBER_RE,
+    QontrolError,
+    egress_to_output,
+    format_volts,
+    ingress_to_input,
+    lit_cross_connects,
+)
 
 if TYPE_CHECKING:
     from lightrail.controller.domain.fabric import Switch
@@ -109,297 +126,8 @@ Sleep = Callable[[float], Awaitable[None]]
 
 _log = structlog.get_logger(__name__)
 
-DEFAULT_V_BAR = 1.5
-"""Default heater voltage (V) that puts an element in the bar state (per-element values come
-from the calibration table; real meshes need one per element because of fabrication phase
-errors)."""
-DEFAULT_V_CROSS = 2.5
-"""Default heater voltage (V) for the cross state."""
-DEFAULT_TOLERANCE_V = 0.05
-"""A read-back within this many volts of a calibrated set-point counts as that state."""
 DEFAULT_TIMEOUT_S = 2.0
 """Deadline of one request/reply exchange (seconds)."""
-CHANNELS_PER_MODULE = 8
-"""Channels of one Q8iv-style module; a daisy chain has a multiple of this."""
-
-_ERROR_RE = re.compile(r"[A-Za-z]{1,3}(\d+):(\d+)")
-_ID_RE = re.compile(r"Q\w+-[0-9A-Fa-f*]+")
-_NUMBER_RE = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
-
-
-class QontrolError(enum.IntEnum):
-    """Error codes of Qontrol modules (``qontrol.py`` ``COMMON_ERRORS`` and ``Qx_ERRORS``),
-    replied as ``E<code:02d>:<channel:02d>``."""
-
-    UNKNOWN = 0
-    OVER_VOLTAGE = 1
-    OVER_CURRENT = 2
-    POWER = 3
-    CALIBRATION = 4
-    OUTPUT = 5
-    UNRECOGNISED_COMMAND = 10
-    UNRECOGNISED_PARAMETER = 11
-    UNRECOGNISED_CHANNEL = 12
-    FORBIDDEN = 13
-    BUFFER_OVERFLOW = 14
-    SERIAL = 15
-    TIMED_OUT = 16
-    TOO_MANY_ERRORS = 30
-    FIRMWARE_TRAP = 31
-    POWERED_UP = 90
-
-
-_ERROR_TEXT = {
-    QontrolError.UNKNOWN: "unknown error",
-    QontrolError.OVER_VOLTAGE: "over-voltage",
-    QontrolError.OVER_CURRENT: "over-current",
-    QontrolError.POWER: "power error",
-    QontrolError.CALIBRATION: "calibration error",
-    QontrolError.OUTPUT: "output error",
-    QontrolError.UNRECOGNISED_COMMAND: "unrecognised command",
-    QontrolError.UNRECOGNISED_PARAMETER: "unrecognised input parameter",
-    QontrolError.UNRECOGNISED_CHANNEL: "unrecognised channel",
-    QontrolError.FORBIDDEN: "operation forbidden",
-    QontrolError.BUFFER_OVERFLOW: "serial buffer overflow",
-    QontrolError.SERIAL: "serial communication error",
-    QontrolError.TIMED_OUT: "command timed out",
-    QontrolError.TOO_MANY_ERRORS: "too many errors",
-    QontrolError.FIRMWARE_TRAP: "firmware trap",
-    QontrolError.POWERED_UP: "powered up",
-}
-
-
-def format_error(code: QontrolError, channel: int) -> str:
-    """The reply line (without newline) for error ``code`` on ``channel``, e.g. ``E02:05``."""
-    return f"E{int(code):02d}:{channel:02d}"
-
-
-def format_volts(volts: float) -> str:
-    """A voltage as written on the wire (4 decimals, 0.1 mV)."""
-    return f"{volts:.4f}"
-
-
-def ingress_to_input(port: int) -> int:
-    """Network input (0-based) of canonical ingress ``port`` (1..N)."""
-    return port - 1
-
-
-def egress_to_output(size: int, port: int) -> int:
-    """Network output (0-based) of canonical egress ``port`` (N+1..2N)."""
-    return port - size - 1
-
-
-def path_cross_connect(size: int, path: benes.LightPath) -> CrossConnect | None:
-    """The canonical cross-connect a lit light path makes (None when its light is lost)."""
-    if path.output is None:
-        return None
-    return CrossConnect(path.input + 1, size + 1 + path.output)
-
-
-def lit_cross_connects(size: int, paths: Iterable[benes.LightPath]) -> frozenset[CrossConnect]:
-    """The cross-connects of every lit path in ``paths`` (canonical port ids)."""
-    out: set[CrossConnect] = set()
-    for p in paths:
-        xc = path_cross_connect(size, p)
-        if xc is not None:
-            out.add(xc)
-    return frozenset(out)
-
-
-# --- calibration -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ElementCalibration:
-    """Heater set-points of one MZI element in volts: ``v_bar`` gives the bar state,
-    ``v_cross`` the cross state (measured per element in the lab). ``ValueError`` naming the
-    field when one is negative or not finite."""
-
-    v_bar: float
-    v_cross: float
-
-    def __post_init__(self) -> None:
-        for name, v in (("v_bar", self.v_bar), ("v_cross", self.v_cross)):
-            if not math.isfinite(v) or v < 0:
-                raise ValueError(f"{name}: must be a finite voltage >= 0, got {v!r}")
-
-    def volts(self, state: ElementState) -> float:
-        """The set-point for ``state`` (V)."""
-        return self.v_bar if state is ElementState.BAR else self.v_cross
-
-    def state(self, volts: float, tolerance_v: float) -> ElementState | None:
-        """The state a heater at ``volts`` gives: BAR or CROSS within ``tolerance_v`` of its
-        set-point, None (undefined, lossy) otherwise."""
-        if abs(volts - self.v_bar) <= tolerance_v:
-            return ElementState.BAR
-        if abs(volts - self.v_cross) <= tolerance_v:
-            return ElementState.CROSS
-        return None
-
-    def off_volts(self, tolerance_v: float) -> float:
-        """A set-point that is neither state: 0 V when that is far enough from both, else the
-        midpoint of the two."""
-        if self.state(0.0, 2 * tolerance_v) is None:
-            return 0.0
-        return (self.v_bar + self.v_cross) / 2
-
-
-@dataclass(frozen=True, slots=True)
-class CalibrationTable:
-    """Per-element calibration of a ``size``-port mesh, ``elements`` indexed by heater channel
-    (``BenesNetwork.channel``), and the read-back ``tolerance_v`` (V).
-
-    Raises ``ValueError`` naming the field: wrong element count, tolerance not > 0, or an element
-    whose bar and cross set-points are within 2 * ``tolerance_v`` of each other (read-back could
-    not tell them apart).
-    """
-
-    size: int
-    elements: tuple[ElementCalibration, ...]
-    tolerance_v: float = DEFAULT_TOLERANCE_V
-
-    def __post_init__(self) -> None:
-        net = BenesNetwork(self.size)
-        if len(self.elements) != net.element_count:
-            raise ValueError(
-                f"calibration: expected {net.element_count} elements for {self.size} ports, "
-                f"got {len(self.elements)}"
-            )
-        if not math.isfinite(self.tolerance_v) or self.tolerance_v <= 0:
-            raise ValueError(f"tolerance_v: must be > 0, got {self.tolerance_v!r}")
-        for channel, cal in enumerate(self.elements):
-            if abs(cal.v_bar - cal.v_cross) <= 2 * self.tolerance_v:
-                raise ValueError(
-                    f"calibration[{net.element(channel)}]: v_bar {cal.v_bar} and v_cross "
-                    f"{cal.v_cross} are within 2 * tolerance_v ({self.tolerance_v}) of each other"
-                )
-
-    @classmethod
-    def uniform(
-        cls,
-        size: int,
-        v_bar: float = DEFAULT_V_BAR,
-        v_cross: float = DEFAULT_V_CROSS,
-        tolerance_v: float = DEFAULT_TOLERANCE_V,
-    ) -> CalibrationTable:
-        """Every element with the same set-points."""
-        net = BenesNetwork(size)
-        cal = ElementCalibration(v_bar, v_cross)
-        return cls(size, (cal,) * net.element_count, tolerance_v)
-
-    def with_element(
-        self, element: benes.Element, calibration: ElementCalibration
-    ) -> CalibrationTable:
-        """A copy with ``element`` recalibrated."""
-        channel = BenesNetwork(self.size).channel(element)
-        elements = list(self.elements)
-        elements[channel] = calibration
-        return CalibrationTable(self.size, tuple(elements), self.tolerance_v)
-
-    def setpoints(self, states: Sequence[ElementState | None]) -> tuple[float, ...]:
-        """Heater set-points (V, by channel) for element ``states``; None sets the element
-        off (``ElementCalibration.off_volts``)."""
-        if len(states) != len(self.elements):
-            raise ValueError(
-                f"states: expected {len(self.elements)} element states, got {len(states)}"
-            )
-        return tuple(
-            cal.off_volts(self.tolerance_v) if s is None else cal.volts(s)
-            for cal, s in zip(self.elements, states, strict=True)
-        )
-
-    def states(self, volts: Sequence[float]) -> tuple[ElementState | None, ...]:
-        """Element states (by channel) of heater read-backs ``volts`` (V; extra spare
-        channels after the last element are ignored). ``ValueError`` when too few."""
-        if len(volts) < len(self.elements):
-            raise ValueError(
-                f"volts: expected at least {len(self.elements)} channels, got {len(volts)}"
-            )
-        return tuple(
-            cal.state(v, self.tolerance_v) for cal, v in zip(self.elements, volts, strict=False)
-        )
-
-    @classmethod
-    def parse(
-        cls,
-        size: int,
-        text: str,
-        *,
-        v_bar: float = DEFAULT_V_BAR,
-        v_cross: float = DEFAULT_V_CROSS,
-        tolerance_v: float = DEFAULT_TOLERANCE_V,
-    ) -> CalibrationTable:
-        """The table from the inline config form: ``v_bar``/``v_cross`` for every element,
-        overridden by entries ``<stage>.<row>:<v_bar>:<v_cross>`` separated by commas,
-        semicolons or whitespace (e.g. ``"0.1:1.52:2.61, 2.3:1.48:2.55"``). Raises
-        ``ValueError`` naming the offending ``calibration`` entry."""
-        table = cls.uniform(size, v_bar, v_cross, tolerance_v)
-        net = BenesNetwork(size)
-        elements = list(table.elements)
-        for entry in re.split(r"[,;\s]+", text.strip()):
-            if not entry:
-                continue
-            m = re.fullmatch(r"(\d+)\.(\d+):([^:]+):([^:]+)", entry)
-            if m is None:
-                raise ValueError(
-                    f"calibration: entry {entry!r} is not <stage>.<row>:<v_bar>:<v_cross>"
-                )
-            element = benes.Element(int(m.group(1)), int(m.group(2)))
-            try:
-                channel = net.channel(element)
-                cal = ElementCalibration(float(m.group(3)), float(m.group(4)))
-            except ValueError as e:
-                raise ValueError(f"calibration: entry {entry!r}: {e}") from None
-            elements[channel] = cal
-        return cls(size, tuple(elements), tolerance_v)
-
-    @classmethod
-    def from_json(cls, size: int, data: object) -> CalibrationTable:
-        """The table from a JSON document ``{"v_bar": V, "v_cross": V, "tolerance_v": V,
-        "elements": [{"stage": s, "row": r, "v_bar": V, "v_cross": V}, ...]}`` (every key
-        optional). Raises ``ValueError`` naming the offending field."""
-        if not isinstance(data, Mapping):
-            raise ValueError("calibration_file: top level must be an object")
-        unknown = set(data) - {"v_bar", "v_cross", "tolerance_v", "elements"}
-        if unknown:
-            raise ValueError(f"calibration_file: unknown keys {sorted(unknown)}")
-
-        def num(obj: Mapping[str, object], key: str, default: float, where: str) -> float:
-            v = obj.get(key, default)
-            if isinstance(v, bool) or not isinstance(v, int | float):
-                raise ValueError(f"{where}.{key}: must be a number, got {v!r}")
-            return float(v)
-
-        table = cls.uniform(
-            size,
-            num(data, "v_bar", DEFAULT_V_BAR, "calibration_file"),
-            num(data, "v_cross", DEFAULT_V_CROSS, "calibration_file"),
-            num(data, "tolerance_v", DEFAULT_TOLERANCE_V, "calibration_file"),
-        )
-        entries = data.get("elements", [])
-        if not isinstance(entries, list):
-            raise ValueError("calibration_file.elements: must be a list")
-        net = BenesNetwork(size)
-        elements = list(table.elements)
-        for n, entry in enumerate(entries):
-            where = f"calibration_file.elements[{n}]"
-            if not isinstance(entry, Mapping):
-                raise ValueError(f"{where}: must be an object")
-            stage, row = entry.get("stage"), entry.get("row")
-            if not isinstance(stage, int) or not isinstance(row, int):
-                raise ValueError(f"{where}: stage and row must be integers")
-            try:
-                channel = net.channel(benes.Element(stage, row))
-                cal = ElementCalibration(
-                    num(entry, "v_bar", DEFAULT_V_BAR, where),
-                    num(entry, "v_cross", DEFAULT_V_CROSS, where),
-                )
-            except ValueError as e:
-                raise ValueError(f"{where}: {e}") from None
-            elements[channel] = cal
-        return cls(size, tuple(elements), table.tolerance_v)
-
-
 # --- properties and errors ---------------------------------------------------------------------
 
 
@@ -434,7 +162,7 @@ class HeaterChannelFault(HardwareFault):
         where = f"channel {channel}" + (f" ({element})" if element is not None else "")
         super().__init__(
             switch_id,
-            f"{_ERROR_TEXT[code]} on heater {where} (E{int(code):02d}) in reply to {command!r}",
+            f"{ERROR_TEXT[code]} on heater {where} (E{int(code):02d}) in reply to {command!r}",
         )
         self.code = code
         self.channel = channel
@@ -914,7 +642,7 @@ class SiphDriver:
         return ProtocolError(self._switch_id, message)
 
     def _number(self, text: str, command: str) -> float:
-        if _NUMBER_RE.fullmatch(text) is None:
+        if NUMBER_RE.fullmatch(text) is None:
             self._drop()
             raise self._protocol(f"expected a number in reply to {command}, got {text[:40]!r}")
         return float(text)
@@ -937,7 +665,7 @@ class SiphDriver:
         conn = _Conn(reader, writer)
         self._conn = conn
         ident = (await self._raw(conn, "id?", 1))[0]
-        if _ID_RE.fullmatch(ident) is None:
+        if ID_RE.fullmatch(ident) is None:
             self._drop()
             raise self._protocol(f"not a Qontrol-style device id: {ident[:40]!r}")
         count = (await self._raw(conn, "nchan?", 1))[0]
@@ -1016,7 +744,7 @@ class SiphDriver:
             text = raw.decode("ascii").rstrip("\r\n")
         except UnicodeDecodeError:
             raise self._protocol(f"non-ASCII reply to {command!r}: {raw[:40]!r}") from None
-        m = _ERROR_RE.fullmatch(text)
+        m = ERROR_RE.fullmatch(text)
         if m is not None:
             raise self._device_error(int(m.group(1)), int(m.group(2)), command)
         return text
@@ -1038,7 +766,7 @@ class SiphDriver:
         if err is QontrolError.TIMED_OUT:
             return DeviceTimeout(sid, f"device timed out on {command!r} (E16)")
         return self._protocol(
-            f"device rejected {command!r}: {_ERROR_TEXT[err]} "
+            f"device rejected {command!r}: {ERROR_TEXT[err]} "
             f"(E{code:02d}, channel {channel})"
         )
 

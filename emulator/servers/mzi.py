@@ -88,9 +88,9 @@ from lightrail.drivers.base import (
     SwitchKind,
 )
 from lightrail.drivers.siph import benes
-from lightrail.drivers.siph.driver import (
+from lightrail.drivers.siph.calibration import CalibrationTable
+from lightrail.drivers.siph.wire import (
     CHANNELS_PER_MODULE,
-    CalibrationTable,
     QontrolError,
     format_error,
     format_volts,

@@ -36,14 +36,13 @@ from lightrail.drivers.base import (
 from lightrail.drivers.registry import DriverConfigError, DriverContext
 from lightrail.drivers.siph import driver as siph
 from lightrail.drivers.siph.benes import BenesNetwork, Element
+from lightrail.drivers.siph.calibration import CalibrationTable, ElementCalibration
 from lightrail.drivers.siph.driver import (
-    CalibrationTable,
-    ElementCalibration,
     HeaterChannelFault,
-    QontrolError,
     ReroutingRequired,
     SiphDriver,
 )
+from lightrail.drivers.siph.wire import QontrolError
 from lightrail.emulator.ocs import (
     CONNECTED_POWER_DBM,
     NO_LIGHT_DBM,
