@@ -26,7 +26,9 @@ other), then reads back and raises ``VerificationMismatch`` unless the ports hol
 target. TL1 has no transaction spanning DLT and ENT: when the ENT is refused after the DLT took
 effect the driver reads back and raises ``PartialApply`` saying what changed.
 
-DENY error codes (Telcordia GR-833 names; Polatis usage where observed) map to errors:
+DENY error codes (Telcordia GR-833 names; Polatis usage where observed) map to errors
+(``lightrail.drivers.tl1.errors``; the session and its ctag matching are in
+``lightrail.drivers.tl1.session``):
 
 =====================================================  =======================================
 ``PICC`` ``PLNA`` ``PIUI`` ``PIUC`` ``PIPW``            ``AuthenticationFailed`` (a command
@@ -63,15 +65,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
-import functools
 import os
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -82,14 +82,12 @@ from lightrail.drivers.base import (
     ApplyResult,
     AuthenticationFailed,
     CrossConnect,
-    CrossConnectConflict,
     DeviceAlarm,
     DeviceInfo,
     DeviceTimeout,
     DeviceUnreachable,
     Driver,
     DriverError,
-    HardwareFault,
     InvalidPort,
     PartialApply,
     PortAdmin,
@@ -102,14 +100,12 @@ from lightrail.drivers.base import (
     check_apply_request,
     cross_connects_on_ports,
 )
+from lightrail.drivers.tl1.errors import deny_error
+from lightrail.drivers.tl1.session import ConnectionLost, Tl1Session
 from lightrail.drivers.tl1.wire import (
-    FrameSplitter,
-    Tl1Acknowledgment,
     Tl1Autonomous,
     Tl1Response,
     Tl1SyntaxError,
-    decode_frame,
-    format_command,
     format_port_list,
     parse_alarm_line,
     tl1_value,
@@ -121,156 +117,15 @@ if TYPE_CHECKING:
 
 _log = structlog.get_logger(__name__)
 
-_READ_CHUNK = 65536
 _ALARM_QUEUE_SIZE = 1024
-_MAX_CTAG = 999_999
 _PATCH_RE = re.compile(r"^\s*(\d+)\s*,\s*(\d+)\s*$")
 _VALUE_RE = re.compile(r"^\s*(\d+)\s*:\s*(\S+)\s*$")
 _SIZE_RE = re.compile(r"SIZE=(\d+)x(\d+)", re.IGNORECASE)
-_PORT_IN_TEXT_RE = re.compile(r"port\D{0,3}(\d+)", re.IGNORECASE)
 
 Clock = Callable[[], float]
 """Returns the current time in seconds (monotonic)."""
 Sleep = Callable[[float], Awaitable[None]]
 """Waits the given number of seconds."""
-
-
-# --- errors and the DENY mapping -----------------------------------------------------------------
-
-
-class Tl1CommandRejected(DriverError):
-    """The device denied a command for a reason that is not about ports, state or privilege
-    (malformed input, a parameter it does not accept). ``code`` is the TL1 error code. Not
-    retryable: the same command would be denied again."""
-
-    def __init__(self, switch_id: str, code: str, message: str) -> None:
-        super().__init__(switch_id, message)
-        self.code = code
-
-
-class UnsupportedOperation(DriverError):
-    """The device does not support the command this call needs (DENY ``ICNV``/``IICM``), e.g. a
-    Polatis model without shutters asked for ``set_port_admin``. Not retryable."""
-
-
-class DenyCategory(enum.Enum):
-    """What a DENY error code says, for the mapping to ``DriverError`` subclasses."""
-
-    AUTH = "auth"
-    INVALID_PORT = "invalid_port"
-    CONFLICT = "conflict"
-    HARDWARE = "hardware"
-    BUSY = "busy"
-    UNSUPPORTED = "unsupported"
-    REJECTED = "rejected"
-
-
-DENY_CODES: Mapping[str, DenyCategory] = MappingProxyType(
-    {
-        # privilege (GR-833 P*): bad login, not logged in, illegal user
-        "PICC": DenyCategory.AUTH,
-        "PLNA": DenyCategory.AUTH,
-        "PIUI": DenyCategory.AUTH,
-        "PIUC": DenyCategory.AUTH,
-        "PIPW": DenyCategory.AUTH,
-        # input: the access identifier / data names a port that does not exist or is misplaced
-        "IIAC": DenyCategory.INVALID_PORT,
-        "IDNV": DenyCategory.INVALID_PORT,
-        "IDRG": DenyCategory.INVALID_PORT,
-        # status: already assigned (a port in use by another patch)
-        "SAAS": DenyCategory.CONFLICT,
-        # status / equipment: the operation failed in the device
-        "SROF": DenyCategory.HARDWARE,
-        "SWFA": DenyCategory.HARDWARE,
-        "SPFA": DenyCategory.HARDWARE,
-        "EQWT": DenyCategory.HARDWARE,
-        # status: not ready, resources busy (try again)
-        "SDNR": DenyCategory.BUSY,
-        "SARB": DenyCategory.BUSY,
-        # the command itself is not valid here
-        "ICNV": DenyCategory.UNSUPPORTED,
-        "IICM": DenyCategory.UNSUPPORTED,
-        # malformed input
-        "IICT": DenyCategory.REJECTED,
-        "IPNV": DenyCategory.REJECTED,
-        "IPMS": DenyCategory.REJECTED,
-        "IPEX": DenyCategory.REJECTED,
-        "IBEX": DenyCategory.REJECTED,
-        "IBMS": DenyCategory.REJECTED,
-        "ISCH": DenyCategory.REJECTED,
-        "ISPC": DenyCategory.REJECTED,
-        "IITA": DenyCategory.REJECTED,
-        "IISP": DenyCategory.REJECTED,
-        "IISY": DenyCategory.REJECTED,
-    }
-)
-"""DENY error code -> category; codes not listed are ``DenyCategory.REJECTED``."""
-
-
-def deny_error(
-    switch_id: str,
-    response: Tl1Response,
-    *,
-    ports: Sequence[int] = (),
-    wanted: Iterable[CrossConnect] = (),
-    current: Iterable[CrossConnect] = (),
-) -> DriverError:
-    """The error for a DENY ``response`` (see the table in the module docstring).
-
-    ``ports`` are the ports the command named (for ``InvalidPort`` when the comment names
-    none); ``wanted`` the cross-connects it tried to make and ``current`` the device state read
-    back after the denial (for ``CrossConnectConflict``). A conflict whose existing
-    cross-connect cannot be found becomes ``Tl1CommandRejected``.
-    """
-    code = response.error_code or "????"
-    detail = f"DENY {code}"
-    if response.comments:
-        detail += ": " + "; ".join(response.comments)
-    category = DENY_CODES.get(code, DenyCategory.REJECTED)
-    if category is DenyCategory.AUTH:
-        return AuthenticationFailed(switch_id, detail)
-    if category is DenyCategory.INVALID_PORT:
-        port = _port_named(response.comments)
-        if port is None and ports:
-            port = ports[0]
-        if port is None:
-            return Tl1CommandRejected(switch_id, code, detail)
-        return InvalidPort(switch_id, port, detail)
-    if category is DenyCategory.CONFLICT:
-        conflict = _find_conflict(wanted, current)
-        if conflict is None:
-            return Tl1CommandRejected(switch_id, code, detail)
-        return CrossConnectConflict(switch_id, conflict[0], conflict[1])
-    if category is DenyCategory.HARDWARE:
-        return HardwareFault(switch_id, detail)
-    if category is DenyCategory.BUSY:
-        return DeviceTimeout(switch_id, detail)
-    if category is DenyCategory.UNSUPPORTED:
-        return UnsupportedOperation(switch_id, detail)
-    return Tl1CommandRejected(switch_id, code, detail)
-
-
-def _port_named(comments: Iterable[str]) -> int | None:
-    for comment in comments:
-        m = _PORT_IN_TEXT_RE.search(comment)
-        if m is not None:
-            return int(m[1])
-    return None
-
-
-def _find_conflict(
-    wanted: Iterable[CrossConnect], current: Iterable[CrossConnect]
-) -> tuple[CrossConnect, CrossConnect] | None:
-    by_port: dict[int, CrossConnect] = {}
-    for xc in current:
-        by_port[xc.ingress] = xc
-        by_port[xc.egress] = xc
-    for xc in wanted:
-        for port in xc.ports():
-            existing = by_port.get(port)
-            if existing is not None and existing != xc:
-                return xc, existing
-    return None
 
 
 _SEVERITY: Mapping[str, AlarmSeverity] = MappingProxyType(
@@ -375,220 +230,6 @@ class Tl1Options:
             verify=verify,
             los_threshold_dbm=number("los_threshold_dbm", -30.0, positive=False),
         )
-
-
-# --- one TL1 session -----------------------------------------------------------------------------
-
-
-class StreamWriterLike(Protocol):
-    """The part of ``asyncio.StreamWriter`` a session uses."""
-
-    def write(self, data: bytes) -> None: ...
-
-    async def drain(self) -> None: ...
-
-    def close(self) -> None: ...
-
-    def is_closing(self) -> bool: ...
-
-    async def wait_closed(self) -> None: ...
-
-
-class ConnectionLost(DeviceUnreachable):
-    """The connection dropped while a command waited for its reply. ``mid_reply`` is True
-    when part of a frame had arrived (the command may or may not have taken effect)."""
-
-    def __init__(self, switch_id: str, message: str, *, mid_reply: bool) -> None:
-        super().__init__(switch_id, message)
-        self.mid_reply = mid_reply
-
-
-@dataclass(slots=True)
-class _Pending:
-    code: str
-    future: asyncio.Future[Tl1Response]
-    lines: list[str] = field(default_factory=list)
-    comments: list[str] = field(default_factory=list)
-
-
-class Tl1Session:
-    """One TL1 connection: sends commands with fresh ctags, reads frames in a background task,
-    resolves each caller's future by ctag, hands autonomous messages to ``on_autonomous`` and
-    reports the loss of the connection once to ``on_lost``.
-
-    ``command`` returns the response (COMPLD or DENY; the caller maps DENY). It raises
-    ``DeviceTimeout`` after ``timeout_s`` seconds without the final frame of the reply,
-    ``DeviceUnreachable`` (``ConnectionLost``) when the connection is or goes down, and
-    ``ProtocolError`` when the device sent something unparseable (the session then closes).
-    """
-
-    def __init__(
-        self,
-        switch_id: str,
-        reader: asyncio.StreamReader,
-        writer: StreamWriterLike,
-        *,
-        timeout_s: float,
-        tid: str = "",
-        on_autonomous: Callable[[Tl1Autonomous], None] | None = None,
-        on_lost: Callable[[DriverError], None] | None = None,
-    ) -> None:
-        self._switch_id = switch_id
-        self._reader = reader
-        self._writer = writer
-        self._timeout_s = timeout_s
-        self._tid = tid
-        self._on_autonomous = on_autonomous
-        self._on_lost = on_lost
-        self._splitter = FrameSplitter()
-        self._pending: dict[str, _Pending] = {}
-        self._ctag = 0
-        self._lost: DriverError | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._log = _log.bind(switch=switch_id)
-
-    @property
-    def alive(self) -> bool:
-        """True until the connection is lost or closed."""
-        return self._lost is None
-
-    @property
-    def in_flight(self) -> int:
-        """Commands sent and not yet answered."""
-        return len(self._pending)
-
-    def start(self) -> None:
-        """Start the reader task (call once, inside the running loop)."""
-        if self._task is None:
-            self._task = asyncio.create_task(
-                self._read_loop(), name=f"tl1-reader-{self._switch_id}"
-            )
-
-    async def command(
-        self,
-        code: str,
-        *,
-        aid: str = "",
-        params: Sequence[str] = (),
-        timeout_s: float | None = None,
-        secret: bool = False,
-    ) -> Tl1Response:
-        """Send one command and wait for its complete reply (``>`` parts are merged).
-        ``secret`` keeps the aid out of the debug log (login)."""
-        if self._lost is not None:
-            raise ConnectionLost(
-                self._switch_id, f"connection lost earlier: {self._lost}", mid_reply=False
-            )
-        ctag = self._next_ctag()
-        text = format_command(code, ctag, tid=self._tid, aid=aid, params=params)
-        future: asyncio.Future[Tl1Response] = asyncio.get_running_loop().create_future()
-        self._pending[ctag] = _Pending(code, future)
-        self._log.debug("tl1 send", code=code, ctag=ctag, aid=None if secret else aid)
-        deadline_s = self._timeout_s if timeout_s is None else timeout_s
-        try:
-            try:
-                self._writer.write(text.encode("ascii"))
-                await self._writer.drain()
-            except (ConnectionError, OSError) as e:
-                error = ConnectionLost(self._switch_id, f"send failed: {e}", mid_reply=False)
-                self._lose(lambda: error)
-                raise error from None
-            try:
-                async with asyncio.timeout(deadline_s):
-                    return await future
-            except TimeoutError:
-                raise DeviceTimeout(
-                    self._switch_id, f"{code} (ctag {ctag}): no reply within {deadline_s:g} s"
-                ) from None
-        finally:
-            self._pending.pop(ctag, None)
-
-    async def close(self) -> None:
-        """Close the connection; pending commands fail with ``DeviceUnreachable``."""
-        self._lose(lambda: ConnectionLost(self._switch_id, "session closed", mid_reply=False))
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        with contextlib.suppress(OSError, TimeoutError):
-            async with asyncio.timeout(1.0):
-                await self._writer.wait_closed()
-
-    def _next_ctag(self) -> str:
-        while True:
-            self._ctag = self._ctag % _MAX_CTAG + 1
-            ctag = str(self._ctag)
-            if ctag not in self._pending:
-                return ctag
-
-    async def _read_loop(self) -> None:
-        make_error: Callable[[], DriverError] | None = None
-        sid = self._switch_id
-        try:
-            while True:
-                try:
-                    data = await self._reader.read(_READ_CHUNK)
-                except (ConnectionError, OSError) as e:
-                    make_error = functools.partial(
-                        ConnectionLost, sid, f"connection failed: {e}",
-                        mid_reply=self._splitter.pending,
-                    )
-                    return
-                if not data:
-                    mid = self._splitter.pending
-                    reason = "connection closed by the device" + (" mid-reply" if mid else "")
-                    make_error = functools.partial(ConnectionLost, sid, reason, mid_reply=mid)
-                    return
-                try:
-                    for raw in self._splitter.feed(data):
-                        frame = decode_frame(raw)
-                        if frame is not None:
-                            self._dispatch(frame)
-                except Tl1SyntaxError as e:
-                    make_error = functools.partial(
-                        ProtocolError, sid, f"unparseable reply, connection dropped: {e}"
-                    )
-                    self._log.warning("tl1 garbage from device", error=str(e))
-                    return
-        finally:
-            self._lose(
-                make_error
-                or (lambda: ConnectionLost(sid, "session reader stopped", mid_reply=False))
-            )
-
-    def _dispatch(self, frame: Tl1Response | Tl1Autonomous | Tl1Acknowledgment) -> None:
-        if isinstance(frame, Tl1Response):
-            pending = self._pending.get(frame.ctag)
-            if pending is None or pending.future.done():
-                self._log.debug(
-                    "tl1 reply for no waiting command (late or stray)",
-                    ctag=frame.ctag, completion=frame.completion.value,
-                )
-                return
-            pending.lines.extend(frame.lines)
-            pending.comments.extend(frame.comments)
-            if frame.final:
-                pending.future.set_result(
-                    replace(frame, lines=tuple(pending.lines), comments=tuple(pending.comments))
-                )
-        elif isinstance(frame, Tl1Autonomous):
-            if self._on_autonomous is not None:
-                self._on_autonomous(frame)
-        else:
-            self._log.debug("tl1 acknowledgment", code=frame.code, ctag=frame.ctag)
-
-    def _lose(self, make_error: Callable[[], DriverError]) -> None:
-        if self._lost is not None:
-            return
-        self._lost = make_error()
-        for pending in list(self._pending.values()):
-            if not pending.future.done():
-                pending.future.set_exception(make_error())
-        with contextlib.suppress(OSError, RuntimeError):
-            self._writer.close()
-        if self._on_lost is not None:
-            self._on_lost(self._lost)
 
 
 # --- the driver ----------------------------------------------------------------------------------

@@ -21,15 +21,14 @@ from lightrail.drivers.base import (
     InvalidPort,
     ProtocolError,
 )
-from lightrail.drivers.tl1.driver import (
+from lightrail.drivers.tl1.errors import (
     DENY_CODES,
-    ConnectionLost,
     DenyCategory,
     Tl1CommandRejected,
-    Tl1Session,
     UnsupportedOperation,
     deny_error,
 )
+from lightrail.drivers.tl1.session import ConnectionLost, Tl1Session
 from lightrail.drivers.tl1.wire import (
     AlarmCode,
     AlarmLine,
