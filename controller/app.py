@@ -36,8 +36,10 @@ from lightrail.controller.runtime.events import EventBus
 from lightrail.controller.runtime.failover import EtcdHealthStore, FailoverManager
 from lightrail.controller.runtime.phase_service import PhaseService
 from lightrail.controller.runtime.reconciler import Reconciler
-from lightrail.controller.store.etcd import CoalescingWriter, EtcdStore, LeaderElection
+from lightrail.controller.store.election import LeaderElection
+from lightrail.controller.store.etcd import EtcdStore
 from lightrail.controller.store.jobs import CorruptJobRecord, EtcdJobRepository
+from lightrail.controller.store.writer import CoalescingWriter
 from lightrail.drivers.base import Driver
 from lightrail.drivers.registry import DriverContext, create_driver
 from lightrail.emulator.ocs import EmulatedFabricDevices

@@ -24,7 +24,8 @@ from typing import Final, Self
 
 import structlog
 
-from lightrail.controller.store.etcd import EtcdStore, StoreError
+from lightrail.controller.store.errors import StoreError
+from lightrail.controller.store.etcd import EtcdStore
 
 ETCD_BINARY: Final = "etcd"
 ETCD_DEBIAN_PACKAGE: Final = "etcd-server"

@@ -77,7 +77,7 @@ class JobRepository(Protocol):
 
 
 class EtcdJobRepository:
-    """``JobRepository`` over ``lightrail.controller.store.EtcdStore``: one key per job under
+    """``JobRepository`` over ``lightrail.controller.store.etcd.EtcdStore``: one key per job under
     ``jobs/``."""
 
     PREFIX = "jobs/"

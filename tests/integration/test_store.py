@@ -16,24 +16,26 @@ import aetcd
 import grpc
 import pytest
 
-from lightrail.controller.store.etcd import (
-    Backoff,
-    CoalescingWriter,
+from lightrail.controller.store.client import translated
+from lightrail.controller.store.election import LeaderElection
+from lightrail.controller.store.errors import (
     CorruptValue,
-    EtcdStore,
-    EventKind,
     FlushFailed,
-    LeaderElection,
-    Snapshot,
     StoreRequestFailed,
     StoreUnavailable,
     UnsupportedSchema,
+)
+from lightrail.controller.store.etcd import EtcdStore
+from lightrail.controller.store.etcd_server import EmbeddedEtcd, EtcdNotInstalledError
+from lightrail.controller.store.timing import Backoff
+from lightrail.controller.store.types import (
+    EventKind,
+    Snapshot,
     WatchBatch,
     WatchEvent,
     WatchEvents,
-    _translated,
 )
-from lightrail.controller.store.etcd_server import EmbeddedEtcd, EtcdNotInstalledError
+from lightrail.controller.store.writer import CoalescingWriter
 from tests.integration.conftest import StoreFactory
 
 TTL_S = 2  # etcd's minimum lease TTL with default timing
@@ -72,11 +74,11 @@ def test_grpc_client_side_internal_error_counts_as_unavailable() -> None:
 
     transport = status(grpc.StatusCode.INTERNAL, "Internal error from Core")
     refused = status(grpc.StatusCode.INTERNAL, "etcdserver: corrupt cluster")
-    with pytest.raises(StoreUnavailable), _translated("watch"):
+    with pytest.raises(StoreUnavailable), translated("watch"):
         raise aetcd.InternalError("Internal error from Core") from transport
-    with pytest.raises(StoreRequestFailed), _translated("watch"):
+    with pytest.raises(StoreRequestFailed), translated("watch"):
         raise aetcd.InternalError("etcdserver: corrupt cluster") from refused
-    with pytest.raises(StoreUnavailable), _translated("put"):
+    with pytest.raises(StoreUnavailable), translated("put"):
         raise status(grpc.StatusCode.UNAVAILABLE, "connection refused")
 
 

@@ -1,0 +1,212 @@
+"""Leader election among controller replicas over the etcd store (DESIGN.md, "High availability").
+
+etcd behaviour relied on (etcd API v3, https://etcd.io/docs/v3.4/learning/api/): a lease
+expires ``TTL`` seconds after etcd last saw a keep-alive for it, never earlier, and etcd deletes
+the keys attached to it; a transaction comparing a key's create_revision with 0 succeeds only
+while the key is absent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+
+from lightrail.controller.store.client import SHUTDOWN_TIMEOUT_S, bounded, cancel_task
+from lightrail.controller.store.errors import CorruptValue, StoreError, StoreUnavailable
+from lightrail.controller.store.etcd import EtcdStore
+from lightrail.controller.store.types import (
+    EventKind,
+    KeyValue,
+    Lease,
+    Snapshot,
+    WatchEvents,
+)
+
+_log = structlog.get_logger(__name__)
+
+
+class LeaderElection:
+    """One leader among controller replicas (DESIGN.md, "High availability").
+
+    ``campaign()`` creates the key ``key`` (relative, default ``"leader"``) holding
+    ``{"replica_id": replica_id}``, attached to a lease of ``ttl_s`` seconds that the store keeps
+    alive, through a transaction that succeeds only if the key is absent. While another replica
+    holds it, ``campaign()`` watches the key and tries again once it is deleted (its lease revoked
+    or expired).
+
+    Same replica id: a replica that restarts under the same ``replica_id`` takes over its own
+    stale key at once (compare-and-swap on the key's mod_revision) instead of waiting up to a
+    TTL for its previous lease to expire. So two live processes must never share a replica id.
+
+    Self-fencing: ``is_leader`` is cleared and then ``fenced`` is set (with ``fence_reason``) as
+    soon as the lease has not been renewed for ``ttl_s / 2`` seconds (measured from the send time
+    of the last acknowledged keep-alive), or the leader key is deleted or overwritten. etcd
+    cannot expire the lease, and so no other replica can win, before ``ttl_s`` seconds after
+    that send time: the leader stops at least ``ttl_s / 2`` seconds before anyone can take over.
+    Code that commands devices must check ``is_leader`` right before each command. After
+    fencing the lease is revoked (best effort) so another replica can take over; an election
+    object campaigns once: create a new one to campaign again.
+    """
+
+    def __init__(
+        self, store: EtcdStore, replica_id: str, *, ttl_s: int = 10, key: str = "leader"
+    ) -> None:
+        if not replica_id:
+            raise ValueError("replica_id must be non-empty")
+        store.full_key(key)  # validates
+        self.replica_id = replica_id
+        self.key = key
+        self.ttl_s = ttl_s
+        self.is_leader = asyncio.Event()
+        self.fenced = asyncio.Event()
+        self.fence_reason: str | None = None
+        self._store = store
+        self._lease: Lease | None = None
+        self._monitor: asyncio.Task[None] | None = None
+        self._campaigned = False
+        self._log = _log.bind(replica_id=replica_id, election_key=store.full_key(key))
+
+    @property
+    def lease(self) -> Lease | None:
+        """The lease holding the leader key while this replica leads."""
+        return self._lease
+
+    def _holder(self, kv: KeyValue) -> str:
+        data = kv.value
+        if not isinstance(data, dict) or not isinstance(data.get("replica_id"), str):
+            raise CorruptValue(kv.key, "leader record has no string 'replica_id'")
+        holder: str = data["replica_id"]
+        return holder
+
+    async def current_leader(self) -> str | None:
+        """Replica id of the current leader, or None. Raises StoreUnavailable, CorruptValue."""
+        kv = await self._store.get(self.key)
+        return None if kv is None else self._holder(kv)
+
+    async def campaign(self) -> None:
+        """Block until this replica leads (``is_leader`` set). Raises StoreError (unavailable,
+        corrupt leader record), RuntimeError if called twice. Cancellation is safe: no lease is
+        left behind."""
+        if self._campaigned:
+            raise RuntimeError("a LeaderElection campaigns once; create a new one")
+        self._campaigned = True
+        value = {"replica_id": self.replica_id}
+        while True:
+            lease = await self._store.grant_lease(self.ttl_s)
+            try:
+                outcome = await self._store.conditional_put(
+                    self.key, value, lease=lease, expected_mod_revision=None
+                )
+                current = outcome.current
+                if (
+                    not outcome.succeeded
+                    and current is not None
+                    and self._holder(current) == self.replica_id
+                ):
+                    self._log.warning(
+                        "election.taking_over_own_stale_key",
+                        stale_lease_id=f"{current.lease_id or 0:x}",
+                    )
+                    outcome = await self._store.conditional_put(
+                        self.key, value, lease=lease, expected_mod_revision=current.mod_revision
+                    )
+            except BaseException:
+                await self._drop_lease(lease)
+                raise
+            if outcome.succeeded and outcome.current is not None:
+                if not lease.renewal_late.is_set():
+                    break
+                # Won with a lease already past half its TTL (slow etcd): never lead on it.
+                self._log.warning("election.won_with_late_lease_retrying")
+            await self._drop_lease(lease)
+            if outcome.current is not None:
+                self._log.info("election.following", leader=self._holder(outcome.current))
+                await self._wait_for_vacancy(outcome.current.mod_revision)
+        self._lease = lease
+        self.is_leader.set()
+        self._log.info("election.leading", lease_id=f"{lease.id:x}", ttl_s=lease.ttl_s)
+        self._monitor = asyncio.create_task(
+            self._guard(lease, outcome.current.mod_revision),
+            name=f"election-guard:{self.replica_id}",
+        )
+
+    async def _drop_lease(self, lease: Lease) -> None:
+        try:
+            await asyncio.wait_for(self._store.revoke(lease), self._store.timeout_s)
+        except (StoreError, TimeoutError) as e:
+            self._log.warning("election.lease_revoke_failed", error=repr(e))
+
+    async def _wait_for_vacancy(self, holder_mod_revision: int) -> None:
+        """Return once the leader key is deleted after ``holder_mod_revision``."""
+        watch = self._store.watch_key(self.key, holder_mod_revision + 1)
+        try:
+            async for batch in watch:
+                if isinstance(batch, Snapshot):
+                    if self.key not in batch.items:
+                        return
+                elif any(e.kind is EventKind.DELETE for e in batch.events):
+                    return
+        finally:
+            await bounded(watch.aclose(), SHUTDOWN_TIMEOUT_S, "watch.aclose")
+
+    async def _key_changed(self, mod_revision: int) -> str:
+        """Return a reason once the leader key no longer is the one written at
+        ``mod_revision``."""
+        watch = self._store.watch_key(self.key, mod_revision + 1)
+        try:
+            async for batch in watch:
+                if isinstance(batch, WatchEvents):
+                    return f"leader key {batch.events[0].kind.value} at {batch.revision}"
+                kv = await self._store.get(self.key)
+                if kv is None or kv.mod_revision != mod_revision:
+                    return "leader key changed while the watch was compacted"
+        finally:
+            await bounded(watch.aclose(), SHUTDOWN_TIMEOUT_S, "watch.aclose")
+        return "leader key watch ended"
+
+    async def _guard(self, lease: Lease, mod_revision: int) -> None:
+        late = asyncio.create_task(lease.renewal_late.wait(), name="election-lease-late")
+        changed = asyncio.create_task(self._key_changed(mod_revision), name="election-key-watch")
+        try:
+            done, _ = await asyncio.wait({late, changed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (late, changed):
+                if not task.done():
+                    await cancel_task(task, SHUTDOWN_TIMEOUT_S)
+        if late in done:
+            reason = (
+                "lease lost"
+                if lease.lost.is_set()
+                else f"lease not renewed within {lease.ttl_s / 2:g} s (half its TTL)"
+            )
+        elif changed.exception() is not None:
+            reason = f"leader key watch failed: {changed.exception()!r}"
+        else:
+            reason = changed.result()
+        self._fence(reason)
+        self._lease = None
+        await self._drop_lease(lease)
+
+    def _fence(self, reason: str) -> None:
+        self.is_leader.clear()
+        self.fence_reason = reason
+        self.fenced.set()
+        self._log.error("election.fenced", reason=reason)
+
+    async def resign(self) -> None:
+        """Stop leading: clear ``is_leader``, stop the guard and revoke the lease (etcd deletes the
+        leader key, so a follower can win at once). Each step is bounded by the store timeout.
+        Raises StoreUnavailable if the lease could not be revoked (it then expires after its
+        TTL)."""
+        self.is_leader.clear()
+        if self._monitor is not None:
+            await cancel_task(self._monitor, SHUTDOWN_TIMEOUT_S)
+            self._monitor = None
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            self._log.info("election.resigning", lease_id=f"{lease.id:x}")
+            try:
+                await asyncio.wait_for(self._store.revoke(lease), self._store.timeout_s)
+            except TimeoutError as e:
+                raise StoreUnavailable("resign: revoking the lease timed out") from e
