@@ -33,11 +33,12 @@ from lightrail.controller.domain.errors import ErrorCode
 from lightrail.controller.domain.fabric import Fabric
 from lightrail.controller.runtime import metrics
 from lightrail.controller.runtime.events import EventBus
-from lightrail.controller.runtime.failover import EtcdHealthStore, FailoverManager
+from lightrail.controller.runtime.failover import FailoverManager
 from lightrail.controller.runtime.phase_service import PhaseService
 from lightrail.controller.runtime.reconciler import Reconciler
 from lightrail.controller.store.election import LeaderElection
 from lightrail.controller.store.etcd import EtcdStore
+from lightrail.controller.store.health import EtcdHealthStore
 from lightrail.controller.store.jobs import CorruptJobRecord, EtcdJobRepository
 from lightrail.controller.store.writer import CoalescingWriter
 from lightrail.drivers.base import Driver

@@ -33,7 +33,7 @@ from lightrail.controller.domain.events import JobEvent, JobEventKind
 from lightrail.controller.runtime import metrics
 from lightrail.controller.runtime.events import EventBus
 from lightrail.controller.runtime.phase_service import PhaseService
-from lightrail.controller.store.etcd import EtcdStore, Lease, StoreError
+from lightrail.controller.store.errors import StoreError
 from lightrail.controller.store.jobs import JobRecord, JobRepository
 from lightrail.drivers.base import DriverError
 
@@ -78,7 +78,8 @@ class RankMoved(FailoverError):
 
 
 class HealthStore(Protocol):
-    """Where the manager keeps what must survive a controller restart (etcd in the daemon):
+    """Where the manager keeps what must survive a controller restart (etcd in the daemon:
+    ``lightrail.controller.store.health.EtcdHealthStore``):
     GPU failure records (``gpus/<host>/<gpu>``) and host presence (``hosts/<host>/presence``,
     under a lease that lives while the host's health stream is open)."""
 
@@ -345,43 +346,3 @@ class FailoverManager:
                     self.report(host, gpu, GpuState.FAILED,
                                 f"no heartbeat for {now - last:.2f} s")
 
-
-class EtcdHealthStore:
-    """``HealthStore`` over etcd: records through the coalescing writer, presence as a key under
-    a lease the store keeps alive while the host's stream is open. etcd trouble is logged and
-    never fails a health stream (failover itself does not depend on it)."""
-
-    def __init__(self, store: EtcdStore, put: Callable[[str, object], None]) -> None:
-        self._store = store
-        self._put = put
-
-    def put(self, key: str, obj: object) -> None:
-        self._put(key, obj)
-
-    async def host_online(self, host: str, ttl_s: int) -> object:
-        try:
-            lease = await self._store.grant_lease(ttl_s)
-            await self._store.put_json(f"hosts/{host}/presence",
-                                       {"host": host, "since_unix_s": time.time()}, lease=lease)
-        except StoreError as exc:
-            log.warning("presence_not_recorded", host=host, error=str(exc))
-            return None
-        return lease
-
-    async def host_offline(self, token: object) -> None:
-        if not isinstance(token, Lease):
-            return
-        try:
-            await self._store.revoke(token)
-        except StoreError as exc:
-            log.warning("presence_not_revoked", error=str(exc))
-
-    async def load_failed(self) -> dict[tuple[str, int], str]:
-        """GPU failure records stored by earlier runs: (host, gpu) -> reason."""
-        snap = await self._store.get_prefix_json("gpus/")
-        out: dict[tuple[str, int], str] = {}
-        for key, value in snap.items.items():
-            _, host, gpu = key.split("/", 2)
-            if gpu.isdigit() and isinstance(value, dict) and value.get("state") == "failed":
-                out[(host, int(gpu))] = str(value.get("reason", "failed"))
-        return out
