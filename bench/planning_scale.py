@@ -45,13 +45,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TypeVar
 
-from lightrail.controller.core.coordinator import (
-    Admit,
-    Decision,
-    PhaseCoordinator,
-    Reconfigure,
-    Reject,
-)
+from lightrail.controller.core.coordinator import PhaseCoordinator
+from lightrail.controller.core.decisions import Admit, Decision, Reconfigure, Reject
 from lightrail.controller.core.planner import JobLayout, layout_job, plan_phase
 from lightrail.controller.core.railplan import RailPlan, contiguous_placement, plan_step
 from lightrail.controller.domain.fabric import Fabric, rail_fabric

@@ -27,7 +27,7 @@ from lightrail.controller.api.codec import (
     placements_from_pb,
 )
 from lightrail.controller.api.replies import fill_reply
-from lightrail.controller.core.coordinator import Admit, Reject
+from lightrail.controller.core.decisions import Admit, Reject
 from lightrail.controller.core.planner import JobLayout, PlacementError, PlanError
 from lightrail.controller.core.railplan import RailPlanError, plan_step
 from lightrail.controller.domain.errors import DuplicateJob, ErrorCode, ReleaseError, UnknownJob
@@ -61,8 +61,8 @@ class _StreamSink:
         self._batch = agent_pb2.PhaseReplyBatch()
         self._event = asyncio.Event()
 
-    def deliver(self, decision: Admit | Reject, steps: int) -> None:
-        fill_reply(self._batch.replies.add(), decision, steps)
+    def deliver(self, decision: Admit | Reject) -> None:
+        fill_reply(self._batch.replies.add(), decision)
         self._event.set()
 
     def push(self, reply: agent_pb2.PhaseReply) -> None:
@@ -89,13 +89,13 @@ class _FutureSink:
     __slots__ = ("future",)
 
     def __init__(self) -> None:
-        self.future: asyncio.Future[tuple[Admit | Reject, int]] = (
+        self.future: asyncio.Future[Admit | Reject] = (
             asyncio.get_running_loop().create_future()
         )
 
-    def deliver(self, decision: Admit | Reject, steps: int) -> None:
+    def deliver(self, decision: Admit | Reject) -> None:
         if not self.future.done():
-            self.future.set_result((decision, steps))
+            self.future.set_result(decision)
 
 
 class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
@@ -313,7 +313,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                     if kind == "enter":
                         e = req.enter
                         sink.deliver(Reject(e.job_id, e.rank, e.request_id, ErrorCode.NOT_LEADER,
-                                            "not the leader"), 1)
+                                            "not the leader"))
                     continue
                 if kind == "enter":
                     e = req.enter
@@ -322,7 +322,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                         timeout_s = check_timeout(e.timeout_s)
                     except InvalidRequest as exc:
                         sink.deliver(Reject(e.job_id, e.rank, e.request_id,
-                                            ErrorCode.INVALID_PHASE, str(exc)), 1)
+                                            ErrorCode.INVALID_PHASE, str(exc)))
                         continue
                     service.enter(e.job_id, e.rank, phase, e.request_id, timeout_s, sink,
                                   e.iteration, e.nbytes, compute_gap_hint(e.compute_gap_s))
@@ -371,7 +371,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                             sink, request.iteration, request.nbytes,
                             compute_gap_hint(request.compute_gap_s))
         try:
-            decision, steps = await sink.future
+            decision = await sink.future
         except asyncio.CancelledError:
             # The caller went away: withdraw its wait (or its hold, if admitted meanwhile) so
             # no ghost holds circuits that nobody will release.
@@ -380,7 +380,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         if isinstance(decision, Reject):
             await abort_refused(context, decision.code, decision.message)
         assert isinstance(decision, Admit)
-        return agent_pb2.EnterPhaseResponse(noop=decision.noop, steps=steps,
+        return agent_pb2.EnterPhaseResponse(noop=decision.noop, steps=decision.steps,
                                             device_s=decision.device_s)
 
     async def ReleasePhase(  # noqa: N802

@@ -10,7 +10,7 @@ from lightrail.controller.core.decisions import Admit, Reject
 from lightrail.v1 import agent_pb2
 
 
-def fill_reply(reply: agent_pb2.PhaseReply, decision: Admit | Reject, steps: int) -> None:
+def fill_reply(reply: agent_pb2.PhaseReply, decision: Admit | Reject) -> None:
     """Write an admission or refusal into ``reply`` in place (the PhaseStream hot path)."""
     if isinstance(decision, Admit):
         a = reply.admitted
@@ -18,7 +18,7 @@ def fill_reply(reply: agent_pb2.PhaseReply, decision: Admit | Reject, steps: int
         a.rank = decision.rank
         a.request_id = decision.request_id
         a.noop = decision.noop
-        a.steps = steps
+        a.steps = decision.steps
         a.device_s = decision.device_s
     else:
         e = reply.error
@@ -29,7 +29,7 @@ def fill_reply(reply: agent_pb2.PhaseReply, decision: Admit | Reject, steps: int
         e.message = decision.message
 
 
-def reply_to_pb(decision: Admit | Reject, steps: int) -> agent_pb2.PhaseReply:
+def reply_to_pb(decision: Admit | Reject) -> agent_pb2.PhaseReply:
     """Encode an admission or refusal for a PhaseStream."""
     if isinstance(decision, Admit):
         return agent_pb2.PhaseReply(
@@ -38,7 +38,7 @@ def reply_to_pb(decision: Admit | Reject, steps: int) -> agent_pb2.PhaseReply:
                 rank=decision.rank,
                 request_id=decision.request_id,
                 noop=decision.noop,
-                steps=steps,
+                steps=decision.steps,
                 device_s=decision.device_s,
             )
         )

@@ -15,11 +15,11 @@ from typing import Protocol
 import structlog
 from prometheus_client import Histogram
 
-from lightrail.controller.core.coordinator import (
+from lightrail.controller.core.coordinator import PhaseCoordinator
+from lightrail.controller.core.decisions import (
     Admit,
     Decided,
     Decision,
-    PhaseCoordinator,
     Reconfigure,
     Reject,
     Rewire,
@@ -37,9 +37,9 @@ log = structlog.get_logger(__name__)
 
 class ReplySink(Protocol):
     """Where the answer to one EnterPhase goes (a PhaseStream, a unary call's future).
-    ``deliver`` must not block."""
+    ``deliver`` must not block. An ``Admit`` carries all the reply needs (``steps``)."""
 
-    def deliver(self, decision: Admit | Reject, steps: int) -> None: ...
+    def deliver(self, decision: Admit | Reject) -> None: ...
 
 
 class ReconcileResult(Protocol):
@@ -176,7 +176,7 @@ class PhaseService:
                     self._on_admit(d)
                 else:
                     metrics.PHASE_ERRORS.labels(d.job_id, d.code.value).inc()
-                    sink.deliver(d, 1)
+                    sink.deliver(d)
             else:
                 rest.append(d)
         if not answered:
@@ -234,7 +234,7 @@ class PhaseService:
         for (job_id, rank), sink in list(self._sinks.items()):
             # the waiting request's own id: an agent matches answers by it
             request_id = self.coordinator.waiting_request(job_id, rank) or 0
-            sink.deliver(Reject(job_id, rank, request_id, code, message), 1)
+            sink.deliver(Reject(job_id, rank, request_id, code, message))
         self._sinks.clear()
 
     # --- decisions --------------------------------------------------------------------------
@@ -247,7 +247,7 @@ class PhaseService:
                 sink = self._sinks.pop((d.job_id, d.rank), None)
                 metrics.PHASE_ERRORS.labels(d.job_id, d.code.value).inc()
                 if sink is not None:
-                    sink.deliver(d, 1)
+                    sink.deliver(d)
                 if d.code is ErrorCode.DEADLINE_EXCEEDED or d.code is ErrorCode.DEVICE_FAILURE:
                     self._events.publish(JobEvent(d.job_id, JobEventKind.PHASE_ERROR, d.message,
                                                   fields={"rank": str(d.rank),
@@ -288,8 +288,7 @@ class PhaseService:
         metrics.PHASE_ADMISSIONS.labels(d.job_id, "noop" if d.noop else "switched").inc()
         sink = self._sinks.pop((d.job_id, d.rank), None)
         if sink is not None:
-            steps = self.coordinator.steps(d.job_id, d.phase)
-            sink.deliver(d, steps)
+            sink.deliver(d)
 
     # --- failover -----------------------------------------------------------------------------
 
@@ -377,23 +376,22 @@ class PhaseService:
             return_exceptions=True,
         )
         device_s = self.now() - t0
-        failed: list[tuple[str, DriverError]] = []
+        failed: dict[str, DriverError] = {}  # switch id -> why it failed
         stopping = False
         for target, result in zip(rec.targets, results, strict=True):
             if isinstance(result, ReconcilerStopped):  # shutdown: the device was not told
-                failed.append((target.switch_id,
-                               DeviceUnreachable(target.switch_id, str(result))))
+                failed[target.switch_id] = DeviceUnreachable(target.switch_id, str(result))
                 stopping = True
             elif isinstance(result, DriverError):
-                failed.append((target.switch_id, result))
+                failed[target.switch_id] = result
             elif isinstance(result, BaseException):
                 raise result
-        error = "; ".join(str(e) for _, e in failed) if failed else None
+        error = "; ".join(str(e) for e in failed.values()) if failed else None
         self._dispatch(self.coordinator.reconfigured(
-            rec.op_id, self.now(), error, device_s, [sid for sid, _ in failed]))
+            rec.op_id, self.now(), error, device_s, list(failed)))
         self._settled.set()
         if not stopping:
-            for switch_id, _ in failed:
+            for switch_id in failed:
                 self._start_read_back(switch_id)
         switches = tuple(t.switch_id for t in rec.targets)
         for switch_id in switches:

@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lightrail.controller.core.coordinator import (
-    Admit,
-    Decision,
-    PhaseCoordinator,
-    Reconfigure,
-    Reject,
-)
+from lightrail.controller.core.coordinator import PhaseCoordinator
+from lightrail.controller.core.decisions import Admit, Decision, Reconfigure, Reject
 from lightrail.controller.core.planner import PlacementError
 from lightrail.controller.domain.errors import DuplicateJob, ErrorCode, ReleaseError
 from lightrail.controller.domain.fabric import rail_fabric
@@ -66,7 +61,22 @@ def test_noop_admission_when_circuits_match(coord: PhaseCoordinator) -> None:
         coord.release("job", r, RING, 0.2)
     again = PhaseKey(RING.group, RING.collective, seq=1)
     out = coord.enter("job", 0, again, request_id=7, now=0.3)
-    assert out == [Admit("job", 0, 7, again, True, 0.0)]
+    assert out == [Admit("job", 0, 7, again, True, 0.0, steps=1)]
+
+
+def test_admit_carries_the_all_to_all_step_count(coord: PhaseCoordinator) -> None:
+    """The shell answers the rank from the Admit alone: it says how many shift permutations
+    the all-to-all takes (4 hosts per rail: 3), on a switched and on a no-op admission."""
+    a2a = PhaseKey(ProcessGroup.of(WORLD), Collective.ALL_TO_ALL)
+    rec = only(enter_all(coord, a2a, WORLD, 0.0), Reconfigure)[0]
+    assert isinstance(rec, Reconfigure)
+    switched = only(coord.reconfigured(rec.op_id, 0.1), Admit)
+    assert [(d.noop, d.steps) for d in switched if isinstance(d, Admit)] == [(False, 3)] * 8
+    for r in WORLD:
+        coord.release("job", r, a2a, 0.2)
+    again = PhaseKey(a2a.group, a2a.collective, seq=1)
+    out = coord.enter("job", 0, again, request_id=9, now=0.3)
+    assert out == [Admit("job", 0, 9, again, True, 0.0, steps=3)]
 
 
 def test_no_switch_while_a_rank_holds_a_conflicting_cross_connect(
@@ -198,7 +208,7 @@ def test_repeated_enter_reattaches_instead_of_failing(coord: PhaseCoordinator) -
     out = coord.reconfigured(rec.op_id, 0.2)
     assert [(d.rank, d.request_id) for d in out if isinstance(d, Admit)] == [(0, 2)]
     # admitted already: the same enter again is answered at once, with no second hold
-    assert coord.enter("job", 0, RING, 3, 0.3) == [Admit("job", 0, 3, RING, True, 0.0)]
+    assert coord.enter("job", 0, RING, 3, 0.3) == [Admit("job", 0, 3, RING, True, 0.0, steps=1)]
     coord.release("job", 0, RING, 0.4)
     assert coord.held_by_job("job") == 0
 
@@ -449,7 +459,7 @@ THREE = PhaseKey(ProcessGroup.of([0, 2, 4]), Collective.ALL_REDUCE)
 def test_reconfigure_or_not_stays_when_delta_is_large() -> None:
     """100 ms MEMS delay, 1 MB all-reduce: forwarding over the reversed ring (2 hops per
     flow) costs far less than switching."""
-    from lightrail.controller.core.coordinator import Decided
+    from lightrail.controller.core.decisions import Decided
 
     c = ron_coordinator(0.1)
     out = c.enter("job", 0, THREE, 1, 0.3, nbytes=1_000_000, compute_gap_s=0.001)
@@ -468,7 +478,7 @@ def test_reconfigure_or_not_stays_when_delta_is_large() -> None:
 
 
 def test_reconfigure_or_not_switches_when_delta_is_microseconds() -> None:
-    from lightrail.controller.core.coordinator import Decided
+    from lightrail.controller.core.decisions import Decided
 
     c = ron_coordinator(4e-6)  # silicon photonics
     out = c.enter("job", 0, THREE, 1, 0.3, nbytes=100_000_000, compute_gap_s=0.0)
@@ -478,9 +488,17 @@ def test_reconfigure_or_not_switches_when_delta_is_microseconds() -> None:
 
 
 def test_no_hint_means_no_decision_and_a_switch() -> None:
-    from lightrail.controller.core.coordinator import Decided
+    from lightrail.controller.core.decisions import Decided
 
     c = ron_coordinator(0.1)
     out = c.enter("job", 0, THREE, 1, 0.3)
     assert not [d for d in out if isinstance(d, Decided)]
     assert len(only(out, Reconfigure)) == 1
+
+
+def test_deadlines_order_by_time_then_arrival_never_by_job() -> None:
+    from lightrail.controller.core.records import Deadline
+
+    heap = [Deadline(2.0, 1, "a", 0, 1), Deadline(1.0, 3, "z", 5, 9), Deadline(1.0, 2, "zz", 1, 2)]
+    assert [(d.at_s, d.seq) for d in sorted(heap)] == [(1.0, 2), (1.0, 3), (2.0, 1)]
+    assert Deadline(1.0, 1, "a", 0, 1) == Deadline(1.0, 1, "b", 7, 8)  # job/rank not compared

@@ -4,14 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lightrail.controller.core.coordinator import (
-    Admit,
-    Decision,
-    PhaseCoordinator,
-    Reconfigure,
-    Reject,
-    Rewire,
-)
+from lightrail.controller.core.coordinator import PhaseCoordinator
+from lightrail.controller.core.decisions import Admit, Decision, Reconfigure, Reject, Rewire
 from lightrail.controller.core.spares import NoSpare, pick_spare
 from lightrail.controller.domain.errors import ErrorCode, FailoverError
 from lightrail.controller.domain.fabric import rail_fabric

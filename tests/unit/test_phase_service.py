@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from lightrail.controller.core.coordinator import Admit, PhaseCoordinator, Reject
+from lightrail.controller.core.coordinator import PhaseCoordinator
+from lightrail.controller.core.decisions import Admit, Reject
 from lightrail.controller.domain.errors import ErrorCode
 from lightrail.controller.domain.fabric import rail_fabric
 from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup, RankPlacement
@@ -22,7 +23,7 @@ class Sink:
         self.got: list[Admit | Reject] = []
         self.event = asyncio.Event()
 
-    def deliver(self, decision: Admit | Reject, steps: int) -> None:
+    def deliver(self, decision: Admit | Reject) -> None:
         self.got.append(decision)
         self.event.set()
 
@@ -97,3 +98,30 @@ async def test_cancel_withdraws_the_wait() -> None:
         await asyncio.wait_for(retry.event.wait(), 5)
         await svc2.drain(5)
     assert [d.noop for d in retry.got if isinstance(d, Admit)] == [True]
+
+
+class NoStepsCallback(PhaseCoordinator):
+    """A coordinator the shell must not ask for a step count: ``Admit`` carries it."""
+
+    def steps(self, job_id: str, phase: PhaseKey) -> int:
+        raise AssertionError("the shell called back into the coordinator for the step count")
+
+
+async def test_admissions_reach_the_sinks_with_their_step_count_without_a_callback() -> None:
+    coord = NoStepsCallback(rail_fabric("t", 4, 2, delay_s=0.0))
+    coord.register_job("job", "t", [RankPlacement(r, f"host{r // 2}", r % 2) for r in range(8)])
+    rec = GatedReconciler()
+    rec.gate.set()
+    svc = PhaseService(coord, rec, EventBus())
+    a2a = PhaseKey(ProcessGroup.of([0, 2, 4, 6]), Collective.ALL_TO_ALL)  # 4 hosts: 3 shifts
+    sinks = {r: Sink() for r in a2a.group.ranks}
+    async with asyncio.TaskGroup() as tg:
+        svc.start(tg)
+        for r, sink in sinks.items():
+            svc.enter("job", r, a2a, r, 5.0, sink)
+        for sink in sinks.values():
+            await asyncio.wait_for(sink.event.wait(), 5)
+        await svc.drain(5)
+    got = [(d.rank, d.noop, d.steps) for s in sinks.values() for d in s.got
+           if isinstance(d, Admit)]
+    assert got == [(0, False, 3), (2, False, 3), (4, False, 3), (6, False, 3)]

@@ -1,0 +1,169 @@
+"""The phase coordinator's state records: per job, per rank, per phase instance, per
+reconfiguration in flight. Mutable where the protocol moves them along; internal to
+``lightrail.controller.core`` except ``JobStats``, the counters it reports.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from lightrail.controller.core.planner import JobLayout, Plan
+from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup
+
+
+class RankState(enum.Enum):
+    """Where one rank is in the phase protocol."""
+
+    IDLE = 0
+    WAITING = 1
+    HOLDING = 2
+
+
+@dataclass(slots=True)
+class Waiter:
+    """A rank waiting to enter a phase instance; times in seconds of the coordinator's clock."""
+
+    rank: int
+    request_id: int
+    arrived_s: float
+    deadline_s: float
+
+
+@dataclass(slots=True, eq=False)
+class Instance:
+    """One phase of one training step of one job: its waiting and holding ranks (the holders
+    hold every cross-connect of ``plan`` together) and the reconfiguration it waits on."""
+
+    job_id: str
+    phase: PhaseKey
+    iteration: int
+    plan: Plan
+    waiters: dict[int, Waiter] = field(default_factory=dict)
+    holders: set[int] = field(default_factory=set)
+    op_id: int | None = None
+    queued: bool = False
+    verified: bool = True
+    """False for an instance re-created from holds reported after a restart whose circuits
+    were not found on the switches: nobody joins it without a switch first."""
+
+
+@dataclass(slots=True, eq=False)
+class RankSlot:
+    """One rank of a job: its state, the instance it waits for or holds, its request id."""
+
+    state: RankState = RankState.IDLE
+    instance: Instance | None = None
+    request_id: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Hint:
+    """A rank's reconfigure-or-not hints for a phase: bytes of the collective, compute time
+    before it (s)."""
+
+    nbytes: int
+    compute_gap_s: float
+
+
+@dataclass(slots=True)
+class Successor:
+    """What came next on a phase's ports: ``phase`` seen ``streak`` times in a row."""
+
+    phase: PhaseKey
+    streak: int
+    declared: bool = False
+
+
+PlanKey = tuple[ProcessGroup, Collective, int]
+"""A plan's cache key: group, collective, all-to-all step (a plan does not depend on the
+phase's micro-batch or index)."""
+
+InstanceKey = tuple[PhaseKey, int]
+"""A phase instance's key: the phase and the training step (iteration)."""
+
+
+@dataclass(slots=True, eq=False)
+class JobRecord:
+    """One registered job: layout, schedule, ranks, live phase instances, counters."""
+
+    layout: JobLayout  # replaced on failover
+    tenant: str
+    declared: tuple[PhaseKey, ...]
+    ranks: list[RankSlot]
+    plans: dict[PlanKey, Plan] = field(default_factory=dict)
+    instances: dict[InstanceKey, Instance] = field(default_factory=dict)
+    admitted: int = 0
+    admitted_noop: int = 0
+    reconfigurations: int = 0
+    last_phase: PhaseKey | None = None
+    successors: dict[PhaseKey, Successor] = field(default_factory=dict)
+    steps: dict[ProcessGroup, int] = field(default_factory=dict)
+    hints: dict[PhaseKey, Hint] = field(default_factory=dict)
+    last_on_port: dict[tuple[str, int], PhaseKey] = field(default_factory=dict)
+    """(switch id, port) -> the phase that last had circuits there (schedule learning)."""
+    provisioned: dict[PhaseKey, int] = field(default_factory=dict)
+    """Phase -> the op id that switched it ahead of its ranks."""
+    hits: int = 0
+    late: int = 0
+    misses: int = 0
+
+
+@dataclass(slots=True)
+class Recovery:
+    """A job recovered after a restart: ``unsynced`` ranks not yet accounted for, until
+    ``until_s``."""
+
+    until_s: float
+    unsynced: set[int]
+
+
+@dataclass(slots=True)
+class Op:
+    """A reconfiguration in flight. ``instance`` None: provisioning ahead of the phase, or a
+    failover rewire (then ``phase`` is None too). ``ports``: switch id -> the ports it may
+    change (the plan's and those of the cross-connects it breaks)."""
+
+    instance: Instance | None
+    job: JobRecord
+    job_id: str
+    phase: PhaseKey | None
+    plan: Plan
+    ports: dict[str, frozenset[int]]
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Deadline:
+    """A waiting rank's deadline, an entry of the coordinator's heap: ordered by ``at_s`` (s),
+    then ``seq`` (push order, unique), so equal deadlines expire first in, first out. An entry
+    whose rank no longer waits with ``request_id`` is stale and skipped."""
+
+    at_s: float
+    seq: int
+    job_id: str = field(compare=False)
+    rank: int = field(compare=False)
+    request_id: int = field(compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class JobStats:
+    """Counters of one job, for OperatorService and the replay summary."""
+
+    admitted: int
+    admitted_noop: int
+    reconfigurations: int
+    current_phase: str
+    provisioning_hits: int = 0
+    """Phases whose circuits were switched ahead of time and ready when the first rank came."""
+    provisioning_late: int = 0
+    """Phases predicted but not ready when the first rank came: still switching, or their
+    predecessor was still held (no compute gap to hide the switch in)."""
+    provisioning_misses: int = 0
+    """Phases that needed a switch on demand (no or a wrong prediction)."""
+    schedule_learned: bool = False
+
+    @property
+    def hit_rate(self) -> float:
+        """Hits over phases that needed new circuits (0 when none did)."""
+        n = self.provisioning_hits + self.provisioning_late + self.provisioning_misses
+        return self.provisioning_hits / n if n else 0.0

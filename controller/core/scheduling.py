@@ -1,0 +1,127 @@
+"""Which waiting phases may switch now, oldest first. Pure: acts on a ``CoordinatorState``.
+
+A waiting phase instance starts a reconfiguration as soon as no cross-connect it must break is
+held, none of its ports is being switched or unknown, and no older waiting phase claims one of
+its ports (FIFO on ports, so a repeating phase cannot starve a reconfiguration its peers wait
+on). A phase whose circuits are there is admitted without a switch (DESIGN.md "Phase
+protocol").
+"""
+
+from __future__ import annotations
+
+from lightrail.controller.core.decisions import Admit, Decision, Reconfigure
+from lightrail.controller.core.planner import Plan, SwitchTarget
+from lightrail.controller.core.records import Instance, Op
+from lightrail.controller.core.state import CoordinatorState
+
+
+def schedule(state: CoordinatorState, now: float, device_s: float = 0.0) -> list[Decision]:
+    """Start what can start, oldest waiting phase first. ``device_s`` > 0: called as a
+    reconfiguration of that duration (s) completed; phases admitted now were waiting on it, so
+    their admissions say so (not a no-op, with that device time)."""
+    out: list[Decision] = []
+    if not state.queue:
+        return out
+    views = state.views
+    claimed: dict[str, set[int]] = {}
+    for inst in list(state.queue):
+        job = state.jobs.get(inst.job_id)
+        if job is None:
+            state.dequeue(inst)
+            continue
+        if inst.op_id is not None:
+            for t in inst.plan.targets:
+                claimed.setdefault(t.switch_id, set()).update(t.ports)
+            continue
+        if not inst.waiters:
+            state.dequeue(inst)
+            state.maybe_drop(job, inst)
+            continue
+        if views.ready(inst.plan) and not any(
+            not t.ports.isdisjoint(claimed.get(t.switch_id, ())) for t in inst.plan.targets
+        ):
+            switched = device_s > 0
+            steps = state.steps(job, inst.phase)
+            for w in inst.waiters.values():
+                state.admit_rank(job, job.ranks[w.rank], w.rank, inst)
+                if not switched:
+                    job.admitted_noop += 1
+                out.append(Admit(inst.job_id, w.rank, w.request_id, inst.phase,
+                                 not switched, now - w.arrived_s, device_s, steps=steps))
+            inst.waiters.clear()
+            state.dequeue(inst)
+            continue
+        ok = inst.job_id not in state.recovering
+        op_ports: dict[str, frozenset[int]] = {}
+        for t in inst.plan.targets:
+            ports = set(t.ports)
+            for xc in views.conflicts(t):
+                ports.update(xc.ports())
+                if views.held(t.switch_id, xc):
+                    ok = False
+            fports = frozenset(ports)
+            op_ports[t.switch_id] = fports
+            if views.blocked(t.switch_id, fports):
+                ok = False
+            c = claimed.setdefault(t.switch_id, set())
+            # FIFO on the ports a phase makes circuits on: a later phase may not take an
+            # earlier waiting phase's own ports. Breaking a cross-connect both must break
+            # is no conflict (adjacent PP pairs both break the DP ring link between them;
+            # comparing the extended sets would serialize them one per round).
+            if not t.ports.isdisjoint(c):
+                ok = False
+            c.update(t.ports)
+        if not ok:
+            continue
+        op_id = state.start_op(Op(inst, job, inst.job_id, inst.phase, inst.plan, op_ports))
+        inst.op_id = op_id
+        targets = tuple(
+            SwitchTarget(t.switch_id, t.cross_connects, op_ports[t.switch_id])
+            for t in inst.plan.targets
+        )
+        out.append(Reconfigure(op_id, inst.job_id, inst.phase, targets))
+    return out
+
+
+def claimed_by_older(state: CoordinatorState, plan: Plan) -> bool:
+    """True when a waiting (not yet switching) phase needs one of ``plan``'s ports or must
+    break a cross-connect ``plan`` would hold."""
+    for q in state.queue:
+        if q.op_id is not None or not q.waiters:
+            continue
+        for qt in q.plan.targets:
+            for t in plan.targets:
+                if t.switch_id != qt.switch_id:
+                    continue
+                if not t.ports.isdisjoint(qt.ports):
+                    return True
+                for xc in state.views.conflicts(qt):
+                    if xc in t.cross_connects:
+                        return True
+    return False
+
+
+def blocking_reason(state: CoordinatorState, inst: Instance) -> str:
+    """Why ``inst`` still waits, for the ``DEADLINE_EXCEEDED`` message: a recovery, its
+    reconfiguration in flight, the holders of what it must break, or older claims."""
+    rec = state.recovering.get(inst.job_id)
+    if rec is not None:
+        return (f"job recovering after a controller restart: ranks "
+                f"{sorted(rec.unsynced)[:8]} have not resynced")
+    if inst.op_id is not None:
+        return "the switches have not confirmed the reconfiguration yet"
+    held_by: set[str] = set()
+    for t in inst.plan.targets:
+        for xc in state.views.conflicts(t):
+            if state.views.held(t.switch_id, xc):
+                for job in state.jobs.values():
+                    for other in job.instances.values():
+                        if other.holders and any(
+                            ot.switch_id == t.switch_id and xc in ot.cross_connects
+                            for ot in other.plan.targets
+                        ):
+                            ranks = sorted(other.holders)[:8]
+                            held_by.add(f"{other.job_id} ranks {ranks} in {other.phase}")
+    if held_by:
+        return "cross-connects still held by " + "; ".join(sorted(held_by))
+    return "ports claimed by an earlier waiting phase or being switched"
