@@ -1,14 +1,14 @@
 """Emulated GPU health: hosts whose GPUs can be failed, degraded and recovered on command, for
-tests, the demo and machines without NVML (DESIGN.md "Emulator": "Emulated hosts report GPU
-health and can be failed on command").
+tests, the demo and machines without GPUs (``lightrail agent --health emulated``; DESIGN.md
+"Emulator": "Emulated hosts report GPU health and can be failed on command").
 
 ``EmulatedHealthSource`` implements ``lightrail.agents.host.health.HealthSource``, so the agent
-runs the same
-code on it as on ``NvmlHealthSource``: every GPU starts HEALTHY, each scripted change is one
-``HealthEvent`` (none when the GPU already has that state: failing a GPU twice gives one
-failure event), and XIDs are classified by the same ``classify_xid``. ``stop_heartbeat``
-simulates a hung host: ``wait_alive`` blocks (the agent's heartbeat loop stops) and health
-events are held back until ``resume_heartbeat``. ``EmulatedHosts`` holds one source per host.
+runs the same code on it as on ``lightrail.agents.host.nvml.NvmlHealthSource``: every GPU
+starts HEALTHY, each scripted change is one ``HealthEvent`` (none when the GPU already has that
+state: failing a GPU twice gives one failure event), and XIDs are classified by the same
+``classify_xid``. ``stop_heartbeat`` simulates a hung host: ``wait_alive`` blocks (the agent's
+heartbeat loop stops) and health events are held back until ``resume_heartbeat``.
+``EmulatedHosts`` holds one source per host.
 """
 
 from __future__ import annotations
@@ -27,13 +27,12 @@ from lightrail.agents.host.health import (
     GpuId,
     HealthConfig,
     HealthEvent,
-    HealthHub,
     HealthState,
-    HealthSubscription,
-    WallClock,
     classify_xid,
     xid_reason,
 )
+from lightrail.agents.host.hub import HealthHub, HealthSubscription
+from lightrail.controller.domain.timing import WallClock
 
 _log = structlog.get_logger(__name__)
 

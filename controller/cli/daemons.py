@@ -8,10 +8,14 @@ import json
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lightrail.controller.cli.common import run_async
 from lightrail.controller.config import ConfigError, load_config
 from lightrail.controller.logs import configure_logging
+
+if TYPE_CHECKING:
+    from lightrail.agents.host.health import HealthSource
 
 
 def cmd_controller(args: argparse.Namespace) -> int:
@@ -79,16 +83,43 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return 0
 
 
+class HealthSourceUnavailable(Exception):
+    """The GPU health source the agent was asked for cannot be opened; the message says what to
+    install, or to pass ``--health emulated`` on a machine without GPUs."""
+
+
+async def open_health_source(kind: str, host: str, *, emulated_gpus: int) -> HealthSource:
+    """The GPU health source of ``lightrail agent --health KIND`` for ``host``: ``nvml``, an
+    opened ``lightrail.agents.host.nvml.NvmlHealthSource``; ``emulated``, an
+    ``lightrail.emulator.gpus.EmulatedHealthSource`` with ``emulated_gpus`` healthy GPUs (tests,
+    demos). Never falls back from one to the other: an agent on a GPU host must not report
+    healthy fake GPUs. Raises ``HealthSourceUnavailable`` when the NVML binding is not installed
+    or NVML cannot be initialised, ``ValueError`` for another ``kind``."""
+    if kind == "emulated":
+        from lightrail.emulator.gpus import EmulatedHealthSource
+
+        return EmulatedHealthSource(host, emulated_gpus)
+    if kind != "nvml":
+        raise ValueError(f"--health: {kind!r} is neither 'nvml' nor 'emulated'")
+    try:
+        from lightrail.agents.host.nvml import NvmlHealthSource
+        from lightrail.agents.host.nvml_binding import NvmlUnavailableError
+    except ImportError as exc:
+        raise HealthSourceUnavailable(
+            f"{exc}; on a machine without GPUs pass --health emulated") from exc
+    source = NvmlHealthSource(host)
+    try:
+        await source.open()
+    except NvmlUnavailableError as exc:
+        raise HealthSourceUnavailable(str(exc)) from exc
+    return source
+
+
 def cmd_agent(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, "json")
 
     async def main() -> int:
         from lightrail.agents.host.agent import HostAgent
-        from lightrail.agents.host.health import (
-            HealthConfig,
-            NvmlUnavailableError,
-            create_health_source,
-        )
         from lightrail.agents.host.local_endpoint import serve_local
         from lightrail.agents.host.reporter import HealthReporter
 
@@ -97,9 +128,9 @@ def cmd_agent(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         try:
-            source = await create_health_source(args.host, HealthConfig(
-                emulated_fallback=args.health == "auto", emulated_gpus=args.emulated_gpus))
-        except NvmlUnavailableError as exc:
+            source = await open_health_source(args.health, args.host,
+                                              emulated_gpus=args.emulated_gpus)
+        except HealthSourceUnavailable as exc:
             print(f"lightrail agent: {exc}", file=sys.stderr)
             return 1
         reporter = HealthReporter(source, args.controller)

@@ -50,11 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--socket", default="/run/lightrail/agent.sock",
                    help="Unix socket for the job-side library")
     c.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    c.add_argument("--health", choices=["nvml", "auto"], default="auto",
-                   help="GPU health from NVML; auto falls back to emulated GPUs where NVML is "
-                        "missing (default auto)")
+    c.add_argument("--health", choices=["nvml", "emulated"], default="nvml",
+                   help="GPU health source: nvml (the NVIDIA driver's NVML; fails if it is "
+                        "missing) or emulated (healthy emulated GPUs, for tests and demos "
+                        "without GPUs) (default nvml)")
     c.add_argument("--emulated-gpus", type=positive_int, default=8,
-                   help="GPUs of the emulated health source (default 8)")
+                   help="GPUs of the emulated health source, with --health emulated "
+                        "(default 8)")
     c.set_defaults(func=cmd_agent)
 
     def replay_opts(c: argparse.ArgumentParser, iterations: int) -> None:

@@ -15,6 +15,7 @@ import json
 import os
 import queue
 import re
+import sys
 import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -30,16 +31,14 @@ from lightrail.agents.host.health import (
     GpuId,
     HealthConfig,
     HealthEvent,
-    HealthHub,
     HealthSource,
     HealthState,
-    NvmlHealthSource,
-    NvmlUnavailableError,
     classify_xid,
-    create_health_source,
-    parse_kernel_message,
-    pci_key,
 )
+from lightrail.agents.host.hub import HealthHub
+from lightrail.agents.host.kernel import parse_kernel_message, pci_key
+from lightrail.agents.host.nvml import NvmlHealthSource
+from lightrail.agents.host.nvml_binding import NvmlUnavailableError
 from lightrail.agents.host.state import (
     EMPTY,
     HealthStateError,
@@ -48,6 +47,8 @@ from lightrail.agents.host.state import (
     merge,
     record_event,
 )
+from lightrail.controller.cli.daemons import HealthSourceUnavailable, open_health_source
+from lightrail.controller.cli.main import build_parser
 from lightrail.emulator.gpus import EmulatedHealthSource, EmulatedHosts
 
 HOST = "h1"
@@ -575,18 +576,36 @@ async def test_nvml_unavailable_is_a_clear_error(error: type[Exception], says: s
     with pytest.raises(NvmlUnavailableError) as info:
         await src.open()
     message = str(info.value)
-    for needle in (says, "NVIDIA driver", "nvidia-ml-py", "emulated_fallback", HOST):
+    for needle in (says, "NVIDIA driver", "nvidia-ml-py", "--health emulated", HOST):
         assert needle in message
 
 
-async def test_nvml_unavailable_falls_back_to_emulated_when_configured() -> None:
-    fake = FakeNvml(init_error=pynvml.NVMLError_LibraryNotFound)
-    cfg = HealthConfig(emulated_fallback=True, emulated_gpus=4)
-    src = await create_health_source(HOST, cfg, nvml=fake)
+def test_agent_health_source_is_chosen_explicitly() -> None:
+    parser = build_parser()
+    assert parser.parse_args(["agent"]).health == "nvml"
+    assert parser.parse_args(["agent", "--health", "emulated"]).health == "emulated"
+    with pytest.raises(SystemExit):  # the old silent fallback is gone
+        parser.parse_args(["agent", "--health", "auto"])
+
+
+async def test_emulated_health_source_only_when_asked() -> None:
+    src = await open_health_source("emulated", HOST, emulated_gpus=4)
     assert isinstance(src, EmulatedHealthSource)
-    assert len(src.snapshot()) == 4
-    with pytest.raises(NvmlUnavailableError):
-        await create_health_source(HOST, HealthConfig(), nvml=fake)
+    assert sorted(src.snapshot()) == [g(i) for i in range(4)]
+    with pytest.raises(ValueError, match="auto"):
+        await open_health_source("auto", HOST, emulated_gpus=4)
+
+
+async def test_missing_nvml_binding_names_the_package_and_the_flag(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
+    for name in ("lightrail.agents.host.nvml", "lightrail.agents.host.nvml_binding"):
+        monkeypatch.delitem(sys.modules, name)
+    with pytest.raises(HealthSourceUnavailable) as info:
+        await open_health_source("nvml", HOST, emulated_gpus=4)
+    assert "pip install nvidia-ml-py" in str(info.value)
+    assert "--health emulated" in str(info.value)
 
 
 async def test_real_nvml_on_a_machine_without_gpus() -> None:
@@ -602,8 +621,8 @@ async def test_real_nvml_on_a_machine_without_gpus() -> None:
     else:
         await probe.close()
         pytest.skip("NVML works on this machine: the no-GPU fallback is not exercised")
-    src = await create_health_source(HOST, HealthConfig(emulated_fallback=True, emulated_gpus=2))
-    assert isinstance(src, EmulatedHealthSource)
+    with pytest.raises(HealthSourceUnavailable, match="--health emulated"):  # no fallback
+        await open_health_source("nvml", HOST, emulated_gpus=2)
 
 
 async def test_xid_events_classified_and_latched(

@@ -5,7 +5,8 @@ store, nor plotting, console or NVML modules, nor the host agent or the replay t
 Each case imports the module in a fresh interpreter (this one has loaded everything already)
 and reads back its ``sys.modules``. The import-linter contracts "agents-light" and
 "job-library-light" check the same statically; this checks what really gets loaded, including
-through package ``__init__`` modules and third-party imports.
+through package ``__init__`` modules and third-party imports. The same check shows that the
+host agent (production) loads no emulator module: the composition root picks emulated GPUs.
 """
 
 from __future__ import annotations
@@ -68,3 +69,15 @@ def test_heavy_filter_matches_submodules_not_lookalikes() -> None:
     assert _heavy(["lightrail.controller.core.planner", "rich", "richer", "pynvml_utils",
                    "lightrail.controller.domain.model"]) == ["lightrail.controller.core.planner",
                                                             "rich"]
+
+
+@pytest.mark.parametrize("module", [
+    "lightrail.agents.host.agent", "lightrail.agents.host.reporter",
+    "lightrail.agents.host.local_endpoint", "lightrail.agents.host.state",
+    "lightrail.agents.host.nvml",
+])
+def test_host_agent_loads_no_emulator(module: str) -> None:
+    names = _loaded_after_import(module)
+    assert module in names
+    assert [n for n in names if n == "lightrail.emulator" or n.startswith("lightrail.emulator.")
+            ] == []
