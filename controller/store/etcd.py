@@ -31,6 +31,7 @@ import aetcd
 import aetcd.rpc
 import structlog
 
+from lightrail.controller.domain.timing import Backoff, Clock, Sleep
 from lightrail.controller.store.client import (
     SHUTDOWN_TIMEOUT_S,
     cancel_task,
@@ -47,7 +48,6 @@ from lightrail.controller.store.errors import (
     StoreRequestFailed,
     StoreUnavailable,
 )
-from lightrail.controller.store.timing import Backoff, Clock, Sleep
 from lightrail.controller.store.types import (
     KeyValue,
     Lease,

@@ -21,6 +21,7 @@ from typing import Any
 
 import structlog
 
+from lightrail.controller.domain.timing import Backoff, Clock, Sleep
 from lightrail.controller.store.client import (
     SHUTDOWN_TIMEOUT_S,
     bounded,
@@ -29,7 +30,6 @@ from lightrail.controller.store.client import (
     translated,
 )
 from lightrail.controller.store.errors import RevisionCompacted, StoreClosed, StoreUnavailable
-from lightrail.controller.store.timing import Backoff, Clock, Sleep
 from lightrail.controller.store.types import (
     EventKind,
     Snapshot,

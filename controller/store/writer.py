@@ -11,6 +11,7 @@ from typing import Final, Self
 
 import structlog
 
+from lightrail.controller.domain.timing import Backoff, Sleep
 from lightrail.controller.store.client import SHUTDOWN_TIMEOUT_S, cancel_task
 from lightrail.controller.store.errors import (
     FlushFailed,
@@ -19,7 +20,6 @@ from lightrail.controller.store.errors import (
     StoreUnavailable,
 )
 from lightrail.controller.store.etcd import MAX_TXN_OPS, EtcdStore
-from lightrail.controller.store.timing import Backoff, Sleep
 from lightrail.controller.store.types import PendingWrite, encode_value
 
 _MAX_TXN_BYTES: Final = 1_000_000

@@ -16,6 +16,7 @@ import aetcd
 import grpc
 import pytest
 
+from lightrail.controller.domain.timing import Backoff
 from lightrail.controller.store.client import translated
 from lightrail.controller.store.election import LeaderElection
 from lightrail.controller.store.errors import (
@@ -27,7 +28,6 @@ from lightrail.controller.store.errors import (
 )
 from lightrail.controller.store.etcd import EtcdStore
 from lightrail.controller.store.etcd_server import EmbeddedEtcd, EtcdNotInstalledError
-from lightrail.controller.store.timing import Backoff
 from lightrail.controller.store.types import (
     EventKind,
     Snapshot,
