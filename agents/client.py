@@ -192,17 +192,20 @@ class ControllerClient:
 
     async def enter(
         self, job_id: str, rank: int, phase: PhaseKey, iteration: int = 0,
-        timeout_s: float = 30.0, nbytes: int = 0, compute_gap_s: float = 0.0,
+        timeout_s: float | None = 30.0, nbytes: int = 0, compute_gap_s: float = 0.0,
     ) -> Admission:
-        """Unary EnterPhase; blocks until admitted. ``nbytes``/``compute_gap_s`` are optional
-        reconfigure-or-not hints. Raises a ``PhaseError`` subclass."""
+        """Unary EnterPhase; blocks until admitted. ``timeout_s``: how long to wait at most,
+        s (> 0; None: the controller's default, and no gRPC deadline). ``nbytes``/
+        ``compute_gap_s`` are optional reconfigure-or-not hints. Raises a ``PhaseError``
+        subclass."""
         req = agent_pb2.EnterPhaseRequest(
             job_id=job_id, rank=rank, phase=phase_key_to_pb(phase), iteration=iteration,
             request_id=next(self._ids), timeout_s=timeout_s, nbytes=nbytes,
             compute_gap_s=compute_gap_s,
         )
+        deadline_s = None if timeout_s is None else timeout_s + 5.0
         try:
-            resp = await self._retry(lambda: self._stub.EnterPhase(req, timeout=timeout_s + 5.0))
+            resp = await self._retry(lambda: self._stub.EnterPhase(req, timeout=deadline_s))
         except grpc.aio.AioRpcError as exc:
             raise _phase_error(exc) from None
         return Admission(resp.noop, max(1, resp.steps), resp.device_s)

@@ -52,7 +52,8 @@ class _Out:
     phase: PhaseKey
     iteration: int
     request_id: int = 0
-    timeout_s: float = 0.0
+    timeout_s: float | None = None
+    """An enter's admission timeout, s; None: the controller's default."""
     nbytes: int = 0
     compute_gap_s: float = 0.0
 
@@ -84,7 +85,8 @@ class _Encoder:
                 e.rank = m.rank
                 e.iteration = m.iteration
                 e.request_id = m.request_id
-                e.timeout_s = m.timeout_s
+                if m.timeout_s is not None:
+                    e.timeout_s = m.timeout_s
                 if m.nbytes:
                     e.nbytes = m.nbytes
                     e.compute_gap_s = m.compute_gap_s

@@ -23,8 +23,8 @@ from lightrail.controller.api.codec import (
     InvalidRequest,
     PhaseKeyDecoder,
     abort_refused,
-    check_timeout,
     compute_gap_hint,
+    timeout_from_pb,
 )
 from lightrail.v1 import agent_pb2, agent_pb2_grpc
 
@@ -51,9 +51,10 @@ class LocalAgentServicer(agent_pb2_grpc.AgentServiceServicer):
     ) -> agent_pb2.EnterPhaseResponse:
         try:
             phase = self._decoder.decode(request.phase)
-            timeout_s = check_timeout(request.timeout_s) or _DEFAULT_TIMEOUT_S
+            requested_s = timeout_from_pb(request)
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        timeout_s = _DEFAULT_TIMEOUT_S if requested_s is None else requested_s
         try:
             adm = await self._agent.enter(request.job_id, request.rank, phase, request.iteration,
                                           timeout_s, request.nbytes,

@@ -20,11 +20,11 @@ from lightrail.controller.api.codec import (
     PhaseKeyDecoder,
     abort_refused,
     check_id,
-    check_timeout,
     compute_gap_hint,
     event_to_pb,
     parallelism_from_pb,
     placements_from_pb,
+    timeout_from_pb,
 )
 from lightrail.controller.api.replies import fill_reply
 from lightrail.controller.core.decisions import Admit, Reject
@@ -319,7 +319,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                     e = req.enter
                     try:
                         phase = decode(e.phase)
-                        timeout_s = check_timeout(e.timeout_s)
+                        timeout_s = timeout_from_pb(e)
                     except InvalidRequest as exc:
                         sink.deliver(Reject(e.job_id, e.rank, e.request_id,
                                             ErrorCode.INVALID_PHASE, str(exc)))
@@ -360,11 +360,11 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         await self._require_leader(context)
         try:
             phase = self._decoder.decode(request.phase)
-            timeout_s = check_timeout(request.timeout_s)
+            timeout_s = timeout_from_pb(request)
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         remaining = context.time_remaining()
-        if remaining is not None and (timeout_s <= 0 or remaining < timeout_s):
+        if remaining is not None and (timeout_s is None or remaining < timeout_s):
             timeout_s = max(remaining, 1e-6)
         sink = _FutureSink()
         self._service.enter(request.job_id, request.rank, phase, request.request_id, timeout_s,

@@ -42,12 +42,20 @@ def check_id(field: str, value: str, *, allow_empty: bool = False) -> None:
 
 
 def check_timeout(timeout_s: float, field: str = "timeout_s") -> float:
-    """A finite timeout in [0, 24 h] (0 = the controller's default). Raises
-    ``InvalidRequest``."""
-    if not math.isfinite(timeout_s) or timeout_s < 0 or timeout_s > MAX_TIMEOUT_S:
+    """A timeout given: a finite number of seconds in (0, 24 h]. Raises ``InvalidRequest``."""
+    if not math.isfinite(timeout_s) or timeout_s <= 0 or timeout_s > MAX_TIMEOUT_S:
         raise InvalidRequest(f"{field}: {timeout_s!r} is not a finite number of seconds in "
-                             f"[0, {MAX_TIMEOUT_S:.0f}]")
+                             f"(0, {MAX_TIMEOUT_S:.0f}]")
     return timeout_s
+
+
+def timeout_from_pb(request: agent_pb2.EnterPhaseRequest) -> float | None:
+    """An EnterPhase's admission timeout, s, checked (``check_timeout``); None when the
+    request gives none (the optional ``timeout_s`` is absent: the controller's default).
+    Raises ``InvalidRequest``."""
+    if not request.HasField("timeout_s"):
+        return None
+    return check_timeout(request.timeout_s)
 
 ERROR_METADATA_KEY = "lightrail-error"
 """Trailing metadata key of a refused unary EnterPhase/ReleasePhase: the ``ErrorCode`` value,

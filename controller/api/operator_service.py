@@ -103,7 +103,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
                     reason=rec.reason if rec else "",
                     job_id=job_rank[0] if job_rank else "",
                     rank=job_rank[1] if job_rank else 0, has_rank=job_rank is not None,
-                    heartbeat_age_s=age if age is not None else -1.0))
+                    heartbeat_age_s=age))  # absent (None) when no heartbeat was seen
         return operator_pb2.ListGpusResponse(gpus=out)
 
     @staticmethod

@@ -100,7 +100,7 @@ def cmd_gpus(args: argparse.Namespace) -> int:
                                "job", "rank", "heartbeat age s"],
                       [[g.host, g.gpu, g.failure_domain, g.spare_host, g.state, g.reason or "-",
                         g.job_id or "-", g.rank if g.has_rank else "-",
-                        f"{g.heartbeat_age_s:.1f}" if g.heartbeat_age_s >= 0 else "-"]
+                        f"{g.heartbeat_age_s:.1f}" if g.HasField("heartbeat_age_s") else "-"]
                        for g in r.gpus])
     return _operator(args, lambda s: s.ListGpus(operator_pb2.ListGpusRequest(), timeout=10),
                      render)

@@ -56,7 +56,7 @@ from lightrail.drivers.base import CrossConnect
 class PhaseCoordinator:
     """The phase protocol over all jobs of one fabric. Not thread-safe; one event loop owns it.
 
-    ``default_timeout_s`` applies when an EnterPhase gives none (``timeout_s <= 0``).
+    ``default_timeout_s`` (s) applies when an EnterPhase gives none (``timeout_s`` None).
     ``provisioning``: switch to the predicted next phase on the last release;
     ``learn_iterations`` (>= 1): repeats that make a learned successor a prediction;
     ``advisor``: reconfigure-or-not advice (PCCL), None to always switch.
@@ -274,16 +274,17 @@ class PhaseCoordinator:
         phase: PhaseKey,
         request_id: int,
         now: float,
-        timeout_s: float = 0.0,
+        timeout_s: float | None = None,
         iteration: int = 0,
         nbytes: int = 0,
         compute_gap_s: float = 0.0,
     ) -> list[Decision]:
         """A rank asks to enter ``phase`` of training step ``iteration``. Returns the decisions
         this causes (an ``Admit`` or ``Reject`` for this rank at once, or ``Reconfigure`` and
-        later decisions). ``timeout_s``: how long it waits at most, s (0: the coordinator's
-        ``default_timeout_s``). ``nbytes`` and ``compute_gap_s`` are the caller's hints for
-        reconfigure-or-not (bytes of the collective, compute time before it, s; 0 = unknown).
+        later decisions). ``timeout_s``: how long it waits at most, s (None: the
+        coordinator's ``default_timeout_s``). ``nbytes`` and ``compute_gap_s`` are the caller's
+        hints for reconfigure-or-not (bytes of the collective, compute time before it, s;
+        0 = unknown).
 
         Cost: O(1) for every rank after the first of a phase instance; the first pays O(plan)
         to check the circuits. Fairness: a phase whose circuits are there still waits when an
@@ -349,7 +350,7 @@ class PhaseCoordinator:
             out.append(Admit(job_id, rank, request_id, phase, True, 0.0,
                              steps=s.steps(job, phase)))
             return out
-        timeout = timeout_s if timeout_s > 0 else self.default_timeout_s
+        timeout = self.default_timeout_s if timeout_s is None else timeout_s
         w = Waiter(rank, request_id, now, now + timeout)
         inst.waiters[rank] = w
         rs.state = RankState.WAITING

@@ -152,13 +152,14 @@ class PhaseService:
         rank: int,
         phase: PhaseKey,
         request_id: int,
-        timeout_s: float,
+        timeout_s: float | None,
         sink: ReplySink,
         iteration: int = 0,
         nbytes: int = 0,
         compute_gap_s: float = 0.0,
     ) -> None:
         """Ask for admission; the answer goes to ``sink`` (maybe before this returns).
+        ``timeout_s``: how long the rank waits at most, s (None: the coordinator's default).
 
         An immediate answer to this very request goes straight to ``sink``; only a request
         that waits replaces the rank's reply route, so a refused duplicate can never steal

@@ -170,6 +170,25 @@ async def test_timeout_is_an_explicit_error(client: ControllerClient) -> None:
         await client.enter("job", 0, PAIR, timeout_s=0.3)
 
 
+async def test_timeout_is_optional_and_a_given_one_must_be_positive(
+    ctl: RunningController, client: ControllerClient
+) -> None:
+    """No timeout_s: the controller's default applies (and the client sets no gRPC deadline);
+    a timeout_s given as 0 is refused naming the field, never read as "the default"."""
+    await client.register_job("job", PLACE)
+    adms = await asyncio.gather(*(client.enter("job", r, PAIR, timeout_s=None) for r in (0, 2)))
+    assert [a.noop for a in adms] == [False, False]
+    async with grpc.aio.insecure_channel(ctl.grpc_target) as ch:
+        stub = agent_pb2_grpc.AgentServiceStub(ch)
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await stub.EnterPhase(agent_pb2.EnterPhaseRequest(
+                job_id="job", rank=1, phase=agent_pb2.PhaseKey(
+                    group_ranks=[1, 3], collective=agent_pb2.SEND_RECV),
+                request_id=9, timeout_s=0.0), timeout=10)
+        assert e.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "timeout_s: 0.0" in (e.value.details() or "")
+
+
 async def test_device_failure_is_reported_not_admitted(
     client: ControllerClient, devices: EmulatedFabricDevices
 ) -> None:

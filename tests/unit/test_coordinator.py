@@ -125,6 +125,20 @@ def test_timeout_is_an_explicit_error_naming_the_holders(coord: PhaseCoordinator
     assert coord.enter("job", 0, PP01, 11, 3.1, timeout_s=2.0) == []
 
 
+def test_an_enter_without_a_timeout_waits_the_default(coord: PhaseCoordinator) -> None:
+    """``timeout_s`` None is the coordinator's default (5 s here); any value given is used
+    as it is, however small (no 0 standing in for "default")."""
+    rec = only(enter_all(coord, RING, WORLD, 0.0), Reconfigure)[0]
+    assert isinstance(rec, Reconfigure)
+    coord.reconfigured(rec.op_id, 0.1)
+    coord.release("job", 0, RING, 0.2)
+    coord.release("job", 2, RING, 0.2)
+    assert coord.enter("job", 0, PP01, 10, 1.0) == []
+    assert coord.next_deadline() == pytest.approx(6.0)
+    assert coord.enter("job", 2, PP01, 11, 1.0, timeout_s=0.001) == []
+    assert coord.next_deadline() == pytest.approx(1.001)
+
+
 def test_device_failure_rejects_waiters_and_drops_the_view(coord: PhaseCoordinator) -> None:
     rec = only(enter_all(coord, RING, [0, 1], 0.0), Reconfigure)[0]
     assert isinstance(rec, Reconfigure)

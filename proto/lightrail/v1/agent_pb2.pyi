@@ -449,7 +449,10 @@ class EnterPhaseRequest(_message.Message):
     request_id: _builtins.int
     """Chosen by the caller, echoed in the reply; unique per (job, rank) among pending requests."""
     timeout_s: _builtins.float
-    """How long the rank is willing to wait for admission, in seconds; 0 = controller default."""
+    """How long the rank is willing to wait for admission, in seconds (> 0); absent: the
+    controller's default (admission_timeout_s). A sender from before this field was optional
+    that sent 0 put nothing on the wire, so it still means the default.
+    """
     nbytes: _builtins.int
     """Hints for reconfigure-or-not (PCCL): bytes of the collective (0 = unknown: always switch)
     and the compute time before it, in seconds, in which a reconfiguration can hide.
@@ -465,15 +468,17 @@ class EnterPhaseRequest(_message.Message):
         phase: Global___PhaseKey | None = ...,
         iteration: _builtins.int = ...,
         request_id: _builtins.int = ...,
-        timeout_s: _builtins.float = ...,
+        timeout_s: _builtins.float | None = ...,
         nbytes: _builtins.int = ...,
         compute_gap_s: _builtins.float = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["phase", b"phase"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_timeout_s", b"_timeout_s", "phase", b"phase", "timeout_s", b"timeout_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["compute_gap_s", b"compute_gap_s", "iteration", b"iteration", "job_id", b"job_id", "nbytes", b"nbytes", "phase", b"phase", "rank", b"rank", "request_id", b"request_id", "timeout_s", b"timeout_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_timeout_s", b"_timeout_s", "compute_gap_s", b"compute_gap_s", "iteration", b"iteration", "job_id", b"job_id", "nbytes", b"nbytes", "phase", b"phase", "rank", b"rank", "request_id", b"request_id", "timeout_s", b"timeout_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__timeout_s: _TypeAlias = _typing.Literal["timeout_s"]  # noqa: Y015
+    _WhichOneofArgType__timeout_s: _TypeAlias = _typing.Literal["_timeout_s", b"_timeout_s"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__timeout_s) -> _WhichOneofReturnType__timeout_s | None: ...
 
 Global___EnterPhaseRequest: _TypeAlias = EnterPhaseRequest  # noqa: Y015
 

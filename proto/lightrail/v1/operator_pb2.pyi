@@ -431,7 +431,7 @@ class GpuInfo(_message.Message):
     rank: _builtins.int
     has_rank: _builtins.bool
     heartbeat_age_s: _builtins.float
-    """Seconds since the host's last heartbeat; negative when it never sent one."""
+    """Seconds since the host's last heartbeat; absent when it never sent one."""
     def __init__(
         self,
         *,
@@ -444,13 +444,15 @@ class GpuInfo(_message.Message):
         job_id: _builtins.str = ...,
         rank: _builtins.int = ...,
         has_rank: _builtins.bool = ...,
-        heartbeat_age_s: _builtins.float = ...,
+        heartbeat_age_s: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_heartbeat_age_s", b"_heartbeat_age_s", "heartbeat_age_s", b"heartbeat_age_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["failure_domain", b"failure_domain", "gpu", b"gpu", "has_rank", b"has_rank", "heartbeat_age_s", b"heartbeat_age_s", "host", b"host", "job_id", b"job_id", "rank", b"rank", "reason", b"reason", "spare_host", b"spare_host", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_heartbeat_age_s", b"_heartbeat_age_s", "failure_domain", b"failure_domain", "gpu", b"gpu", "has_rank", b"has_rank", "heartbeat_age_s", b"heartbeat_age_s", "host", b"host", "job_id", b"job_id", "rank", b"rank", "reason", b"reason", "spare_host", b"spare_host", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__heartbeat_age_s: _TypeAlias = _typing.Literal["heartbeat_age_s"]  # noqa: Y015
+    _WhichOneofArgType__heartbeat_age_s: _TypeAlias = _typing.Literal["_heartbeat_age_s", b"_heartbeat_age_s"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__heartbeat_age_s) -> _WhichOneofReturnType__heartbeat_age_s | None: ...
 
 Global___GpuInfo: _TypeAlias = GpuInfo  # noqa: Y015
 
