@@ -33,21 +33,20 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from lightrail.controller.core import rewiring
 from lightrail.controller.core.decisions import Admit, Advisor, Decided, Decision, Reject
-from lightrail.controller.core.planner import JobLayout, PlanError, layout_job
+from lightrail.controller.core.planner import JobLayout, PlanError
 from lightrail.controller.core.provisioning import Provisioner
 from lightrail.controller.core.records import (
     Hint,
     Instance,
     JobRecord,
     JobStats,
-    RankSlot,
     RankState,
     Recovery,
     Waiter,
 )
 from lightrail.controller.core.scheduling import blocking_reason, claimed_by_older, schedule
 from lightrail.controller.core.state import CoordinatorState
-from lightrail.controller.domain.errors import DuplicateJob, ErrorCode, ReleaseError, UnknownJob
+from lightrail.controller.domain.errors import ErrorCode, ReleaseError, UnknownJob
 from lightrail.controller.domain.fabric import Fabric
 from lightrail.controller.domain.model import PhaseKey, RankPlacement
 from lightrail.drivers.base import CrossConnect
@@ -95,53 +94,14 @@ class PhaseCoordinator:
         ``declared_phases``. Raises ``DuplicateJob``, ``PlacementError`` (naming rank and
         field), ``PlanError`` for a declared phase that cannot be planned, or whatever
         ``derive_schedule`` raises; nothing is stored then."""
-        s = self._s
-        if not job_id:
-            raise ValueError("job_id: empty")
-        if job_id in s.jobs:
-            raise DuplicateJob(f"job_id: {job_id!r} is registered already")
-        layout = layout_job(self.fabric, job_id, placements, s.gpus)
-        if derive_schedule is not None:
-            declared_phases = tuple(derive_schedule(layout))
-        job = JobRecord(
-            layout=layout,
-            tenant=tenant,
-            declared=tuple(declared_phases),
-            ranks=[RankSlot() for _ in range(layout.world_size)],
-        )
-        for i, ph in enumerate(job.declared):
-            try:
-                s.plan(job, ph)
-            except PlanError as exc:
-                raise PlanError(f"declared_phases[{i}]: {exc}") from exc
+        job = self._s.add_job(job_id, tenant, placements, declared_phases, derive_schedule)
         self._prov.declare(job)
-        s.jobs[job_id] = job
-        for p in layout.placements:
-            s.gpus[(p.host, p.gpu)] = job_id
-        return layout
+        return job.layout
 
     def unregister_job(self, job_id: str) -> list[Decision]:
         """Remove a job: its waiting ranks get ``CANCELLED``, its holds are dropped.
         Raises ``UnknownJob``."""
-        s = self._s
-        job = s.jobs.pop(job_id, None)
-        if job is None:
-            raise UnknownJob(job_id)
-        out: list[Decision] = []
-        for inst in job.instances.values():
-            for w in inst.waiters.values():
-                out.append(
-                    Reject(job_id, w.rank, w.request_id, ErrorCode.CANCELLED, "job unregistered")
-                )
-            inst.waiters.clear()
-            if inst.holders:
-                s.views.unhold(inst.plan)
-            inst.holders.clear()
-        s.queue = [i for i in s.queue if i.job_id != job_id]
-        s.recovering.pop(job_id, None)
-        for p in job.layout.placements:
-            s.gpus.pop((p.host, p.gpu), None)
-        return out
+        return self._s.remove_job(job_id)
 
     def _job(self, job_id: str) -> JobRecord:
         job = self._s.jobs.get(job_id)

@@ -8,8 +8,17 @@ on one ``CoordinatorState``. Pure: no clock, no I/O.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable, Sequence
 
-from lightrail.controller.core.planner import Plan, all_to_all_steps, plan_phase
+from lightrail.controller.core.decisions import Decision, Reject
+from lightrail.controller.core.planner import (
+    JobLayout,
+    Plan,
+    PlanError,
+    all_to_all_steps,
+    layout_job,
+    plan_phase,
+)
 from lightrail.controller.core.records import (
     Deadline,
     Instance,
@@ -20,8 +29,9 @@ from lightrail.controller.core.records import (
     Recovery,
 )
 from lightrail.controller.core.switch_views import SwitchViews
+from lightrail.controller.domain.errors import DuplicateJob, ErrorCode, UnknownJob
 from lightrail.controller.domain.fabric import Fabric
-from lightrail.controller.domain.model import Collective, PhaseKey
+from lightrail.controller.domain.model import Collective, PhaseKey, RankPlacement
 
 
 class CoordinatorState:
@@ -41,6 +51,65 @@ class CoordinatorState:
         self.recovering: dict[str, Recovery] = {}
         self._next_op = 1
         self._deadline_seq = 0
+
+    # --- jobs -------------------------------------------------------------------------------
+
+    def add_job(
+        self,
+        job_id: str,
+        tenant: str,
+        placements: Sequence[RankPlacement],
+        declared_phases: Sequence[PhaseKey],
+        derive_schedule: Callable[[JobLayout], Sequence[PhaseKey]] | None,
+    ) -> JobRecord:
+        """Lay a job out, plan its declared (or derived) phases and store it; see
+        ``PhaseCoordinator.register_job``. Raises ``ValueError`` (empty id), ``DuplicateJob``,
+        ``PlacementError``, ``PlanError`` or whatever ``derive_schedule`` raises; nothing is
+        stored then."""
+        if not job_id:
+            raise ValueError("job_id: empty")
+        if job_id in self.jobs:
+            raise DuplicateJob(f"job_id: {job_id!r} is registered already")
+        layout = layout_job(self.fabric, job_id, placements, self.gpus)
+        if derive_schedule is not None:
+            declared_phases = tuple(derive_schedule(layout))
+        job = JobRecord(
+            layout=layout,
+            tenant=tenant,
+            declared=tuple(declared_phases),
+            ranks=[RankSlot() for _ in range(layout.world_size)],
+        )
+        for i, ph in enumerate(job.declared):
+            try:
+                self.plan(job, ph)
+            except PlanError as exc:
+                raise PlanError(f"declared_phases[{i}]: {exc}") from exc
+        self.jobs[job_id] = job
+        for p in layout.placements:
+            self.gpus[(p.host, p.gpu)] = job_id
+        return job
+
+    def remove_job(self, job_id: str) -> list[Decision]:
+        """Drop a job: its waiting ranks are refused with ``CANCELLED``, its holds and queued
+        phases go. Raises ``UnknownJob``."""
+        job = self.jobs.pop(job_id, None)
+        if job is None:
+            raise UnknownJob(job_id)
+        out: list[Decision] = []
+        for inst in job.instances.values():
+            for w in inst.waiters.values():
+                out.append(
+                    Reject(job_id, w.rank, w.request_id, ErrorCode.CANCELLED, "job unregistered")
+                )
+            inst.waiters.clear()
+            if inst.holders:
+                self.views.unhold(inst.plan)
+            inst.holders.clear()
+        self.queue = [i for i in self.queue if i.job_id != job_id]
+        self.recovering.pop(job_id, None)
+        for p in job.layout.placements:
+            self.gpus.pop((p.host, p.gpu), None)
+        return out
 
     # --- plans ------------------------------------------------------------------------------
 
