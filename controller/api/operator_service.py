@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import grpc
 
-from lightrail.controller.core.spares import NoSpare
+from lightrail.controller.core.spares import NoSpare, SpareChoice
 from lightrail.controller.domain.errors import FailoverError, UnknownJob
 from lightrail.controller.domain.fabric import Fabric
 from lightrail.controller.runtime.failover import FailoverManager, FailoverTimeline
@@ -87,22 +87,23 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
     ) -> operator_pb2.ListGpusResponse:
         coord = self._service.coordinator
-        ranks: dict[tuple[str, int], tuple[str, int]] = {}
+        job_of = coord.gpus_in_use()  # (host, gpu) -> job id
+        rank_of: dict[tuple[str, int], int] = {}  # (host, gpu) -> rank in that job
         for job_id in coord.job_ids():
             for p in coord.job(job_id).placements:
-                ranks[(p.host, p.gpu)] = (job_id, p.rank)
+                rank_of[(p.host, p.gpu)] = p.rank
         out = []
         for h in self._fabric.hosts.values():
             age = self._failover.heartbeat_age_s(h.name) if self._failover else None
             for g in range(h.gpu_count):
                 rec = self._failover.record(h.name, g) if self._failover else None
-                job_rank = ranks.get((h.name, g))
+                rank = rank_of.get((h.name, g))
                 out.append(operator_pb2.GpuInfo(
                     host=h.name, gpu=g, failure_domain=h.failure_domain, spare_host=h.spare,
                     state=rec.state.value if rec else "unreported",
                     reason=rec.reason if rec else "",
-                    job_id=job_rank[0] if job_rank else "",
-                    rank=job_rank[1] if job_rank else 0, has_rank=job_rank is not None,
+                    job_id=job_of.get((h.name, g), ""),
+                    rank=rank if rank is not None else 0, has_rank=rank is not None,
                     heartbeat_age_s=age))  # absent (None) when no heartbeat was seen
         return operator_pb2.ListGpusResponse(gpus=out)
 
@@ -121,7 +122,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         if self._failover is None:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "failover is not enabled")
         assert self._failover is not None
-        spare = (request.spare_host, request.spare_gpu) if request.spare_host else None
+        spare = SpareChoice(request.spare_host, request.spare_gpu) if request.spare_host else None
         try:
             tl = await self._failover.failover(request.job_id, request.rank,
                                                request.reason or "manual failover",

@@ -27,9 +27,10 @@ from typing import Protocol
 
 import structlog
 
-from lightrail.controller.core.spares import NoSpare, pick_spare
+from lightrail.controller.core.spares import NoSpare, SpareChoice, pick_spare
 from lightrail.controller.domain.errors import FailoverBusy, FailoverError, UnknownJob
 from lightrail.controller.domain.events import JobEvent, JobEventKind
+from lightrail.controller.domain.model import RankPlacement
 from lightrail.controller.runtime import metrics
 from lightrail.controller.runtime.events import EventBus
 from lightrail.controller.runtime.phase_service import PhaseService
@@ -211,15 +212,18 @@ class FailoverManager:
                     if (p.host, p.gpu) == (host, gpu))
         detected = self._clock()
         assert self._tg is not None, "FailoverManager.start() not called"
-        task = self._tg.create_task(self._guarded(user, rank, reason, detected, (host, gpu)),
+        task = self._tg.create_task(self._guarded(user, reason, detected,
+                                                  RankPlacement(rank, host, gpu)),
                                     name=f"failover-{user}-r{rank}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _guarded(self, job_id: str, rank: int, reason: str, detected: float,
-                       failed: tuple[str, int]) -> None:
-        """An automatic failover: whatever goes wrong is reported, never takes the daemon
-        down (a switch or etcd error leaves the rank failed, the job told)."""
+    async def _guarded(self, job_id: str, reason: str, detected: float,
+                       failed: RankPlacement) -> None:
+        """An automatic failover of ``failed`` (the rank on the GPU that failed): whatever
+        goes wrong is reported, never takes the daemon down (a switch or etcd error leaves the
+        rank failed, the job told)."""
+        rank = failed.rank
         try:
             await self.failover(job_id, rank, reason, detected_s=detected, expected=failed)
         except RankMoved as exc:
@@ -243,11 +247,13 @@ class FailoverManager:
         rank: int,
         reason: str,
         *,
-        spare: tuple[str, int] | None = None,
+        spare: SpareChoice | None = None,
         detected_s: float | None = None,
-        expected: tuple[str, int] | None = None,
+        expected: RankPlacement | None = None,
     ) -> FailoverTimeline:
         """Move ``rank`` of ``job_id`` to ``spare`` (or the spare ``pick_spare`` chooses).
+        ``expected``: where the rank must still be (an automatic failover or a drain saw it
+        there); when it moved meanwhile, raises ``RankMoved``.
         Raises ``UnknownJob``, ``NoSpare``, ``FailoverError`` and the ``DriverError`` of a
         failed rewire."""
         detected = self._clock() if detected_s is None else detected_s
@@ -258,21 +264,21 @@ class FailoverManager:
             if not 0 <= rank < layout.world_size:
                 raise FailoverError(f"rank: {rank} out of range 0..{layout.world_size - 1}")
             old = layout.placements[rank]
-            if expected is not None and (old.host, old.gpu) != expected:
+            if expected is not None and old != expected:
                 # another failover (or a drain) moved the rank while this one waited for the lock
-                raise RankMoved(f"rank {rank} is no longer on {expected[0]}/gpu{expected[1]}"
+                raise RankMoved(f"rank {rank} is no longer on {expected.host}/gpu{expected.gpu}"
                                 f" (now {old.host}/gpu{old.gpu})")
             unhealthy = {k for k, r in self._gpus.items() if r.state is GpuState.FAILED}
             while True:
                 if spare is None:
                     choice = pick_spare(coord.fabric, old.host, old.gpu, coord.gpus_in_use(),
                                         unhealthy)
-                    to = (choice.host, choice.gpu)
+                    to = choice
                 else:
                     to = spare
                 settled = self._service.ports_settled()
                 try:
-                    fut = self._service.failover(job_id, rank, to[0], to[1])
+                    fut = self._service.failover(job_id, rank, to.host, to.gpu)
                     break
                 except FailoverBusy:
                     # the ports are being switched (or read back): wait until that completes
@@ -286,23 +292,23 @@ class FailoverManager:
             stored = self._clock()
             self._events.publish(JobEvent(
                 job_id, JobEventKind.PLACEMENT_CHANGED,
-                f"rank {rank} moved from {old.host}/gpu{old.gpu} to {to[0]}/gpu{to[1]} "
+                f"rank {rank} moved from {old.host}/gpu{old.gpu} to {to.host}/gpu{to.gpu} "
                 f"({reason}); restart from the last checkpoint",
                 fields={"rank": str(rank), "from": f"{old.host}/gpu{old.gpu}",
-                        "to": f"{to[0]}/gpu{to[1]}", "reason": reason,
+                        "to": f"{to.host}/gpu{to.gpu}", "reason": reason,
                         "placement": ";".join(f"{p.rank}={p.host}/gpu{p.gpu}"
                                               for p in new_layout.placements),
                         "planned_s": f"{planned - detected:.6f}",
                         "device_confirmed_s": f"{confirmed - detected:.6f}",
                         "stored_s": f"{stored - detected:.6f}"}))
             notified = self._clock()
-            tl = FailoverTimeline(job_id, rank, old.host, old.gpu, to[0], to[1],
+            tl = FailoverTimeline(job_id, rank, old.host, old.gpu, to.host, to.gpu,
                                   planned - detected, confirmed - detected, notified - detected)
             self.timelines.append(tl)
             metrics.FAILOVER_SECONDS.labels("planned").observe(tl.planned_s)
             metrics.FAILOVER_SECONDS.labels("device_confirmed").observe(tl.device_confirmed_s)
             metrics.FAILOVER_SECONDS.labels("job_notified").observe(tl.job_notified_s)
-            log.info("failover_done", job=job_id, rank=rank, to=f"{to[0]}/gpu{to[1]}",
+            log.info("failover_done", job=job_id, rank=rank, to=f"{to.host}/gpu{to.gpu}",
                      planned_s=tl.planned_s, confirmed_s=tl.device_confirmed_s,
                      notified_s=tl.job_notified_s)
             return tl
@@ -325,7 +331,7 @@ class FailoverManager:
                         if (p.host, p.gpu) == (host, gpu))
             try:
                 out.append(await self.failover(user, rank, f"drained: {reason}",
-                                               expected=(host, gpu)))
+                                               expected=RankPlacement(rank, host, gpu)))
             except RankMoved:
                 continue  # an automatic failover got there first
         return out
