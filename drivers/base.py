@@ -93,6 +93,27 @@ class DeviceInfo:
     capabilities: SwitchCapabilities
 
 
+OptionValue = str | int | float | bool
+"""One value of a switch's driver options, as the config file gives it."""
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchSpec:
+    """What a driver is built from: one switch as configured (the controller converts its own
+    switch record into this; drivers never see the controller's types).
+
+    ``model`` names the driver family (``lightrail.drivers.registry``); ``capabilities`` give
+    the port layout, settle time and ``max_batch`` from config; ``options`` are the driver's
+    settings verbatim from config (``switches[<id>].options``), parsed by the driver's options
+    model (``lightrail.drivers.options.DriverOptions``).
+    """
+
+    switch_id: str
+    model: str
+    capabilities: SwitchCapabilities
+    options: Mapping[str, OptionValue] = field(default_factory=dict)
+
+
 @dataclass(frozen=True, slots=True)
 class ApplyResult:
     """What one ``Driver.apply`` did. ``failed`` maps each cross-connect that could not be

@@ -474,7 +474,7 @@ class PhaseCoordinator:
         s.dequeue(inst)
         if job is not None:
             s.maybe_drop(job, inst)
-        out.extend(schedule(s, now, device_s if error is None else 0.0))
+        out.extend(schedule(s, now, device_s if error is None else None))
         return out
 
     def next_deadline(self) -> float | None:

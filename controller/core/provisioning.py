@@ -162,5 +162,5 @@ class Provisioner:
                 job.reconfigurations += 1
             elif op.phase is not None:
                 job.provisioned.pop(op.phase, None)
-        return schedule(self._s, now, device_s if error is None else 0.0)
+        return schedule(self._s, now, device_s if error is None else None)
 

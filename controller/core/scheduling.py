@@ -15,10 +15,13 @@ from lightrail.controller.core.records import Instance, Op
 from lightrail.controller.core.state import CoordinatorState
 
 
-def schedule(state: CoordinatorState, now: float, device_s: float = 0.0) -> list[Decision]:
-    """Start what can start, oldest waiting phase first. ``device_s`` > 0: called as a
-    reconfiguration of that duration (s) completed; phases admitted now were waiting on it, so
-    their admissions say so (not a no-op, with that device time)."""
+def schedule(
+    state: CoordinatorState, now: float, switched_s: float | None = None
+) -> list[Decision]:
+    """Start what can start, oldest waiting phase first. ``switched_s``: given when called as
+    a reconfiguration completed, its device time (s); phases admitted now were waiting on it,
+    so their admissions say so (not a no-op, with that device time). None: no switch just
+    completed; admissions now are no-ops."""
     out: list[Decision] = []
     if not state.queue:
         return out
@@ -40,7 +43,8 @@ def schedule(state: CoordinatorState, now: float, device_s: float = 0.0) -> list
         if views.ready(inst.plan) and not any(
             not t.ports.isdisjoint(claimed.get(t.switch_id, ())) for t in inst.plan.targets
         ):
-            switched = device_s > 0
+            switched = switched_s is not None
+            device_s = 0.0 if switched_s is None else switched_s
             steps = state.steps(job, inst.phase)
             for w in inst.waiters.values():
                 state.admit_rank(job, job.ranks[w.rank], w.rank, inst)

@@ -50,7 +50,8 @@ Transport errors: connection refused, reset or closed -> ``DeviceUnreachable``; 
 connection is dropped; the next call reconnects). A read-only command that fails because the
 connection turned out to be dead before any reply started is retried once on a new connection.
 
-Options (``switch.options``): ``host``, ``port`` (required); ``username`` or ``username_env``,
+Options (``switches[<id>].options``, ``Tl1Options``; an unknown key is rejected): ``host``,
+``port`` (required); ``username`` or ``username_env``,
 ``password`` or ``password_env`` (the name of an environment variable, read at each login;
 credentials are never logged); ``timeout_s`` (per command, plus the settle time for ENT-PATCH;
 default 5), ``connect_timeout_s`` (3), ``reconnect_interval_s`` (1: how often ``events()``
@@ -71,10 +72,11 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import ClassVar
 
 import structlog
 
+from pydantic import Field, SecretStr, field_validator
 from lightrail.drivers.alarm_stream import AlarmStream
 from lightrail.drivers.base import (
     AlarmSeverity,
@@ -111,10 +113,6 @@ from lightrail.drivers.tl1.wire import (
     tl1_value,
 )
 
-if TYPE_CHECKING:
-    from lightrail.controller.domain.fabric import Switch
-    from lightrail.drivers.registry import DriverContext
-
 _log = structlog.get_logger(__name__)
 
 _ALARM_QUEUE_SIZE = 1024
@@ -143,93 +141,31 @@ _SEVERITY: Mapping[str, AlarmSeverity] = MappingProxyType(
 # --- options -------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Secret:
-    """A credential; its value never appears in ``repr`` or logs."""
+class Tl1Options(DriverOptions):
+    """Driver settings from ``switches[<id>].options`` (see the module docstring); unknown keys
+    are rejected (``DriverOptions``). Exactly one of ``username``/``username_env`` and one of
+    ``password``/``password_env`` is given; the ``*_env`` variables are read at each login."""
 
-    value: str = field(repr=False)
+    credentials: ClassVar[tuple[str, ...]] = ("username", "password")
 
-
-@dataclass(frozen=True, slots=True)
-class Tl1Options:
-    """Driver settings from ``switch.options`` (see the module docstring). Exactly one of
-    ``username``/``username_env`` and one of ``password``/``password_env`` is set."""
-
-    host: str
-    port: int
-    username: str | None = None
-    username_env: str | None = None
-    password: Secret | None = None
-    password_env: str | None = None
-    timeout_s: float = 5.0
-    connect_timeout_s: float = 3.0
-    reconnect_interval_s: float = 1.0
+    host: str = Field(min_length=1)
+    port: int = Field(gt=0, lt=65536)
+    username: str | None = Field(default=None, min_length=1)
+    username_env: str | None = Field(default=None, min_length=1)
+    password: SecretStr | None = Field(default=None, min_length=1)
+    password_env: str | None = Field(default=None, min_length=1)
+    timeout_s: float = Field(default=5.0, gt=0)
+    connect_timeout_s: float = Field(default=3.0, gt=0)
+    reconnect_interval_s: float = Field(default=1.0, gt=0)
     tid: str = ""
     verify: bool = True
     los_threshold_dbm: float = -30.0
 
-    @staticmethod
-    def from_switch(switch: Switch) -> Tl1Options:
-        """Parse ``switch.options``. Raises ``lightrail.drivers.registry.DriverConfigError`` naming
-        the
-        switch, the model and the bad option."""
-        from lightrail.drivers.registry import DriverConfigError
-
-        opts = switch.options
-
-        def bad(message: str) -> DriverConfigError:
-            return DriverConfigError(switch.switch_id, switch.model, message)
-
-        def text(key: str) -> str | None:
-            value = opts.get(key)
-            if value is None:
-                return None
-            if not isinstance(value, str) or not value:
-                raise bad(f"options.{key} must be a non-empty string")
-            return value
-
-        def number(key: str, default: float, *, positive: bool = True) -> float:
-            value = opts.get(key, default)
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise bad(f"options.{key} must be a number, got {value!r}")
-            if positive and value <= 0:
-                raise bad(f"options.{key} must be > 0, got {value}")
-            return float(value)
-
-        host = text("host")
-        if host is None:
-            raise bad("options.host is required")
-        raw_port = opts.get("port")
-        if isinstance(raw_port, str) and raw_port.isdigit():
-            raw_port = int(raw_port)
-        if isinstance(raw_port, bool) or not isinstance(raw_port, int) or not 0 < raw_port < 65536:
-            raise bad(f"options.port must be a TCP port 1..65535, got {raw_port!r}")
-        username, username_env = text("username"), text("username_env")
-        if (username is None) == (username_env is None):
-            raise bad("set exactly one of options.username and options.username_env")
-        password, password_env = text("password"), text("password_env")
-        if (password is None) == (password_env is None):
-            raise bad("set exactly one of options.password and options.password_env")
-        verify = opts.get("verify", True)
-        if not isinstance(verify, bool):
-            raise bad(f"options.verify must be true or false, got {verify!r}")
-        tid = opts.get("tid", "")
-        if not isinstance(tid, str):
-            raise bad("options.tid must be a string")
-        return Tl1Options(
-            host=host,
-            port=raw_port,
-            username=username,
-            username_env=username_env,
-            password=None if password is None else Secret(password),
-            password_env=password_env,
-            timeout_s=number("timeout_s", 5.0),
-            connect_timeout_s=number("connect_timeout_s", 3.0),
-            reconnect_interval_s=number("reconnect_interval_s", 1.0),
-            tid=tid,
-            verify=verify,
-            los_threshold_dbm=number("los_threshold_dbm", -30.0, positive=False),
-        )
+    @field_validator("port", mode="before")
+    @classmethod
+    def _port_digits(cls, value: object) -> object:
+        """A port may also be given as a string of digits (``"3082"``)."""
+        return int(value) if isinstance(value, str) and value.isdigit() else value
 
 
 # --- the driver ----------------------------------------------------------------------------------
@@ -238,7 +174,7 @@ class Tl1Options:
 class Tl1Driver:
     """A ``lightrail.drivers.base.Driver`` speaking Polatis TL1 to ``options.host:options.port``.
 
-    ``switch.capabilities`` (from config) gives the port layout, the settle time and
+    ``spec.capabilities`` (from config) gives the port layout, the settle time and
     ``max_batch``; ``info`` checks the device's reported size against it. ``clock`` stamps
     received alarms (``DeviceAlarm.at_s``), ``sleep`` paces reconnection; ``environ`` is where
     ``username_env``/``password_env`` are looked up (default ``os.environ``).
@@ -249,15 +185,15 @@ class Tl1Driver:
 
     def __init__(
         self,
-        switch: Switch,
+        spec: SwitchSpec,
         options: Tl1Options,
         *,
         clock: Clock = time.monotonic,
         sleep: Sleep = asyncio.sleep,
         environ: Mapping[str, str] | None = None,
     ) -> None:
-        self._switch_id = switch.switch_id
-        self._caps = switch.capabilities
+        self._switch_id = spec.switch_id
+        self._caps = spec.capabilities
         self._opts = options
         self._clock = clock
         self._sleep = sleep
@@ -269,7 +205,7 @@ class Tl1Driver:
         self._opened = False
         self._subscribers: set[AlarmStream] = set()
         self._reconnect_task: asyncio.Task[None] | None = None
-        self._log = _log.bind(switch=switch.switch_id)
+        self._log = _log.bind(switch=spec.switch_id)
 
     @property
     def switch_id(self) -> str:
@@ -763,24 +699,19 @@ class Tl1Driver:
         return session
 
     def _credentials(self) -> tuple[str, str]:
-        opts = self._opts
-
-        def lookup(value: str | None, env: str | None, what: str) -> str:
-            if value is not None:
-                return value
-            assert env is not None
-            found = self._environ.get(env)
-            if not found:
+        """Username and password, ``*_env`` variables read now. Raises
+        ``AuthenticationFailed`` naming a variable that is unset or empty."""
+        values: list[str] = []
+        for name in ("username", "password"):
+            value = self._opts.credential(name, self._environ)
+            if value is None:
                 raise AuthenticationFailed(
-                    self._switch_id, f"{what}: environment variable {env!r} is not set"
+                    self._switch_id,
+                    f"{name}: environment variable {self._opts.credential_variable(name)!r} "
+                    "is not set",
                 )
-            return found
-
-        username = lookup(opts.username, opts.username_env, "username")
-        password = lookup(
-            None if opts.password is None else opts.password.value, opts.password_env, "password"
-        )
-        return username, password
+            values.append(value)
+        return values[0], values[1]
 
     def _on_lost(self, error: DriverError) -> None:
         if not self._opened:
@@ -853,8 +784,8 @@ class _Denied(DriverError):
         self.wanted = tuple(wanted)
 
 
-def make_driver(switch: Switch, context: DriverContext) -> Driver:
-    """The unopened TL1 driver for ``switch`` (config ``model: tl1``). Raises
-    ``lightrail.drivers.registry.DriverConfigError`` for missing or malformed options."""
-    del context  # everything comes from switch.options
-    return Tl1Driver(switch, Tl1Options.from_switch(switch))
+def make_driver(spec: SwitchSpec, context: DriverContext) -> Driver:
+    """The unopened TL1 driver for ``spec`` (config ``model: tl1``); ``context.environ`` is where
+    the ``*_env`` credentials are read at each login. Raises
+    ``lightrail.drivers.options.DriverConfigError`` for missing, malformed or unknown options."""
+    return Tl1Driver(spec, Tl1Options.from_spec(spec), environ=context.environ)

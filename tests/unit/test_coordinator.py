@@ -516,3 +516,15 @@ def test_deadlines_order_by_time_then_arrival_never_by_job() -> None:
     heap = [Deadline(2.0, 1, "a", 0, 1), Deadline(1.0, 3, "z", 5, 9), Deadline(1.0, 2, "zz", 1, 2)]
     assert [(d.at_s, d.seq) for d in sorted(heap)] == [(1.0, 2), (1.0, 3), (2.0, 1)]
     assert Deadline(1.0, 1, "a", 0, 1) == Deadline(1.0, 1, "b", 7, 8)  # job/rank not compared
+
+
+def test_a_phase_admitted_behind_an_instant_switch_is_no_noop(coord: PhaseCoordinator) -> None:
+    """A switch confirmed in 0.0 s (a clock's resolution) still switched: a phase that waited
+    for it is admitted as switched, not as a no-op (no 0 standing in for "no switch")."""
+    rec = only(coord.enter("job", 0, RING, 1, 0.0), Reconfigure)[0]
+    assert isinstance(rec, Reconfigure)
+    same_circuits = PhaseKey(RING.group, RING.collective, seq=1)
+    assert coord.enter("job", 1, same_circuits, 2, 0.1) == []  # its ports are being switched
+    out = only(coord.reconfigured(rec.op_id, 0.2, device_s=0.0), Admit)
+    assert [(d.rank, d.noop) for d in out if isinstance(d, Admit)] == [(0, False), (1, False)]
+    assert coord.stats("job").admitted_noop == 0
