@@ -28,9 +28,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import TypeVar
+from collections.abc import Callable, Mapping
 
 import structlog
 
@@ -53,10 +51,8 @@ from lightrail.agents.host.nvml_binding import (
     ERR_DRIVER_NOT_LOADED,
     ERR_FUNCTION_NOT_FOUND,
     ERR_GPU_IS_LOST,
-    ERR_INVALID_ARGUMENT,
     ERR_LIBRARY_NOT_FOUND,
     ERR_NO_PERMISSION,
-    ERR_NOT_SUPPORTED,
     ERR_TIMEOUT,
     EVENT_DBE,
     EVENT_XID,
@@ -71,84 +67,21 @@ from lightrail.agents.host.nvml_binding import (
     NVML_HELP,
     TEMPERATURE_GPU,
     EventData,
+    GpuLost,
+    NvmlFault,
     NvmlModule,
     NvmlUnavailableError,
+    Unsupported,
+    call,
     describe,
     handle_key,
     installed_module,
     nvml_code,
 )
+from lightrail.agents.host.nvml_gpu import Finding, GpuMonitor, Link, worst_finding
 from lightrail.controller.domain.timing import Backoff, Clock, Sleep, WallClock
 
 _log = structlog.get_logger(__name__)
-
-T = TypeVar("T")
-
-
-
-
-
-class _GpuLost(Exception):
-    pass
-
-
-class _Unsupported(Exception):
-    pass
-
-
-class _NvmlFault(Exception):
-    pass
-
-
-@dataclass(frozen=True, slots=True)
-class _Finding:
-    state: HealthState
-    reason: str
-    xid: int | None
-    source: EventSource
-
-
-@dataclass(slots=True)
-class _Link:
-    """One active NVLink: the last counter values (poller-owned)."""
-
-    counters: dict[int, int | None] = field(
-        default_factory=lambda: dict.fromkeys(NVLINK_COUNTERS)
-    )
-    unsupported: set[int] = field(default_factory=set)
-    active: bool = True
-
-
-@dataclass(slots=True)
-class _Gpu:
-    """Per-GPU monitor state. ``lost``, ``latched`` and ``findings`` are guarded by the source's
-    lock; the rest belongs to the (single) poller."""
-
-    gpu: GpuId
-    handle: object | None
-    uuid: str | None
-    pci: PciKey | None
-    log: structlog.typing.FilteringBoundLogger
-    lost: bool = False
-    latched: _Finding | None = None
-    findings: dict[str, _Finding] = field(default_factory=dict)
-    errors_in_row: int = 0
-    next_poll_s: float = 0.0
-    temperature_supported: bool = True
-    ecc_supported: bool = True
-    hot: bool = False
-    links: dict[int, _Link] = field(default_factory=dict)
-    nvlink_bad_until_s: float = 0.0
-    nvlink_reason: str = ""
-    last_poll_s: float | None = None
-
-
-def _worst(findings: Iterable[_Finding]) -> _Finding | None:
-    worst: _Finding | None = None
-    for f in findings:
-        if worst is None or f.state.severity > worst.state.severity:
-            worst = f
-    return worst
 
 
 class NvmlHealthSource:
@@ -185,9 +118,9 @@ class NvmlHealthSource:
         self._sleep = sleep
         self._hub = HealthHub(host, wall_clock=wall_clock)
         self._lock = threading.RLock()
-        self._gpus: list[_Gpu] = []
-        self._by_handle: dict[object, _Gpu] = {}
-        self._by_pci: dict[PciKey, _Gpu] = {}
+        self._gpus: list[GpuMonitor] = []
+        self._by_handle: dict[object, GpuMonitor] = {}
+        self._by_pci: dict[PciKey, GpuMonitor] = {}
         self._stop = threading.Event()
         self._backoff_wait = backoff_wait if backoff_wait is not None else self._stop.wait
         self._thread: threading.Thread | None = None
@@ -333,38 +266,38 @@ class NvmlHealthSource:
     def _discover(self, index: int) -> None:
         gpu = self._hub.add_gpu(index, reason="not yet polled")
         log = self._log.bind(gpu=index)
-        g = _Gpu(gpu=gpu, handle=None, uuid=None, pci=None, log=log)
-        g.findings["poll"] = _Finding(HealthState.UNKNOWN, "not yet polled", None,
+        g = GpuMonitor(gpu=gpu, handle=None, uuid=None, pci=None, log=log)
+        g.findings["poll"] = Finding(HealthState.UNKNOWN, "not yet polled", None,
                                       EventSource.NVML_POLL)
         self._gpus.append(g)
         try:
-            g.handle = self._call(self._nvml.nvmlDeviceGetHandleByIndex, index)
+            g.handle = call(self._nvml.nvmlDeviceGetHandleByIndex, index)
             self._by_handle[handle_key(g.handle)] = g
-            g.uuid = str(self._call(self._nvml.nvmlDeviceGetUUID, g.handle))
+            g.uuid = str(call(self._nvml.nvmlDeviceGetUUID, g.handle))
             self._hub.set_uuid(gpu, g.uuid)
-            g.pci = pci_key(self._call(self._nvml.nvmlDeviceGetPciInfo, g.handle).busId)
+            g.pci = pci_key(call(self._nvml.nvmlDeviceGetPciInfo, g.handle).busId)
             if g.pci is not None:
                 self._by_pci[g.pci] = g
             g.log = log.bind(uuid=g.uuid)
             self._discover_links(g)
-        except _GpuLost:
+        except GpuLost:
             self._mark_lost_locked(g, "NVML: GPU is lost (at discovery)", None,
                                    EventSource.NVML_POLL)
-        except (_NvmlFault, _Unsupported) as e:
+        except (NvmlFault, Unsupported) as e:
             g.findings.pop("poll", None)
-            g.findings["nvml"] = _Finding(HealthState.UNKNOWN, f"NVML discovery failed: {e}",
+            g.findings["nvml"] = Finding(HealthState.UNKNOWN, f"NVML discovery failed: {e}",
                                           None, EventSource.NVML_POLL)
             g.log.warning("nvml_discovery_failed", error=str(e))
         self._refresh_locked(g)
 
-    def _discover_links(self, g: _Gpu) -> None:
+    def _discover_links(self, g: GpuMonitor) -> None:
         for link in range(NVLINK_MAX_LINKS):
             try:
-                active = self._call(self._nvml.nvmlDeviceGetNvLinkState, g.handle, link)
-            except _Unsupported:
+                active = call(self._nvml.nvmlDeviceGetNvLinkState, g.handle, link)
+            except Unsupported:
                 continue
             if active:
-                g.links[link] = _Link()
+                g.links[link] = Link()
         if g.links:
             g.log.info("nvlinks_discovered", links=sorted(g.links))
 
@@ -380,18 +313,18 @@ class NvmlHealthSource:
         for g in due:
             self._poll_gpu(g, now_s)
 
-    def _poll_gpu(self, g: _Gpu, now_s: float) -> None:
-        findings: dict[str, _Finding] = {}
+    def _poll_gpu(self, g: GpuMonitor, now_s: float) -> None:
+        findings: dict[str, Finding] = {}
         try:
             self._poll_temperature(g, findings)
             self._poll_ecc(g, findings)
             self._poll_nvlinks(g, now_s, findings)
-        except _GpuLost:
+        except GpuLost:
             with self._lock:
                 self._mark_lost_locked(g, "NVML: GPU is lost", None, EventSource.NVML_POLL)
                 self._refresh_locked(g)
             return
-        except _NvmlFault as e:
+        except NvmlFault as e:
             g.errors_in_row += 1
             delay_s = self._backoff_s(g.errors_in_row, self._config.poll_interval_s)
             g.next_poll_s = now_s + delay_s
@@ -399,7 +332,7 @@ class NvmlHealthSource:
                           next_poll_in_s=delay_s)
             with self._lock:
                 g.findings.pop("poll", None)
-                g.findings["nvml"] = _Finding(HealthState.UNKNOWN, f"NVML error: {e}", None,
+                g.findings["nvml"] = Finding(HealthState.UNKNOWN, f"NVML error: {e}", None,
                                               EventSource.NVML_POLL)
                 self._refresh_locked(g)
             return
@@ -412,13 +345,13 @@ class NvmlHealthSource:
             g.findings = findings
             self._refresh_locked(g)
 
-    def _poll_temperature(self, g: _Gpu, findings: dict[str, _Finding]) -> None:
+    def _poll_temperature(self, g: GpuMonitor, findings: dict[str, Finding]) -> None:
         if not g.temperature_supported:
             return
         try:
-            temp_c = float(self._call(self._nvml.nvmlDeviceGetTemperature, g.handle,
+            temp_c = float(call(self._nvml.nvmlDeviceGetTemperature, g.handle,
                                       TEMPERATURE_GPU))
-        except _Unsupported:
+        except Unsupported:
             g.temperature_supported = False
             return
         cfg = self._config
@@ -427,26 +360,26 @@ class NvmlHealthSource:
         elif temp_c < cfg.temperature_degraded_c - cfg.temperature_hysteresis_c:
             g.hot = False
         if g.hot:
-            findings["temperature"] = _Finding(
+            findings["temperature"] = Finding(
                 HealthState.DEGRADED,
                 f"temperature {temp_c:.0f} °C (threshold {cfg.temperature_degraded_c:.0f} °C)",
                 None, EventSource.NVML_POLL)
 
-    def _poll_ecc(self, g: _Gpu, findings: dict[str, _Finding]) -> None:
+    def _poll_ecc(self, g: GpuMonitor, findings: dict[str, Finding]) -> None:
         if not g.ecc_supported:
             return
         try:
-            count = int(self._call(self._nvml.nvmlDeviceGetTotalEccErrors, g.handle,
+            count = int(call(self._nvml.nvmlDeviceGetTotalEccErrors, g.handle,
                                    ECC_UNCORRECTED, ECC_VOLATILE))
-        except _Unsupported:  # ECC disabled or not on this board
+        except Unsupported:  # ECC disabled or not on this board
             g.ecc_supported = False
             return
         if count >= self._config.ecc_uncorrected_degraded_count:
-            findings["ecc"] = _Finding(
+            findings["ecc"] = Finding(
                 HealthState.DEGRADED, f"{count} uncorrected ECC errors since driver load",
                 None, EventSource.NVML_POLL)
 
-    def _poll_nvlinks(self, g: _Gpu, now_s: float, findings: dict[str, _Finding]) -> None:
+    def _poll_nvlinks(self, g: GpuMonitor, now_s: float, findings: dict[str, Finding]) -> None:
         if not g.links:
             return
         cfg = self._config
@@ -454,8 +387,8 @@ class NvmlHealthSource:
         bad: list[str] = []
         for link_id, link in sorted(g.links.items()):
             try:
-                active = self._call(self._nvml.nvmlDeviceGetNvLinkState, g.handle, link_id)
-            except _Unsupported:
+                active = call(self._nvml.nvmlDeviceGetNvLinkState, g.handle, link_id)
+            except Unsupported:
                 active = link.active
             if link.active and not active:
                 bad.append(f"NVLink {link_id} down")
@@ -465,9 +398,9 @@ class NvmlHealthSource:
                 if counter in link.unsupported:
                     continue
                 try:
-                    value = int(self._call(self._nvml.nvmlDeviceGetNvLinkErrorCounter,
+                    value = int(call(self._nvml.nvmlDeviceGetNvLinkErrorCounter,
                                            g.handle, link_id, counter))
-                except _Unsupported:
+                except Unsupported:
                     link.unsupported.add(counter)
                     continue
                 last = link.counters[counter]
@@ -484,7 +417,7 @@ class NvmlHealthSource:
             g.nvlink_bad_until_s = now_s + cfg.nvlink_hold_s
             g.nvlink_reason = "; ".join(bad)
         if now_s < g.nvlink_bad_until_s or bad:
-            findings["nvlink"] = _Finding(HealthState.DEGRADED, g.nvlink_reason, None,
+            findings["nvlink"] = Finding(HealthState.DEGRADED, g.nvlink_reason, None,
                                           EventSource.NVML_POLL)
 
     def _backoff_s(self, errors_in_row: int, base_s: float) -> float:
@@ -495,39 +428,26 @@ class NvmlHealthSource:
 
     # ---- NVML calls and findings
 
-    def _call(self, fn: Callable[..., T], *args: object) -> T:
-        """Call one NVML function; map its errors: GPU is lost -> ``_GpuLost``; not supported
-        or invalid argument (no such link) -> ``_Unsupported``; anything else -> ``_NvmlFault``."""
-        try:
-            return fn(*args)
-        except NVML_ERROR as e:
-            code = nvml_code(e)
-            if code == ERR_GPU_IS_LOST:
-                raise _GpuLost(describe(e)) from e
-            if code in (ERR_NOT_SUPPORTED, ERR_INVALID_ARGUMENT):
-                raise _Unsupported(describe(e)) from e
-            raise _NvmlFault(describe(e)) from e
-
-    def _mark_lost_locked(self, g: _Gpu, reason: str, xid: int | None,
+    def _mark_lost_locked(self, g: GpuMonitor, reason: str, xid: int | None,
                           source: EventSource) -> None:
         if not g.lost:
             g.lost = True
             g.log.error("gpu_lost", reason=reason, xid=xid, source=source.value)
         else:
             g.log.info("gpu_lost_again", reason=reason, xid=xid, source=source.value)
-        self._latch_locked(g, _Finding(HealthState.FAILED, reason, xid, source))
+        self._latch_locked(g, Finding(HealthState.FAILED, reason, xid, source))
 
-    def _latch_locked(self, g: _Gpu, finding: _Finding) -> None:
+    def _latch_locked(self, g: GpuMonitor, finding: Finding) -> None:
         if g.latched is None or finding.state.severity > g.latched.state.severity:
             g.latched = finding
 
-    def _refresh_locked(self, g: _Gpu) -> None:
+    def _refresh_locked(self, g: GpuMonitor) -> None:
         candidates = list(g.findings.values())
         if g.latched is not None:
             candidates.append(g.latched)
-        worst = _worst(candidates)
+        worst = worst_finding(candidates)
         if worst is None:
-            worst = _Finding(HealthState.HEALTHY, "no fault found", None, EventSource.NVML_POLL)
+            worst = Finding(HealthState.HEALTHY, "no fault found", None, EventSource.NVML_POLL)
         event = self._hub.set(g.gpu, worst.state, worst.reason, worst.xid, worst.source)
         if event is not None:
             g.log.info("gpu_health_changed", state=event.state.value, reason=event.reason,
@@ -549,7 +469,7 @@ class NvmlHealthSource:
                     g.lost = False
                     g.next_poll_s = 0.0
             else:
-                g.latched = _Finding(entry.state, entry.reason, entry.xid, EventSource.RESTORED)
+                g.latched = Finding(entry.state, entry.reason, entry.xid, EventSource.RESTORED)
             self._refresh_locked(g)
 
     # ---- XIDs from events and the kernel log
@@ -568,7 +488,7 @@ class NvmlHealthSource:
             self._apply_xid_locked(g, report.xid, EventSource.KERNEL_LOG)
         return report
 
-    def _apply_xid_locked(self, g: _Gpu, xid: int, source: EventSource) -> None:
+    def _apply_xid_locked(self, g: GpuMonitor, xid: int, source: EventSource) -> None:
         state = classify_xid(xid, self._config)
         if state is None:
             g.log.info("xid_without_health_impact", xid=xid, source=source.value)
@@ -576,7 +496,7 @@ class NvmlHealthSource:
         if xid == XID_FALLEN_OFF_BUS:
             self._mark_lost_locked(g, xid_reason(xid), xid, source)
         else:
-            self._latch_locked(g, _Finding(state, xid_reason(xid), xid, source))
+            self._latch_locked(g, Finding(state, xid_reason(xid), xid, source))
         self._refresh_locked(g)
 
     def _on_event(self, data: EventData) -> None:
@@ -589,7 +509,7 @@ class NvmlHealthSource:
             if event_type & EVENT_XID:
                 self._apply_xid_locked(g, int(data.eventData), EventSource.NVML_EVENT)
             elif event_type & EVENT_DBE:
-                self._latch_locked(g, _Finding(HealthState.FAILED, "double-bit ECC error event",
+                self._latch_locked(g, Finding(HealthState.FAILED, "double-bit ECC error event",
                                                None, EventSource.NVML_EVENT))
                 self._refresh_locked(g)
 
@@ -607,16 +527,16 @@ class NvmlHealthSource:
             gpus = [g for g in self._gpus if not g.lost and g.handle is not None]
         for g in gpus:
             try:
-                supported = int(self._call(self._nvml.nvmlDeviceGetSupportedEventTypes, g.handle))
+                supported = int(call(self._nvml.nvmlDeviceGetSupportedEventTypes, g.handle))
                 mask = supported & EVENTS_WANTED
                 if mask:
-                    self._call(self._nvml.nvmlDeviceRegisterEvents, g.handle, mask, event_set)
+                    call(self._nvml.nvmlDeviceRegisterEvents, g.handle, mask, event_set)
                     registered += 1
-            except _GpuLost:
+            except GpuLost:
                 with self._lock:
                     self._mark_lost_locked(g, "NVML: GPU is lost", None, EventSource.NVML_EVENT)
                     self._refresh_locked(g)
-            except (_Unsupported, _NvmlFault) as e:
+            except (Unsupported, NvmlFault) as e:
                 g.log.warning("nvml_event_registration_failed", error=str(e))
         return event_set, registered
 

@@ -1,13 +1,14 @@
 """The part of the NVML binding (``nvidia-ml-py``, import name ``pynvml``) the NVML health
 source uses, typed once: protocols of the module and its records (so a fake can be injected),
 its error codes, event types and counter constants, the error raised when NVML cannot be
-initialised, and helpers to read an ``NVMLError``.
+initialised, and how an ``NVMLError`` is read and mapped (``call``).
 """
 
 from __future__ import annotations
 
 import ctypes
-from typing import Final, Protocol, cast
+from collections.abc import Callable
+from typing import Final, Protocol, TypeVar, cast
 
 try:
     import pynvml
@@ -133,6 +134,37 @@ def handle_key(handle: object) -> object:
     if isinstance(handle, ctypes._Pointer):
         return ("ptr", ctypes.cast(handle, ctypes.c_void_p).value)
     return handle
+
+
+T = TypeVar("T")
+
+
+class GpuLost(Exception):
+    """NVML says the GPU is lost (``NVML_ERROR_GPU_IS_LOST``): fatal for that GPU."""
+
+
+class Unsupported(Exception):
+    """The GPU does not support the call (not supported, or an invalid argument such as a link
+    the GPU does not have)."""
+
+
+class NvmlFault(Exception):
+    """Any other NVML error: the GPU's state is not known."""
+
+
+def call(fn: Callable[..., T], *args: object) -> T:
+    """Call one NVML function and map its errors: GPU is lost -> ``GpuLost``; not supported or
+    invalid argument (no such link) -> ``Unsupported``; anything else -> ``NvmlFault``; each
+    with the text of ``describe``."""
+    try:
+        return fn(*args)
+    except NVML_ERROR as e:
+        code = nvml_code(e)
+        if code == ERR_GPU_IS_LOST:
+            raise GpuLost(describe(e)) from e
+        if code in (ERR_NOT_SUPPORTED, ERR_INVALID_ARGUMENT):
+            raise Unsupported(describe(e)) from e
+        raise NvmlFault(describe(e)) from e
 
 
 def installed_module() -> NvmlModule:
