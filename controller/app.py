@@ -42,8 +42,7 @@ from lightrail.controller.store.health import EtcdHealthStore
 from lightrail.controller.store.jobs import CorruptJobRecord, EtcdJobRepository
 from lightrail.controller.store.writer import CoalescingWriter
 from lightrail.drivers.base import Driver
-from lightrail.drivers.registry import DriverContext, create_driver
-from lightrail.emulator.ocs import EmulatedFabricDevices
+from lightrail.drivers.registry import DriverRegistry
 from lightrail.v1 import agent_pb2_grpc, operator_pb2_grpc
 
 log = structlog.get_logger(__name__)
@@ -91,11 +90,13 @@ async def run_controller(
     cfg: Config,
     stop: asyncio.Event,
     *,
-    devices: EmulatedFabricDevices | None = None,
+    drivers: DriverRegistry | None = None,
     on_started: Callable[[RunningController], None] | None = None,
 ) -> None:
-    """Run the daemon until ``stop`` is set. ``devices`` are the emulated switches that
-    ``model: emulated`` drivers attach to (created here when None).
+    """Run the daemon until ``stop`` is set. ``drivers`` builds each switch's driver by its
+    ``model`` (default: the built-in device families only); the composition root registers
+    what else it serves, e.g. the emulator's ``model: emulated``
+    (``lightrail.controller.cli.drivers.driver_registry``).
 
     Raises ``LeadershipLost`` after self-fencing, ``StoreError`` when etcd is unreachable at
     start, ``DriverError`` when a switch cannot be read back at start; a bug in any task
@@ -103,8 +104,8 @@ async def run_controller(
     """
     fabric = build_fabric(cfg.fabric)
     ccfg = cfg.controller
-    if devices is None:
-        devices = EmulatedFabricDevices()
+    if drivers is None:
+        drivers = DriverRegistry()
     log_ = log.bind(replica=ccfg.replica_id, fabric=fabric.name)
     store = EtcdStore.connect(cfg.etcd.endpoints[0])
     async with store:
@@ -124,7 +125,7 @@ async def run_controller(
         metrics.LEADER.set(1)
         log_.info("leader")
         try:
-            await _serve(cfg, fabric, store, election, devices, stop, on_started)
+            await _serve(cfg, fabric, store, election, drivers, stop, on_started)
         finally:
             metrics.LEADER.set(0)
             await _bounded("resign", election.resign(), ccfg.shutdown_timeout_s)
@@ -135,14 +136,13 @@ async def _serve(
     fabric: Fabric,
     store: EtcdStore,
     election: LeaderElection,
-    devices: EmulatedFabricDevices,
+    registry: DriverRegistry,
     stop: asyncio.Event,
     on_started: Callable[[RunningController], None] | None,
 ) -> None:
     ccfg = cfg.controller
     timeout = ccfg.shutdown_timeout_s
     await store.put_json("inventory", fabric_to_json(fabric))
-    context = DriverContext(emulated_devices=devices)
     drivers: dict[str, Driver] = {}
     metrics_server, metrics_thread = None, None
     server: grpc.aio.Server | None = None
@@ -150,7 +150,7 @@ async def _serve(
     lost = False
     try:
         for sid, sw in fabric.switches.items():  # inside the try: a failed open closes the rest
-            drv = create_driver(sw, context=context)
+            drv = registry.create(sw.spec)
             drivers[sid] = drv
             await drv.open()
         async with asyncio.TaskGroup() as tg:

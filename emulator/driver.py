@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator, Iterable
 
 import structlog
 
-from lightrail.controller.domain.fabric import Switch
 from lightrail.drivers.base import (
     ApplyMode,
     ApplyResult,
@@ -24,9 +23,11 @@ from lightrail.drivers.base import (
     PartialApply,
     PortAdmin,
     PortStatus,
+    SwitchSpec,
     check_apply_request,
     cross_connects_on_ports,
 )
+from lightrail.drivers.options import DriverContext, DriverFactory, DriverOptions
 from lightrail.emulator.ocs import AlarmSubscription, EmulatedFabricDevices, EmulatedOcs
 
 _log = structlog.get_logger(__name__)
@@ -172,9 +173,28 @@ class EmulatedDriver:
         return sub
 
 
-def make_driver(switch: Switch, devices: EmulatedFabricDevices) -> Driver:
-    """The driver for an emulated ``switch`` (config ``model: emulated``): the device is taken
-    from ``devices`` or created there, empty, with ``switch.capabilities``. Raises
+class EmulatedOptions(DriverOptions):
+    """Options of ``model: emulated``: none (the device is in-process, its capabilities come
+    from config); any key is rejected as unknown (``DriverOptions``)."""
+
+
+def make_driver(spec: SwitchSpec, devices: EmulatedFabricDevices) -> Driver:
+    """The driver for an emulated switch (config ``model: emulated``): the device is taken
+    from ``devices`` or created there, empty, with ``spec.capabilities``. Raises
+    ``lightrail.drivers.options.DriverConfigError`` for any option (``EmulatedOptions``) and
     ``ValueError`` when the registered device has other capabilities."""
-    devices.ensure(switch.switch_id, switch.capabilities)
-    return EmulatedDriver(switch.switch_id, devices)
+    EmulatedOptions.from_spec(spec)
+    devices.ensure(spec.switch_id, spec.capabilities)
+    return EmulatedDriver(spec.switch_id, devices)
+
+
+def emulated_factory(devices: EmulatedFabricDevices) -> DriverFactory:
+    """The factory a composition root registers for ``model: emulated``
+    (``lightrail.drivers.registry.DriverRegistry.register``): drivers attached to ``devices``,
+    which the caller keeps so that device state outlives a controller instance."""
+
+    def factory(spec: SwitchSpec, context: DriverContext) -> Driver:
+        del context  # nothing is read from the environment
+        return make_driver(spec, devices)
+
+    return factory

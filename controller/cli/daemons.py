@@ -28,6 +28,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         from lightrail.controller.app import LeadershipLost, RunningController, run_controller
+        from lightrail.controller.cli.drivers import driver_registry
         from lightrail.controller.cli.embedded import embedded_config
         from lightrail.controller.store.etcd_server import EmbeddedEtcd
 
@@ -45,9 +46,10 @@ def cmd_controller(args: argparse.Namespace) -> int:
                 async with EmbeddedEtcd() as etcd:
                     c2 = embedded_config(etcd.endpoint, cfg.fabric)
                     c2 = c2.model_copy(update={"controller": cfg.controller})
-                    await run_controller(c2, stop, on_started=announce)
+                    await run_controller(c2, stop, drivers=driver_registry(),
+                                         on_started=announce)
             else:
-                await run_controller(cfg, stop, on_started=announce)
+                await run_controller(cfg, stop, drivers=driver_registry(), on_started=announce)
         except LeadershipLost as exc:
             print(f"lightrail controller: {exc}", file=sys.stderr)
             return 1
@@ -62,16 +64,16 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
+    from lightrail.controller.cli.drivers import driver_registry
     from lightrail.controller.config import build_fabric
-    from lightrail.drivers.registry import DriverConfigError, DriverContext, create_driver
-    from lightrail.emulator.ocs import EmulatedFabricDevices
+    from lightrail.drivers.options import DriverConfigError
 
     fabric = build_fabric(cfg.fabric)
-    context = DriverContext(emulated_devices=EmulatedFabricDevices())
+    registry = driver_registry()  # the daemon's registry, with emulated devices of its own
     problems = []
     for sw in fabric.switches.values():
         try:
-            create_driver(sw, context=context)  # validates model and options; opens nothing
+            registry.create(sw.spec)  # parses model and options as the daemon does; opens nothing
         except DriverConfigError as exc:
             problems.append(str(exc))
     if problems:

@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from lightrail.controller.app import RunningController, run_controller
+from lightrail.controller.cli.drivers import driver_registry
 from lightrail.controller.config import (
     Config,
     ControllerSection,
@@ -57,6 +58,7 @@ async def running_controller(
     start_timeout_s: float = 30.0,
 ) -> AsyncIterator[RunningController]:
     """Run ``run_controller(cfg)`` as a task until the block exits; yields once it serves.
+    ``model: emulated`` switches attach to ``devices`` (fresh ones when None).
 
     Raises whatever the controller raised if it stops before serving, ``TimeoutError`` if it
     does not serve within ``start_timeout_s``.
@@ -69,7 +71,8 @@ async def running_controller(
             started.set_result(rc)
 
     task = asyncio.create_task(
-        run_controller(cfg, stop, devices=devices, on_started=on_started), name="controller"
+        run_controller(cfg, stop, drivers=driver_registry(devices), on_started=on_started),
+        name="controller",
     )
     try:
         waitables: set[asyncio.Future[object]] = {task, started}  # type: ignore[arg-type]

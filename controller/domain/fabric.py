@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from lightrail.drivers.base import SwitchCapabilities, SwitchKind
+from lightrail.drivers.base import SwitchCapabilities, SwitchKind, SwitchSpec
 
 
 class FabricError(ValueError):
@@ -73,6 +73,12 @@ class Switch:
     def reconfiguration_delay_s(self) -> float:
         """The reconfiguration delay (delta) of this switch in seconds."""
         return self.capabilities.settle_time_s
+
+    @property
+    def spec(self) -> SwitchSpec:
+        """What the switch's driver is built from (``lightrail.drivers.base.SwitchSpec``): the
+        one place the controller's switch record becomes a driver's input."""
+        return SwitchSpec(self.switch_id, self.model, self.capabilities, self.options)
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,7 +63,8 @@ NOTIF_PORT_POWER_WARN -> MINOR, others -> WARNING. Port and condition come from 
 the port is searched as ``port <n>`` and the condition is the alarm type. ``at_s`` is the alarm
 time in seconds since the Unix epoch. Poll failures are logged and polling goes on.
 
-Options (``switch.options``; unknown keys are rejected): ``host`` (required), ``port`` (8008),
+Options (``switches[<id>].options``, ``RestconfOptions``; unknown keys are rejected): ``host``
+(required), ``port`` (8008),
 ``scheme`` (http|https), ``root`` (/api), ``username``/``password`` or ``username_env``/
 ``password_env`` (names of environment variables; credentials are never logged),
 ``timeout_s`` (10), ``alarm_poll_interval_s`` (1), ``los_threshold_dbm`` (-30: a port with less
@@ -74,16 +75,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import ClassVar, Literal
 
 import aiohttp
 import structlog
+from pydantic import Field, SecretStr, field_validator
 
-from lightrail.controller.domain.fabric import Switch
 from lightrail.drivers.base import (
     AlarmSeverity,
     ApplyMode,
@@ -103,10 +103,12 @@ from lightrail.drivers.base import (
     PortStatus,
     ProtocolError,
     SwitchCapabilities,
+    SwitchSpec,
     VerificationMismatch,
     check_apply_request,
     cross_connects_on_ports,
 )
+from lightrail.drivers.options import DriverConfigError, DriverContext, DriverOptions
 from lightrail.drivers.restconf.wire import (
     PAIR_PATH,
     XC_CONTAINER,
@@ -121,9 +123,6 @@ from lightrail.drivers.restconf.wire import (
     parse_product_information,
 )
 
-if TYPE_CHECKING:
-    from lightrail.drivers.registry import DriverContext
-
 MEDIA_TYPE = "application/yang-data+json"
 """RESTCONF JSON media type (RFC 8040 section 11.3.2)."""
 DEFAULT_PORT = 8008
@@ -136,12 +135,6 @@ DEFAULT_ALARM_POLL_INTERVAL_S = 1.0
 """Interval between two reads of ``system-alarms`` by ``events()``, in seconds."""
 DEFAULT_LOS_THRESHOLD_DBM = -30.0
 """Below this optical power (dBm) an enabled port is reported oper DOWN (loss of signal)."""
-
-OPTIONS = frozenset({
-    "host", "port", "scheme", "root", "username", "password", "username_env", "password_env",
-    "timeout_s", "alarm_poll_interval_s", "los_threshold_dbm", "verify",
-})
-"""The ``switch.options`` keys this driver understands."""
 
 _XC = XC_CONTAINER
 _ALARM_QUEUE_SIZE = 1024
@@ -166,18 +159,33 @@ class RestconfCredentials:
     password: str = field(repr=False)
 
 
-@dataclass(frozen=True, slots=True)
-class RestconfSettings:
-    """Where and how to reach one switch (see the module docstring for the options)."""
+class RestconfOptions(DriverOptions):
+    """Where and how to reach one switch, from ``switches[<id>].options`` (see the module
+    docstring); unknown keys are rejected (``DriverOptions``). Exactly one of
+    ``username``/``username_env`` and one of ``password``/``password_env`` is given; the
+    ``*_env`` variables are read when the driver is built (``make_driver``)."""
 
-    host: str
-    port: int = DEFAULT_PORT
-    scheme: str = "http"
-    root: str = DEFAULT_ROOT
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    alarm_poll_interval_s: float = DEFAULT_ALARM_POLL_INTERVAL_S
+    credentials: ClassVar[tuple[str, ...]] = ("username", "password")
+
+    host: str = Field(min_length=1)
+    port: int = Field(default=DEFAULT_PORT, ge=1, le=65535)
+    scheme: Literal["http", "https"] = "http"
+    root: str = Field(default=DEFAULT_ROOT, min_length=1)
+    username: str | None = Field(default=None, min_length=1)
+    username_env: str | None = Field(default=None, min_length=1)
+    password: SecretStr | None = Field(default=None, min_length=1)
+    password_env: str | None = Field(default=None, min_length=1)
+    timeout_s: float = Field(default=DEFAULT_TIMEOUT_S, gt=0)
+    alarm_poll_interval_s: float = Field(default=DEFAULT_ALARM_POLL_INTERVAL_S, gt=0)
     los_threshold_dbm: float = DEFAULT_LOS_THRESHOLD_DBM
     verify: bool = True
+
+    @field_validator("root")
+    @classmethod
+    def _root_is_absolute(cls, value: str) -> str:
+        if not value.startswith("/"):
+            raise ValueError("must start with '/'")
+        return value
 
     @property
     def base_url(self) -> str:
@@ -185,87 +193,30 @@ class RestconfSettings:
         return f"{self.scheme}://{self.host}:{self.port}{self.root.rstrip('/')}"
 
 
-class OptionError(ValueError):
-    """A ``switch.options`` entry is missing or invalid; ``option`` names it."""
-
-    def __init__(self, option: str, message: str) -> None:
-        super().__init__(f"options.{option}: {message}")
-        self.option = option
-
-
-def _opt_str(options: Mapping[str, object], name: str, default: str | None = None) -> str:
-    value = options.get(name, default)
-    if not isinstance(value, str) or not value:
-        raise OptionError(name, f"must be a non-empty string, got {value!r}")
-    return value
-
-
-def _opt_float(options: Mapping[str, object], name: str, default: float) -> float:
-    value = options.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise OptionError(name, f"must be a number, got {value!r}")
-    return float(value)
-
-
-def parse_options(
-    options: Mapping[str, object], environ: Mapping[str, str] | None = None
-) -> tuple[RestconfSettings, RestconfCredentials]:
-    """Validate ``switch.options`` and resolve the credentials (from the options or from the
-    environment variables they name). Raises ``OptionError`` naming the option; the message
-    never contains a credential."""
-    env = os.environ if environ is None else environ
-    unknown = sorted(set(options) - OPTIONS)
-    if unknown:
-        raise OptionError(unknown[0], f"unknown option (known: {', '.join(sorted(OPTIONS))})")
-    host = _opt_str(options, "host")
-    port = options.get("port", DEFAULT_PORT)
-    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-        raise OptionError("port", f"must be an integer in 1..65535, got {port!r}")
-    scheme = _opt_str(options, "scheme", "http")
-    if scheme not in ("http", "https"):
-        raise OptionError("scheme", f"must be http or https, got {scheme!r}")
-    root = _opt_str(options, "root", DEFAULT_ROOT)
-    if not root.startswith("/"):
-        raise OptionError("root", f"must start with '/', got {root!r}")
-    timeout_s = _opt_float(options, "timeout_s", DEFAULT_TIMEOUT_S)
-    if timeout_s <= 0:
-        raise OptionError("timeout_s", f"must be > 0, got {timeout_s}")
-    poll_s = _opt_float(options, "alarm_poll_interval_s", DEFAULT_ALARM_POLL_INTERVAL_S)
-    if poll_s <= 0:
-        raise OptionError("alarm_poll_interval_s", f"must be > 0, got {poll_s}")
-    los = _opt_float(options, "los_threshold_dbm", DEFAULT_LOS_THRESHOLD_DBM)
-    verify = options.get("verify", True)
-    if not isinstance(verify, bool):
-        raise OptionError("verify", f"must be true or false, got {verify!r}")
-    secrets: dict[str, str] = {}
-    for name in ("username", "password"):
-        direct = options.get(name)
-        env_name = options.get(f"{name}_env")
-        if direct is not None and env_name is not None:
-            raise OptionError(name, f"give {name} or {name}_env, not both")
-        if direct is not None:
-            if not isinstance(direct, str) or not direct:
-                raise OptionError(name, "must be a non-empty string")
-            secrets[name] = direct
-        elif env_name is not None:
-            if not isinstance(env_name, str) or not env_name:
-                raise OptionError(f"{name}_env", f"must name an environment variable, got "
-                                  f"{env_name!r}")
-            value = env.get(env_name)
-            if not value:
-                raise OptionError(
-                    f"{name}_env", f"environment variable {env_name!r} is not set or empty"
-                )
-            secrets[name] = value
-        else:
-            raise OptionError(name, f"missing: give {name} or {name}_env")
-    if ":" in secrets["username"]:
-        raise OptionError("username", "must not contain ':' (RFC 7617 Basic auth)")
-    settings = RestconfSettings(
-        host=host, port=port, scheme=scheme, root=root, timeout_s=timeout_s,
-        alarm_poll_interval_s=poll_s, los_threshold_dbm=los, verify=verify,
-    )
-    return settings, RestconfCredentials(secrets["username"], secrets["password"])
+def resolve_credentials(
+    spec: SwitchSpec, options: RestconfOptions, environ: Mapping[str, str] | None = None
+) -> RestconfCredentials:
+    """The Basic-auth credentials ``options`` give, ``*_env`` variables read now from
+    ``environ`` (default ``os.environ``). Raises ``DriverConfigError`` naming the option when a
+    variable is unset or empty, or the username contains ``:`` (RFC 7617); the message never
+    contains a credential."""
+    values: dict[str, str] = {}
+    for name in RestconfOptions.credentials:
+        value = options.credential(name, environ)
+        if value is None:
+            variable = options.credential_variable(name)
+            raise DriverConfigError(
+                spec.switch_id, spec.model,
+                f"environment variable {variable!r} is not set or empty", option=f"{name}_env",
+            )
+        values[name] = value
+    if ":" in values["username"]:
+        option = "username" if options.credential_variable("username") is None else "username_env"
+        raise DriverConfigError(
+            spec.switch_id, spec.model, "the username must not contain ':' (RFC 7617 Basic auth)",
+            option=option,
+        )
+    return RestconfCredentials(values["username"], values["password"])
 
 
 # --- wire helpers --------------------------------------------------------------------------------
@@ -312,7 +263,7 @@ class RestconfDriver:
         self,
         switch_id: str,
         capabilities: SwitchCapabilities,
-        settings: RestconfSettings,
+        settings: RestconfOptions,
         credentials: RestconfCredentials,
     ) -> None:
         self._switch_id = switch_id
@@ -332,7 +283,7 @@ class RestconfDriver:
         return self._switch_id
 
     @property
-    def settings(self) -> RestconfSettings:
+    def settings(self) -> RestconfOptions:
         """Address, deadlines and options in use."""
         return self._settings
 
@@ -825,16 +776,11 @@ class _AlarmFeed(AsyncIterator[DeviceAlarm]):
         self._offer(None)
 
 
-def make_driver(switch: Switch, context: DriverContext) -> Driver:
-    """An unopened RESTCONF driver for ``switch`` (config ``model: restconf``) from its
-    ``options``. Raises ``lightrail.drivers.registry.DriverConfigError`` naming the switch, the
-    model and
-    the option when the options are invalid or a credential is missing."""
-    from lightrail.drivers.registry import DriverConfigError  # registry imports this module
-
-    del context  # nothing needed besides the switch
-    try:
-        settings, credentials = parse_options(switch.options)
-    except OptionError as e:
-        raise DriverConfigError(switch.switch_id, switch.model, str(e)) from e
-    return RestconfDriver(switch.switch_id, switch.capabilities, settings, credentials)
+def make_driver(spec: SwitchSpec, context: DriverContext) -> Driver:
+    """An unopened RESTCONF driver for ``spec`` (config ``model: restconf``) from its
+    ``options`` (``RestconfOptions``), credentials resolved from ``context.environ``. Raises
+    ``lightrail.drivers.options.DriverConfigError`` naming the switch, the model and the option
+    when the options are invalid or unknown or a credential is missing."""
+    options = RestconfOptions.from_spec(spec)
+    credentials = resolve_credentials(spec, options, context.environ)
+    return RestconfDriver(spec.switch_id, spec.capabilities, options, credentials)

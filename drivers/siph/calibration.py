@@ -6,10 +6,12 @@ read-back tolerance, from defaults, the inline ``calibration`` option or a JSON
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from lightrail.drivers.siph import benes
 from lightrail.drivers.siph.benes import BenesNetwork, ElementState
@@ -213,3 +215,14 @@ class CalibrationTable:
                 raise ValueError(f"{where}: {e}") from None
             elements[channel] = cal
         return cls(size, tuple(elements), table.tolerance_v)
+
+
+def load_calibration_file(size: int, path: Path) -> CalibrationTable:
+    """The table of a ``size``-port mesh in the JSON file ``path`` (the switch option
+    ``calibration_file``; format in ``CalibrationTable.from_json``). Raises ``ValueError``
+    naming the file or the offending field, ``OSError`` when the file cannot be read."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"calibration_file: {path}: {e}") from None
+    return CalibrationTable.from_json(size, data)

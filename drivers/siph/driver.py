@@ -66,13 +66,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Self
 
 import structlog
+from pydantic import Field, model_validator
 
 from lightrail.drivers.base import (
     AlarmSeverity,
@@ -94,8 +94,15 @@ from lightrail.drivers.base import (
     ProtocolError,
     SwitchCapabilities,
     SwitchKind,
+    SwitchSpec,
     VerificationMismatch,
     check_apply_request,
+)
+from lightrail.drivers.options import (
+    DriverConfigError,
+    DriverContext,
+    DriverOptions,
+    option_error,
 )
 from lightrail.drivers.siph import benes
 from lightrail.drivers.siph.benes import BenesNetwork, ElementState
@@ -104,6 +111,7 @@ from lightrail.drivers.siph.calibration import (
     DEFAULT_V_BAR,
     DEFAULT_V_CROSS,
     CalibrationTable,
+    load_calibration_file,
 )
 from lightrail.drivers.siph.wire import (
     ERROR_RE,
@@ -116,10 +124,6 @@ from lightrail.drivers.siph.wire import (
     ingress_to_input,
     lit_cross_connects,
 )
-
-if TYPE_CHECKING:
-    from lightrail.controller.domain.fabric import Switch
-    from lightrail.drivers.registry import DriverContext
 
 Sleep = Callable[[float], Awaitable[None]]
 """Waits the given number of seconds."""
@@ -813,96 +817,71 @@ class SiphAlarmStream(AsyncIterator[DeviceAlarm]):
 # --- config ------------------------------------------------------------------------------------
 
 
-def _option(
-    switch: Switch, name: str, kind: type[object], default: object = None
-) -> object:
-    value = switch.options.get(name, default)
-    if value is None:
-        return None
-    ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        ok = True
-    if not ok:
-        raise ValueError(
-            f"options.{name}: expected {kind.__name__}, got {type(value).__name__} {value!r}"
-        )
-    return value
+class SiphOptions(DriverOptions):
+    """Driver settings from ``switches[<id>].options``; unknown keys are rejected
+    (``DriverOptions``).
 
-
-def calibration_from_options(switch: Switch) -> CalibrationTable:
-    """The calibration table from ``switch.options``: ``calibration_file`` (JSON, see
+    ``port`` (required) and ``host`` (default 127.0.0.1): the DAC's TCP address;
+    ``timeout_s``: deadline of one exchange; the calibration: ``calibration_file`` (JSON,
     ``CalibrationTable.from_json``) or ``v_bar``/``v_cross``/``tolerance_v`` defaults with
-    inline ``calibration`` overrides (``CalibrationTable.parse``). Raises ``ValueError`` naming
-    the option; ``OSError`` when the file cannot be read."""
-    size = switch.capabilities.port_count
-    path = _option(switch, "calibration_file", str)
-    if path is not None:
-        assert isinstance(path, str)
-        for other in ("calibration", "v_bar", "v_cross", "tolerance_v"):
-            if other in switch.options:
-                raise ValueError(f"options.{other}: give it in calibration_file, not both")
-        try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise ValueError(f"options.calibration_file: {path}: {e}") from None
-        return CalibrationTable.from_json(size, data)
-    v_bar = _option(switch, "v_bar", float, DEFAULT_V_BAR)
-    v_cross = _option(switch, "v_cross", float, DEFAULT_V_CROSS)
-    tolerance = _option(switch, "tolerance_v", float, DEFAULT_TOLERANCE_V)
-    text = _option(switch, "calibration", str, "")
-    assert isinstance(v_bar, int | float) and isinstance(v_cross, int | float)
-    assert isinstance(tolerance, int | float) and isinstance(text, str)
-    try:
-        return CalibrationTable.parse(
-            size, text, v_bar=float(v_bar), v_cross=float(v_cross), tolerance_v=float(tolerance)
-        )
-    except ValueError as e:
-        raise ValueError(f"options.{e}") from None
-
-
-KNOWN_OPTIONS = frozenset({
-    "host", "port", "timeout_s", "v_bar", "v_cross", "tolerance_v", "calibration",
-    "calibration_file", "reroute_outside_ports", "darken_unused",
-})
-"""Switch options this driver reads; any other option is rejected."""
-
-
-def make_driver(switch: Switch, context: DriverContext) -> Driver:
-    """The driver for ``switch`` (config ``model: siph``): an N x N switch, N a power of two in
-    2..64, with options ``port`` (required), ``host`` (default 127.0.0.1), ``timeout_s``,
-    the calibration (``calibration_from_options``), ``reroute_outside_ports`` (default true)
-    and ``darken_unused`` (default true). ``context`` is not used.
-
-    Raises ``lightrail.drivers.registry.DriverConfigError`` naming the switch, the model and the
-    option.
+    inline ``calibration`` overrides (``CalibrationTable.parse``), not both;
+    ``reroute_outside_ports`` and ``darken_unused`` (module docstring).
     """
-    from lightrail.drivers.registry import DriverConfigError
 
-    del context
-    try:
-        unknown = set(switch.options) - KNOWN_OPTIONS
-        if unknown:
-            raise ValueError(f"options: unknown {sorted(unknown)} (known: {sorted(KNOWN_OPTIONS)})")
-        caps = switch.capabilities
-        if caps.kind is not SwitchKind.NXN:
-            raise ValueError("kind: an MZI mesh is nxn")
-        benes.check_size(caps.port_count)
-        port = _option(switch, "port", int)
-        if port is None:
-            raise ValueError("options.port: required (TCP port of the DAC)")
-        host = _option(switch, "host", str, "127.0.0.1")
-        timeout_s = _option(switch, "timeout_s", float, DEFAULT_TIMEOUT_S)
-        reroute = _option(switch, "reroute_outside_ports", bool, True)
-        darken = _option(switch, "darken_unused", bool, True)
-        assert isinstance(port, int) and isinstance(host, str)
-        assert isinstance(timeout_s, int | float)
-        assert isinstance(reroute, bool) and isinstance(darken, bool)
-        if not 0 < port < 65536:
-            raise ValueError(f"options.port: {port} not in 1..65535")
-        calibration = calibration_from_options(switch)
-        return SiphDriver(
-            switch.switch_id, caps, host=host, port=port, calibration=calibration,
-            timeout_s=float(timeout_s), reroute_outside_ports=reroute, darken_unused=darken,
+    host: str = Field(default="127.0.0.1", min_length=1)
+    port: int = Field(ge=1, le=65535)
+    timeout_s: float = Field(default=DEFAULT_TIMEOUT_S, gt=0)
+    v_bar: float = Field(default=DEFAULT_V_BAR, ge=0)
+    v_cross: float = Field(default=DEFAULT_V_CROSS, ge=0)
+    tolerance_v: float = Field(default=DEFAULT_TOLERANCE_V, gt=0)
+    calibration: str = ""
+    calibration_file: str | None = Field(default=None, min_length=1)
+    reroute_outside_ports: bool = True
+    darken_unused: bool = True
+
+    @model_validator(mode="after")
+    def _file_or_inline_calibration(self) -> Self:
+        if self.calibration_file is not None:
+            for other in ("calibration", "v_bar", "v_cross", "tolerance_v"):
+                if other in self.model_fields_set:
+                    raise option_error(other, "give it in calibration_file, not both")
+        return self
+
+    def calibration_table(self, size: int) -> CalibrationTable:
+        """The calibration of a ``size``-port mesh these options give. Raises ``ValueError``
+        naming the field, ``OSError`` when ``calibration_file`` cannot be read."""
+        if self.calibration_file is not None:
+            return load_calibration_file(size, Path(self.calibration_file))
+        return CalibrationTable.parse(
+            size, self.calibration, v_bar=self.v_bar, v_cross=self.v_cross,
+            tolerance_v=self.tolerance_v,
         )
+
+
+def make_driver(spec: SwitchSpec, context: DriverContext) -> Driver:
+    """The driver for ``spec`` (config ``model: siph``): an N x N switch, N a power of two in
+    2..64, with ``SiphOptions``. ``context`` is not used.
+
+    Raises ``lightrail.drivers.options.DriverConfigError`` naming the switch, the model and the
+    option (or the switch's kind or size).
+    """
+    del context
+    sid, model = spec.switch_id, spec.model
+    options = SiphOptions.from_spec(spec)
+    caps = spec.capabilities
+    if caps.kind is not SwitchKind.NXN:
+        raise DriverConfigError(sid, model, "kind: an MZI mesh is nxn")
+    try:
+        benes.check_size(caps.port_count)
+    except ValueError as e:
+        raise DriverConfigError(sid, model, str(e)) from None
+    try:
+        calibration = options.calibration_table(caps.port_count)
     except (ValueError, OSError) as e:
-        raise DriverConfigError(switch.switch_id, switch.model, str(e)) from None
+        option = "calibration" if options.calibration_file is None else "calibration_file"
+        raise DriverConfigError(sid, model, str(e), option=option) from None
+    return SiphDriver(
+        sid, caps, host=options.host, port=options.port, calibration=calibration,
+        timeout_s=options.timeout_s, reroute_outside_ports=options.reroute_outside_ports,
+        darken_unused=options.darken_unused,
+    )

@@ -70,13 +70,12 @@ import os
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import ClassVar
 
 import structlog
-
 from pydantic import Field, SecretStr, field_validator
+
 from lightrail.drivers.alarm_stream import AlarmStream
 from lightrail.drivers.base import (
     AlarmSeverity,
@@ -98,10 +97,12 @@ from lightrail.drivers.base import (
     ProtocolError,
     SwitchCapabilities,
     SwitchKind,
+    SwitchSpec,
     VerificationMismatch,
     check_apply_request,
     cross_connects_on_ports,
 )
+from lightrail.drivers.options import DriverContext, DriverOptions
 from lightrail.drivers.tl1.errors import deny_error
 from lightrail.drivers.tl1.session import ConnectionLost, Tl1Session
 from lightrail.drivers.tl1.wire import (

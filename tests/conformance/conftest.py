@@ -3,9 +3,9 @@
 ``harness`` is parametrized over the four driver models. Each instance builds one N x N switch
 (N = 8, a power of two so the silicon-photonic Beneš mesh can have it) wrapped around an
 ``EmulatedOcs`` in an ``EmulatedFabricDevices`` registry, the protocol server in front of it
-(none for the in-process driver), and a driver made by ``lightrail.drivers.registry.create_driver``
-from
-a ``lightrail.controller.domain.fabric.Switch`` of that model, opened. Port numbering is the same
+(none for the in-process driver), and a driver made by a
+``lightrail.drivers.registry.DriverRegistry`` (with ``emulated`` registered, as the CLI does)
+from a ``lightrail.drivers.base.SwitchSpec`` of that model, opened. Port numbering is the same
 everywhere:
 ingress 1..N, egress N+1..2N (Polatis numbering; ``lightrail.drivers.siph`` maps ingress p to mesh
 input
@@ -27,10 +27,17 @@ from dataclasses import dataclass
 import pytest
 import pytest_asyncio
 
-from lightrail.controller.domain.fabric import Switch
-from lightrail.drivers.base import CrossConnect, DeviceAlarm, Driver, SwitchCapabilities, SwitchKind
-from lightrail.drivers.registry import DriverContext, create_driver
+from lightrail.drivers.base import (
+    CrossConnect,
+    DeviceAlarm,
+    Driver,
+    SwitchCapabilities,
+    SwitchKind,
+    SwitchSpec,
+)
+from lightrail.drivers.registry import DriverRegistry
 from lightrail.drivers.siph.driver import SiphAlarmStream
+from lightrail.emulator.driver import emulated_factory
 from lightrail.emulator.ocs import EmulatedFabricDevices, EmulatedOcs
 from lightrail.emulator.servers import restconf as restconf_server
 from lightrail.emulator.servers import tl1 as tl1_server
@@ -156,8 +163,12 @@ def _no_reroutes() -> frozenset[CrossConnect]:
     return frozenset()
 
 
-async def _open(stack: AsyncExitStack, switch: Switch, devices: EmulatedFabricDevices) -> Driver:
-    driver = create_driver(switch, context=DriverContext(emulated_devices=devices))
+async def _open(
+    stack: AsyncExitStack, switch: SwitchSpec, devices: EmulatedFabricDevices
+) -> Driver:
+    registry = DriverRegistry()  # this fixture composes like the CLI: emulated is registered
+    registry.register("emulated", emulated_factory(devices))
+    driver = registry.create(switch)
     await driver.open()
     stack.push_async_callback(driver.close)
     return driver
@@ -174,7 +185,7 @@ async def _emulated(
     stack: AsyncExitStack, devices: EmulatedFabricDevices, gate: RebootGate
 ) -> Harness:
     caps = _caps(MEMS_SETTLE_S, atomic_bulk=True)
-    switch = Switch("ocs-emulated", "emulated", caps, rail=None)
+    switch = SwitchSpec("ocs-emulated", "emulated", caps)
     driver = await _open(stack, switch, devices)
     device = devices["ocs-emulated"]
 
@@ -209,8 +220,8 @@ async def _tl1(
     server = Tl1Server(device, users={USER: PASSWORD})
     await server.start()
     stack.push_async_callback(server.close)
-    switch = Switch(
-        "ocs-tl1", "tl1", caps, rail=None,
+    switch = SwitchSpec(
+        "ocs-tl1", "tl1", caps,
         options={
             "host": "127.0.0.1", "port": server.port, "username": USER, "password": PASSWORD,
             "timeout_s": TIMEOUT_S, "reconnect_interval_s": 0.02,
@@ -258,8 +269,8 @@ async def _restconf(
     server = RestconfServer(device, username=USER, password=PASSWORD)
     await server.start()
     stack.push_async_callback(server.stop)
-    switch = Switch(
-        "ocs-restconf", "restconf", caps, rail=None,
+    switch = SwitchSpec(
+        "ocs-restconf", "restconf", caps,
         options={
             "host": "127.0.0.1", "port": server.port, "username": USER, "password": PASSWORD,
             "timeout_s": TIMEOUT_S, "alarm_poll_interval_s": 0.01,
@@ -311,8 +322,8 @@ async def _siph(
     server = MziMeshServer("mzi-siph", N, ocs=device)
     await server.start()
     stack.push_async_callback(server.stop)
-    switch = Switch(
-        "mzi-siph", "siph", caps, rail=None,
+    switch = SwitchSpec(
+        "mzi-siph", "siph", caps,
         options={"host": "127.0.0.1", "port": server.port, "timeout_s": TIMEOUT_S},
     )
     driver = await _open(stack, switch, devices)

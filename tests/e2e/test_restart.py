@@ -19,6 +19,7 @@ from lightrail.agents.client import ControllerClient
 from lightrail.agents.replay.replayer import HostSlot, Replayer
 from lightrail.agents.replay.trace.loader import load_workload
 from lightrail.controller.app import RunningController, run_controller
+from lightrail.controller.cli.drivers import driver_registry
 from lightrail.controller.cli.embedded import embedded_config
 from lightrail.controller.config import Config, ControllerSection, FabricSection, build_fabric
 from lightrail.controller.store.etcd_server import EmbeddedEtcd
@@ -46,7 +47,7 @@ def start(cfg: Config, devices: EmulatedFabricDevices
         if not started.done():
             started.set_result(rc)
 
-    task = asyncio.create_task(run_controller(cfg, stop, devices=devices,
+    task = asyncio.create_task(run_controller(cfg, stop, drivers=driver_registry(devices),
                                               on_started=on_started))
     return task, started, stop
 

@@ -14,7 +14,6 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from lightrail.controller.domain.fabric import Switch
 from lightrail.drivers.base import (
     AlarmSeverity,
     CrossConnect,
@@ -27,9 +26,10 @@ from lightrail.drivers.base import (
     PortOper,
     SwitchCapabilities,
     SwitchKind,
+    SwitchSpec,
     VerificationMismatch,
 )
-from lightrail.drivers.registry import DriverContext
+from lightrail.drivers.options import DriverContext
 from lightrail.drivers.restconf.driver import RestconfDriver, make_driver
 from lightrail.emulator.control import ControlApiError, ControlClient, ControlServer
 from lightrail.emulator.driver import EmulatedDriver
@@ -87,7 +87,7 @@ async def world() -> AsyncIterator[World]:
             "host": "127.0.0.1", "port": server.port, "username": USER, "password": PASSWORD,
             "timeout_s": 2.0, "alarm_poll_interval_s": 0.01,
         }
-        rc = make_driver(Switch("ocs-rc", "restconf", NXN8, 0, options), DriverContext())
+        rc = make_driver(SwitchSpec("ocs-rc", "restconf", NXN8, options), DriverContext())
         assert isinstance(rc, RestconfDriver)
         await rc.open()
         local = EmulatedDriver("ocs-local", devices)
@@ -143,7 +143,7 @@ async def test_slow_device_makes_the_driver_time_out(world: World) -> None:
         "host": "127.0.0.1", "port": world.server.port, "username": USER,
         "password": PASSWORD, "timeout_s": 0.05,
     }
-    impatient = make_driver(Switch("ocs-rc", "restconf", NXN8, 0, options), DriverContext())
+    impatient = make_driver(SwitchSpec("ocs-rc", "restconf", NXN8, options), DriverContext())
     await impatient.open()
     await world.control.set_slow("ocs-rc", 0.3)
     with pytest.raises(DeviceTimeout):

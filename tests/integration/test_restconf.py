@@ -17,7 +17,6 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from lightrail.controller.domain.fabric import Switch
 from lightrail.drivers.base import (
     AlarmSeverity,
     ApplyMode,
@@ -37,14 +36,17 @@ from lightrail.drivers.base import (
     ProtocolError,
     SwitchCapabilities,
     SwitchKind,
+    SwitchSpec,
     VerificationMismatch,
 )
-from lightrail.drivers.registry import DriverConfigError, DriverContext
+from lightrail.drivers.options import DriverConfigError, DriverContext
+from lightrail.drivers.registry import DriverRegistry
 from lightrail.drivers.restconf.driver import (
     ConcurrentModification,
     RestconfDriver,
+    RestconfOptions,
     make_driver,
-    parse_options,
+    resolve_credentials,
 )
 from lightrail.drivers.restconf.wire import error_for_answer
 from lightrail.emulator.ocs import (
@@ -91,13 +93,13 @@ class Rig:
     gate: RebootGate
     opened: list[RestconfDriver]
 
-    def switch(self, **options: str | int | float | bool) -> Switch:
+    def switch(self, **options: str | int | float | bool) -> SwitchSpec:
         base: dict[str, str | int | float | bool] = {
             "host": "127.0.0.1", "port": self.server.port, "username": USER,
             "password": PASSWORD, "timeout_s": 2.0, "alarm_poll_interval_s": 0.01,
         }
         base.update(options)
-        return Switch(self.device.switch_id, "restconf", self.device.capabilities, 0, base)
+        return SwitchSpec(self.device.switch_id, "restconf", self.device.capabilities, base)
 
     async def driver(self, **options: str | int | float | bool) -> RestconfDriver:
         driver = make_driver(self.switch(**options), DriverContext())
@@ -491,7 +493,7 @@ async def test_credentials_from_environment_never_shown(
     options = {k: v for k, v in switch.options.items() if k not in ("username", "password")}
     options |= {"username_env": "OCS_USER", "password_env": "OCS_PASSWORD"}
     driver = make_driver(
-        Switch(switch.switch_id, "restconf", switch.capabilities, 0, options), DriverContext()
+        SwitchSpec(switch.switch_id, "restconf", switch.capabilities, options), DriverContext()
     )
     await driver.open()
     assert await driver.get_cross_connects() == frozenset()
@@ -499,7 +501,7 @@ async def test_credentials_from_environment_never_shown(
     await driver.close()
     monkeypatch.delenv("OCS_PASSWORD")
     with pytest.raises(DriverConfigError, match=r"ocs-rc.*password_env.*'OCS_PASSWORD'"):
-        make_driver(Switch(switch.switch_id, "restconf", switch.capabilities, 0, options),
+        make_driver(SwitchSpec(switch.switch_id, "restconf", switch.capabilities, options),
                     DriverContext())
 
 
@@ -515,14 +517,30 @@ async def test_credentials_from_environment_never_shown(
         ({"host": "h", "password": None}, "password"),
         ({"host": "h", "password": None, "password_env": "NOPE"}, "password_env"),
         ({"host": "h", "username": "a:b"}, "username"),
+        ({"host": "h", "root": "api"}, "root"),
+        ({"host": "h", "alarm_poll_interval_s": -1}, "alarm_poll_interval_s"),
     ],
 )
-def test_options_are_validated(options: dict[str, object], option: str) -> None:
-    full: dict[str, object] = {"username": "u", "password": "s3cr3t-value"} | options
-    full = {k: v for k, v in full.items() if v is not None}
-    with pytest.raises(ValueError, match=rf"options\.{option}:") as info:
-        parse_options(full, environ={})
+def test_options_are_validated(options: dict[str, str | int | float | bool | None],
+                               option: str) -> None:
+    full = {"username": "u", "password": "s3cr3t-value"} | options
+    spec = SwitchSpec("ocs-rc", "restconf", NXN8,
+                      {k: v for k, v in full.items() if v is not None})
+    where = rf"^switches\[ocs-rc\]\.options\.{option} "
+    with pytest.raises(DriverConfigError, match=where) as info:
+        resolve_credentials(spec, RestconfOptions.from_spec(spec), environ={})
+    assert info.value.option == option
     assert "s3cr3t-value" not in str(info.value)
+
+
+def test_a_mistyped_option_is_rejected_naming_the_switch_and_the_key() -> None:
+    spec = SwitchSpec("ocs-rc", "restconf", NXN8,
+                      {"host": "h", "username": "u", "password": "p", "timout_s": 2})
+    with pytest.raises(DriverConfigError) as info:
+        DriverRegistry().create(spec)
+    assert str(info.value).startswith(
+        "switches[ocs-rc].options.timout_s (model 'restconf'): unknown option")
+    assert "got 2" in str(info.value)
 
 
 async def test_etag_on_get_and_412_on_stale_if_match(rig: Rig) -> None:

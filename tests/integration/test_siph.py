@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from lightrail.controller.domain.fabric import Switch
 from lightrail.drivers.base import (
     AlarmSeverity,
     ApplyMode,
@@ -31,9 +30,11 @@ from lightrail.drivers.base import (
     ProtocolError,
     SwitchCapabilities,
     SwitchKind,
+    SwitchSpec,
     VerificationMismatch,
 )
-from lightrail.drivers.registry import DriverConfigError, DriverContext
+from lightrail.drivers.options import DriverConfigError, DriverContext
+from lightrail.drivers.registry import DriverRegistry
 from lightrail.drivers.siph import driver as siph
 from lightrail.drivers.siph.benes import BenesNetwork, Element
 from lightrail.drivers.siph.calibration import CalibrationTable, ElementCalibration
@@ -325,9 +326,9 @@ async def test_reroutes_outside_ports_are_reported_or_refused(
 # --- calibration --------------------------------------------------------------------------------
 
 
-def siph_switch(port: int, size: int = N, **options: str | int | float | bool) -> Switch:
+def siph_switch(port: int, size: int = N, **options: str | int | float | bool) -> SwitchSpec:
     caps = SwitchCapabilities(SwitchKind.NXN, size, atomic_bulk=True, settle_time_s=SETTLE_S)
-    return Switch("mzi0", "siph", caps, rail=None, options={"port": port, **options})
+    return SwitchSpec("mzi0", "siph", caps, {"port": port, **options})
 
 
 async def test_calibration_table_sets_the_heater_setpoints(
@@ -390,25 +391,36 @@ def test_calibration_parsing_and_errors(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("switch", "match"),
     [
-        (siph_switch(0), "options.port: 0 not in"),
-        (Switch("mzi0", "siph", CAPS, rail=None), "options.port: required"),
-        (siph_switch(1, 12), "size: must be a power of two"),
-        (siph_switch(1, 128), "size: must be a power of two"),
-        (siph_switch(1, calibration="9.9:1:2"), "options.calibration"),
-        (siph_switch(1, v_bar="high"), "options.v_bar: expected float"),
-        (siph_switch(1, colour="blue"), "options: unknown \\['colour'\\]"),
-        (siph_switch(1, calibration_file="/nonexistent/cal.json"), "nonexistent"),
+        (siph_switch(0), r"\.options\.port \(model 'siph'\): .*greater than or equal to 1, got 0"),
+        (SwitchSpec("mzi0", "siph", CAPS), r"\.options\.port \(model 'siph'\): required"),
+        (siph_switch(1, 12), r"\.model 'siph': size: must be a power of two"),
+        (siph_switch(1, 128), r"\.model 'siph': size: must be a power of two"),
+        (siph_switch(1, calibration="9.9:1:2"), r"\.options\.calibration \(model 'siph'\)"),
+        (siph_switch(1, v_bar="high"), r"\.options\.v_bar \(model 'siph'\): .*got 'high'"),
+        (siph_switch(1, colour="blue"), r"\.options\.colour \(model 'siph'\): unknown option"),
+        (siph_switch(1, calibration_file="/nonexistent/cal.json"),
+         r"\.options\.calibration_file \(model 'siph'\): .*nonexistent"),
+        (siph_switch(1, calibration_file="c.json", v_bar=1.0),
+         r"\.options\.v_bar \(model 'siph'\): give it in calibration_file, not both"),
+        (siph_switch(1, timeout_s=0), r"\.options\.timeout_s \(model 'siph'\)"),
+        (siph_switch(1, darken_unused=1), r"\.options\.darken_unused \(model 'siph'\)"),
     ],
 )
-def test_make_driver_rejects_bad_config(switch: Switch, match: str) -> None:
-    with pytest.raises(DriverConfigError, match=match) as e:
+def test_make_driver_rejects_bad_config(switch: SwitchSpec, match: str) -> None:
+    with pytest.raises(DriverConfigError, match="^switches\\[mzi0\\]" + match):
         siph.make_driver(switch, DriverContext())
-    assert "switches[mzi0].model 'siph'" in str(e.value)
+
+
+def test_a_mistyped_option_is_rejected_naming_the_switch_and_the_key() -> None:
+    with pytest.raises(DriverConfigError) as e:
+        DriverRegistry().create(siph_switch(1, timout_s=2))
+    assert str(e.value).startswith("switches[mzi0].options.timout_s (model 'siph'): unknown")
+    assert "got 2" in str(e.value)
 
 
 def test_make_driver_rejects_a_duplex_switch() -> None:
     caps = SwitchCapabilities(SwitchKind.DUPLEX, N, atomic_bulk=True, settle_time_s=SETTLE_S)
-    switch = Switch("mzi0", "siph", caps, rail=None, options={"port": 1})
+    switch = SwitchSpec("mzi0", "siph", caps, {"port": 1})
     with pytest.raises(DriverConfigError, match="nxn"):
         siph.make_driver(switch, DriverContext())
 

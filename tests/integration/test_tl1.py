@@ -19,7 +19,6 @@ import pytest
 import pytest_asyncio
 import structlog
 
-from lightrail.controller.domain.fabric import Switch
 from lightrail.controller.runtime.reconciler import Reconciler, RetryPolicy
 from lightrail.drivers.base import (
     AlarmSeverity,
@@ -40,9 +39,11 @@ from lightrail.drivers.base import (
     ProtocolError,
     SwitchCapabilities,
     SwitchKind,
+    SwitchSpec,
     VerificationMismatch,
 )
-from lightrail.drivers.registry import DriverConfigError, DriverContext
+from lightrail.drivers.options import DriverConfigError, DriverContext
+from lightrail.drivers.registry import DriverRegistry
 from lightrail.drivers.tl1.driver import Tl1Driver, Tl1Options, make_driver
 from lightrail.drivers.tl1.wire import (
     FrameSplitter,
@@ -94,7 +95,7 @@ class Rig:
     ocs: EmulatedOcs
     server: Tl1Server
     driver: Tl1Driver
-    switch: Switch
+    switch: SwitchSpec
 
     def sent(self, *codes: str) -> list[ReceivedCommand]:
         return [c for c in self.server.commands if not codes or c.code in codes]
@@ -137,8 +138,8 @@ async def rig() -> AsyncIterator[RigFactory]:
                 "reconnect_interval_s": 0.02,
             }
             opts.update(options or {})
-            switch = Switch("ocs-a", "tl1", caps, 0, opts)
-            driver = Tl1Driver(switch, Tl1Options.from_switch(switch), clock=t.clock)
+            switch = SwitchSpec("ocs-a", "tl1", caps, opts)
+            driver = Tl1Driver(switch, Tl1Options.from_spec(switch), clock=t.clock)
             stack.push_async_callback(driver.close)
             if open_driver:
                 await driver.open()
@@ -617,7 +618,7 @@ async def test_make_driver_with_env_credentials_never_logs_them(
         "username_env": "LR_TEST_TL1_USER",
         "password_env": "LR_TEST_TL1_PASS",
     }
-    switch = Switch("ocs-a", "tl1", NXN8, 0, options)
+    switch = SwitchSpec("ocs-a", "tl1", NXN8, options)
     with structlog.testing.capture_logs() as logs:
         driver = make_driver(switch, DriverContext())
         assert isinstance(driver, Driver)
@@ -628,11 +629,13 @@ async def test_make_driver_with_env_credentials_never_logs_them(
         await driver.close()
     assert logs
     assert secret not in repr(logs)
-    both = Switch("ocs-a", "tl1", NXN8, 0, {**options, "password": secret})
-    with pytest.raises(DriverConfigError, match=r"exactly one of options\.password"):
-        Tl1Options.from_switch(both)
+    both = SwitchSpec("ocs-a", "tl1", NXN8, {**options, "password": secret})
+    with pytest.raises(
+        DriverConfigError, match=r"switches\[ocs-a\]\.options\.password .*exactly one of password"
+    ):
+        Tl1Options.from_spec(both)
     inline = {k: v for k, v in options.items() if k != "password_env"} | {"password": secret}
-    assert secret not in repr(Tl1Options.from_switch(Switch("ocs-a", "tl1", NXN8, 0, inline)))
+    assert secret not in repr(Tl1Options.from_spec(SwitchSpec("ocs-a", "tl1", NXN8, inline)))
     monkeypatch.delenv("LR_TEST_TL1_PASS")
     driver = make_driver(switch, DriverContext())
     with pytest.raises(AuthenticationFailed, match="LR_TEST_TL1_PASS"):
@@ -652,14 +655,45 @@ async def test_make_driver_with_env_credentials_never_logs_them(
     ],
 )
 def test_bad_options_are_config_errors(options: dict[str, str | int | float | bool]) -> None:
-    with pytest.raises(DriverConfigError, match=r"switches\[ocs-a\]\.model 'tl1'"):
-        make_driver(Switch("ocs-a", "tl1", NXN8, 0, options), DriverContext())
+    with pytest.raises(DriverConfigError, match=r"switches\[ocs-a\]\.options\.\w+ \(model 'tl1'\)"):
+        make_driver(SwitchSpec("ocs-a", "tl1", NXN8, options), DriverContext())
+
+
+def test_a_mistyped_option_is_rejected_naming_the_switch_and_the_key() -> None:
+    """``timout_s: 2`` used to leave the timeout at its default of 5 s without a word."""
+    options: dict[str, str | int | float | bool] = {
+        "host": "h", "port": 3082, "username": "a", "password": "b", "timout_s": 2,
+    }
+    spec = SwitchSpec("ocs-a", "tl1", NXN8, options)
+    with pytest.raises(DriverConfigError) as e:
+        DriverRegistry().create(spec)
+    assert str(e.value).startswith("switches[ocs-a].options.timout_s (model 'tl1'): unknown")
+    assert "got 2" in str(e.value)
+    assert e.value.option == "timout_s"
+    secret = "s3cr3t-Pw"  # a mistyped credential key must not echo the credential
+    typo = {"host": "h", "port": 3082, "username": "a", "password_env": "P", "pasword": secret}
+    with pytest.raises(DriverConfigError, match=r"options\.pasword .*unknown") as e:
+        DriverRegistry().create(SwitchSpec("ocs-a", "tl1", NXN8, typo))
+    assert secret not in str(e.value)
+    assert isinstance(make_driver(SwitchSpec("ocs-a", "tl1", NXN8, {
+        k: v for k, v in options.items() if k != "timout_s"} | {"timeout_s": 2}),
+        DriverContext()), Tl1Driver)
+
+
+def test_a_port_may_be_a_string_of_digits_and_the_options_keep_their_defaults() -> None:
+    opts = Tl1Options.from_spec(SwitchSpec("ocs-a", "tl1", NXN8, {
+        "host": "h", "port": "3082", "username": "a", "password_env": "P"}))
+    assert (opts.port, opts.timeout_s, opts.connect_timeout_s, opts.reconnect_interval_s) == (
+        3082, 5.0, 3.0, 1.0)
+    assert (opts.tid, opts.verify, opts.los_threshold_dbm) == ("", True, -30.0)
+    assert opts.credential("password", {"P": "pw"}) == "pw"
+    assert opts.credential("password", {}) is None
 
 
 async def test_info_rejects_a_device_of_another_size(rig: RigFactory) -> None:
     r = await rig(open_driver=False)
-    switch = Switch("ocs-a", "tl1", nxn(16), 0, dict(r.switch.options))
-    driver = Tl1Driver(switch, Tl1Options.from_switch(switch))
+    switch = SwitchSpec("ocs-a", "tl1", nxn(16), dict(r.switch.options))
+    driver = Tl1Driver(switch, Tl1Options.from_spec(switch))
     await driver.open()
     try:
         with pytest.raises(DriverError, match="8x8"):

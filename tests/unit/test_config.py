@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
+from lightrail.controller.cli.main import main
 from lightrail.controller.config import ConfigError, build_fabric, load_config, parse_config
 
 WIRING: list[dict[str, object]] = [
@@ -106,3 +108,78 @@ def test_shipped_example_configs_are_valid() -> None:
     for path in examples:
         fabric = build_fabric(load_config(path).fabric)
         assert fabric.switches, path
+
+
+# --- driver options through `lightrail check-config` --------------------------------------------
+
+DRIVER_OPTIONS: dict[str, dict[str, str | int | float | bool]] = {
+    "tl1": {"host": "10.0.0.11", "port": 3082, "username": "admin", "password_env": "TL1_PW"},
+    "restconf": {"host": "10.0.0.12", "username": "admin", "password": "pw"},
+    "siph": {"host": "10.0.0.13", "port": 9999},
+    "emulated": {},
+}
+"""Valid options of one switch per driver model (switch id ``sw-<model>``)."""
+
+
+def _four_driver_config(
+    tmp_path: Path, extra: dict[str, str | int | float | bool] | None = None
+) -> Path:
+    switches = [
+        {"id": f"sw-{model}", "model": model, "ports": 8, "rail": 0,
+         "options": {**options, **(extra or {})}}
+        for model, options in DRIVER_OPTIONS.items()
+    ]
+    wiring = [
+        {"host": "a", "nic": 0, "gpu": 0, "rail": 0, "switch": "sw-tl1", "tx_port": 1,
+         "rx_port": 9},
+        {"host": "b", "nic": 0, "gpu": 0, "rail": 0, "switch": "sw-tl1", "tx_port": 2,
+         "rx_port": 10},
+    ]
+    fabric = {"name": "four", "hosts": [{"name": "a", "gpus": 1}, {"name": "b", "gpus": 1}],
+              "switches": switches, "wiring": wiring}
+    path = tmp_path / "four.yaml"
+    path.write_text(yaml.safe_dump({"fabric": fabric}), encoding="utf-8")
+    return path
+
+
+def test_check_config_accepts_valid_options_of_every_driver(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["check-config", str(_four_driver_config(tmp_path))]) == 0
+    assert "OK: fabric 'four'" in capsys.readouterr().out
+
+
+def test_check_config_rejects_a_mistyped_option_of_every_driver(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``timout_s: 2`` (for ``timeout_s``) used to pass silently for TL1 and the emulator."""
+    assert main(["check-config", str(_four_driver_config(tmp_path, {"timout_s": 2}))]) == 2
+    err = capsys.readouterr().err
+    for model in DRIVER_OPTIONS:
+        assert f"switches[sw-{model}].options.timout_s (model '{model}'): unknown option" in err
+    assert err.count("got 2") == len(DRIVER_OPTIONS)
+
+
+def test_check_config_names_the_option_and_value_of_a_wrong_type(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["check-config", str(_four_driver_config(tmp_path, {"verify": "yes"}))]) == 2
+    err = capsys.readouterr().err
+    for model in ("tl1", "restconf"):
+        assert f"switches[sw-{model}].options.verify (model '{model}'): " in err
+    assert "valid boolean, got 'yes'" in err
+
+
+def test_the_mixed_fabric_example_checks(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    example = Path(__file__).parents[2] / "deploy" / "examples" / "mixed-fabric.yaml"
+    monkeypatch.setenv("POLATIS_USER", "admin")
+    monkeypatch.setenv("POLATIS_PASSWORD", "example-only")
+    assert main(["check-config", str(example)]) == 0
+    monkeypatch.delenv("POLATIS_PASSWORD")
+    assert main(["check-config", str(example)]) == 2
+    err = capsys.readouterr().err
+    assert "switches[ocs-restconf].options.password_env (model 'restconf'): environment " \
+           "variable 'POLATIS_PASSWORD' is not set" in err
+    assert "example-only" not in err

@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from lightrail.controller.domain.fabric import Switch
 from lightrail.drivers.base import (
     AlarmSeverity,
     ApplyMode,
@@ -24,9 +23,11 @@ from lightrail.drivers.base import (
     PortOper,
     SwitchCapabilities,
     SwitchKind,
+    SwitchSpec,
 )
-from lightrail.drivers.registry import DriverConfigError, DriverContext, create_driver
-from lightrail.emulator.driver import EmulatedDriver, make_driver
+from lightrail.drivers.options import DriverConfigError
+from lightrail.drivers.registry import DriverRegistry
+from lightrail.emulator.driver import EmulatedDriver, emulated_factory, make_driver
 from lightrail.emulator.ocs import (
     CONNECTED_POWER_DBM,
     NO_LIGHT_DBM,
@@ -460,15 +461,22 @@ async def test_reboot_keeps_or_loses_cross_connects(keep: bool) -> None:
 # --- registry and device lifetime ----------------------------------------------------------------
 
 
-def emulated_switch(switch_id: str, model: str = "emulated") -> Switch:
-    return Switch(switch_id=switch_id, model=model, capabilities=NXN8, rail=0)
+def emulated_switch(
+    switch_id: str, model: str = "emulated", **options: str | int | float | bool
+) -> SwitchSpec:
+    return SwitchSpec(switch_id=switch_id, model=model, capabilities=NXN8, options=options)
+
+
+def emulated_registry(devices: EmulatedFabricDevices) -> DriverRegistry:
+    registry = DriverRegistry()
+    registry.register("emulated", emulated_factory(devices))
+    return registry
 
 
 async def test_device_state_outlives_the_driver() -> None:
     t = ManualTime()
     devices = EmulatedFabricDevices(clock=t.clock, sleep=t.sleep)
-    context = DriverContext(emulated_devices=devices)
-    first = create_driver(emulated_switch("ocs-r0"), context=context)
+    first = emulated_registry(devices).create(emulated_switch("ocs-r0"))
     await first.open()
     await first.apply(frozenset({xc(1, 9)}), frozenset({1, 9}))
     await first.close()
@@ -480,9 +488,26 @@ async def test_device_state_outlives_the_driver() -> None:
 
 def test_registry_errors_name_switch_and_model() -> None:
     with pytest.raises(DriverConfigError, match=r"ocs-x.*'tl1-polatis'.*unknown driver model"):
-        create_driver(emulated_switch("ocs-x", "tl1-polatis"), context=DriverContext())
-    with pytest.raises(DriverConfigError, match="emulated_devices"):
-        create_driver(emulated_switch("ocs-y"), context=DriverContext())
+        DriverRegistry().create(emulated_switch("ocs-x", "tl1-polatis"))
+    # the emulator is not a built-in family: only a composition root registers it
+    assert DriverRegistry().models == {"tl1", "restconf", "siph"}
+    with pytest.raises(DriverConfigError, match=r"'emulated'.*unknown driver model"):
+        DriverRegistry().create(emulated_switch("ocs-y"))
+    registry = emulated_registry(EmulatedFabricDevices())
+    assert "emulated" in registry.models
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register("emulated", emulated_factory(EmulatedFabricDevices()))
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register("tl1", emulated_factory(EmulatedFabricDevices()))
+
+
+def test_an_option_on_an_emulated_switch_is_rejected_naming_the_switch_and_the_key() -> None:
+    devices = EmulatedFabricDevices()
+    with pytest.raises(DriverConfigError) as e:
+        emulated_registry(devices).create(emulated_switch("ocs-e", timout_s=2))
+    assert str(e.value).startswith("switches[ocs-e].options.timout_s (model 'emulated'): unknown")
+    assert "got 2" in str(e.value)
+    assert list(devices) == []  # rejected before a device was created
     devices = EmulatedFabricDevices()
     devices.ensure("ocs-z", NXN8)
     with pytest.raises(ValueError, match="capabilities"):
