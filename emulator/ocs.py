@@ -21,8 +21,6 @@ import asyncio
 import enum
 import time
 from collections.abc import (
-    Awaitable,
-    Callable,
     Iterable,
     Iterator,
     Mapping,
@@ -52,11 +50,7 @@ from lightrail.drivers.base import (
     SwitchKind,
     check_partial_permutation,
 )
-
-Clock = Callable[[], float]
-"""Returns the current time in seconds (monotonic)."""
-Sleep = Callable[[float], Awaitable[None]]
-"""Waits the given number of seconds."""
+from lightrail.drivers.timing import Clock, Sleep
 
 CONNECTED_POWER_DBM = -3.0
 """Optical power reported on both ports of a settled, lit cross-connect, in dBm."""

@@ -5,24 +5,24 @@ Code that waits or reads the time takes a ``Clock``/``WallClock`` and a ``Sleep`
 (``tests/manual_time.py``). Retries after a failure wait by one rule, ``Backoff``: bounded
 exponential backoff, optionally with jitter drawn from an injected ``Random``.
 
-The drivers import nothing of the controller; ``lightrail.drivers.base`` declares the same
-``Clock`` and ``Sleep`` shapes for them, so one clock serves both.
+``Clock`` and ``Sleep`` are declared in ``lightrail.drivers.timing`` (the drivers import nothing
+of the controller, and every layer may import the drivers' base) and re-exported here.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
-Clock = Callable[[], float]
-"""Returns monotonic time in seconds (``time.monotonic``): deadlines, durations, backoff."""
+from lightrail.drivers.timing import Clock, Sleep
+
+__all__ = ["Backoff", "BackoffState", "Clock", "Random", "Sleep", "WallClock"]
+
 WallClock = Callable[[], float]
 """Returns wall-clock time in seconds since the epoch (``time.time``): stamps for people and
 records."""
-Sleep = Callable[[float], Awaitable[None]]
-"""Waits the given number of seconds (``asyncio.sleep``)."""
 Random = Callable[[], float]
 """Returns a number uniformly drawn from [0, 1) (``random.random``)."""
 

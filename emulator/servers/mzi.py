@@ -96,7 +96,8 @@ from lightrail.drivers.siph.wire import (
     format_volts,
     lit_cross_connects,
 )
-from lightrail.emulator.ocs import AlarmSubscription, Clock, EmulatedOcs, Sleep
+from lightrail.drivers.timing import Clock, Sleep
+from lightrail.emulator.ocs import AlarmSubscription, EmulatedOcs
 
 DEFAULT_SETTLE_S = 10e-6
 """Reconfiguration delay of a thermo-optic MZI mesh (10 microseconds)."""

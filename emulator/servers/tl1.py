@@ -132,8 +132,8 @@ _NOTIFICATION = MappingProxyType(
     }
 )
 
-WallClock = Callable[[], datetime]
-"""Returns the wall-clock time stamped on responses."""
+UtcNow = Callable[[], datetime]
+"""Returns the wall-clock time (a UTC ``datetime``) stamped on responses."""
 CommandHook = Callable[[Tl1Command], Awaitable[None]]
 """Called with each command after its ordering wait and before it runs (tests)."""
 
@@ -230,7 +230,7 @@ class Tl1Server:
         port: int = 0,
         users: Mapping[str, str] = DEFAULT_USERS,
         sid: str | None = None,
-        wall_clock: WallClock = _utc_now,
+        wall_clock: UtcNow = _utc_now,
         unreachable: UnreachableMode = UnreachableMode.CLOSE,
     ) -> None:
         self._device = device
