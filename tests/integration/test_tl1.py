@@ -671,7 +671,9 @@ def test_a_mistyped_option_is_rejected_naming_the_switch_and_the_key() -> None:
     assert "got 2" in str(e.value)
     assert e.value.option == "timout_s"
     secret = "s3cr3t-Pw"  # a mistyped credential key must not echo the credential
-    typo = {"host": "h", "port": 3082, "username": "a", "password_env": "P", "pasword": secret}
+    typo: dict[str, str | int | float | bool] = {
+        "host": "h", "port": 3082, "username": "a", "password_env": "P", "pasword": secret,
+    }
     with pytest.raises(DriverConfigError, match=r"options\.pasword .*unknown") as e:
         DriverRegistry().create(SwitchSpec("ocs-a", "tl1", NXN8, typo))
     assert secret not in str(e.value)
