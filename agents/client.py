@@ -48,6 +48,7 @@ from lightrail.controller.domain.errors import ErrorCode
 from lightrail.controller.domain.events import JobEvent, JobEventKind
 from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup, RankPlacement
 from lightrail.controller.domain.parallelism import ParallelismSpec
+from lightrail.controller.domain.timing import Backoff, BackoffState
 from lightrail.v1 import agent_pb2, agent_pb2_grpc
 
 T = TypeVar("T")
@@ -106,7 +107,9 @@ class ControllerClient:
     """A gRPC client of AgentService. ``target`` is ``host:port`` or ``unix:///path``.
 
     Use inside a running event loop (gRPC objects are created there), as an async context
-    manager.
+    manager. A call that finds the controller UNAVAILABLE is retried for up to
+    ``retry_budget_s`` seconds, waiting ``backoff_initial_s`` doubling up to ``backoff_max_s``
+    seconds between tries (``lightrail.controller.domain.timing.Backoff``).
     """
 
     def __init__(
@@ -119,8 +122,7 @@ class ControllerClient:
     ) -> None:
         self.target = target
         self._retry_budget_s = retry_budget_s
-        self._backoff_initial_s = backoff_initial_s
-        self._backoff_max_s = backoff_max_s
+        self._backoff = Backoff(initial_s=backoff_initial_s, max_s=backoff_max_s)
         self._channel = grpc.aio.insecure_channel(target)
         self._stub = agent_pb2_grpc.AgentServiceStub(self._channel)
         self._ids = itertools.count(1)
@@ -138,13 +140,14 @@ class ControllerClient:
     async def _retry(self, call: Callable[[], Awaitable[T]]) -> T:
         loop = asyncio.get_running_loop()
         start = loop.time()
-        delay = self._backoff_initial_s
+        backoff = BackoffState(self._backoff)
         while True:
             try:
                 return await call()
             except grpc.aio.AioRpcError as exc:
                 if exc.code() is not grpc.StatusCode.UNAVAILABLE or _refusal(exc) is not None:
                     raise
+                delay = backoff.next_s()
                 if loop.time() - start + delay > self._retry_budget_s:
                     raise ControllerUnavailable(
                         ErrorCode.NOT_LEADER,
@@ -152,7 +155,6 @@ class ControllerClient:
                         f"{loop.time() - start:.1f} s: {exc.details()}",
                     ) from None
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, self._backoff_max_s)
 
     async def register_job(
         self,

@@ -26,6 +26,7 @@ from lightrail.agents.errors import Admission, ControllerUnavailable, PhaseError
 from lightrail.controller.api.codec import COLLECTIVE_TO_PB, ERROR_FROM_PB
 from lightrail.controller.domain.errors import ErrorCode
 from lightrail.controller.domain.model import PhaseKey
+from lightrail.controller.domain.timing import Backoff, BackoffState
 from lightrail.v1 import agent_pb2, agent_pb2_grpc
 
 log = structlog.get_logger(__name__)
@@ -154,8 +155,7 @@ class HostAgent:
     ) -> None:
         self.host = host
         self.target = target
-        self._backoff_initial_s = backoff_initial_s
-        self._backoff_max_s = backoff_max_s
+        self._backoff = Backoff(initial_s=backoff_initial_s, max_s=backoff_max_s)
         self._reconnect_budget_s = reconnect_budget_s
         self._ids = itertools.count(1)
         self._pending: dict[tuple[str, int], _Pending] = {}
@@ -254,13 +254,13 @@ class HostAgent:
         self._pending.clear()
 
     async def _run(self) -> None:
-        delay = self._backoff_initial_s
+        backoff = BackoffState(self._backoff)
         down_since: float | None = None
         loop = asyncio.get_running_loop()
         while not self._closing:
             try:
                 await self._session()
-                delay = self._backoff_initial_s
+                backoff.reset()
                 down_since = None
             except (grpc.aio.AioRpcError, _StreamClosed) as exc:
                 self._connected.clear()
@@ -272,8 +272,7 @@ class HostAgent:
                     self._fail_pending(ErrorCode.NOT_LEADER,
                                        f"controller {self.target} unreachable for "
                                        f"{now - down_since:.1f} s: {detail}")
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self._backoff_max_s)
+                await asyncio.sleep(backoff.next_s())
                 self.reconnects += 1
 
     async def _session(self) -> None:

@@ -17,6 +17,7 @@ import grpc
 import structlog
 
 from lightrail.agents.host.health import EventSource, GpuHealth, GpuId, HealthSource, HealthState
+from lightrail.controller.domain.timing import Backoff, BackoffState
 from lightrail.v1 import agent_pb2, agent_pb2_grpc
 
 log = structlog.get_logger(__name__)
@@ -42,7 +43,9 @@ def report_of(host: str, snapshot: dict[GpuId, GpuHealth]) -> agent_pb2.HealthRe
 
 
 class HealthReporter:
-    """Streams ``source``'s health to the controller at ``target`` (``host:port``)."""
+    """Streams ``source``'s health to the controller at ``target`` (``host:port``), a snapshot
+    every ``interval_s`` seconds; after a broken stream it reconnects waiting
+    ``backoff_initial_s`` doubling up to ``backoff_max_s`` seconds."""
 
     def __init__(
         self,
@@ -56,22 +59,21 @@ class HealthReporter:
         self.source = source
         self.target = target
         self.interval_s = interval_s
-        self._backoff = (backoff_initial_s, backoff_max_s)
+        self._backoff = Backoff(initial_s=backoff_initial_s, max_s=backoff_max_s)
         self.acks = 0
         self.acked = asyncio.Event()
 
     async def run(self) -> None:
         """Report until cancelled."""
-        delay = self._backoff[0]
+        backoff = BackoffState(self._backoff)
         while True:
             try:
                 await self._session()
-                delay = self._backoff[0]
+                backoff.reset()
             except grpc.aio.AioRpcError as exc:
                 log.warning("health_stream_broken", host=self.source.host,
                             code=exc.code().name, detail=exc.details())
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self._backoff[1])
+                await asyncio.sleep(backoff.next_s())
 
     async def _session(self) -> None:
         async with grpc.aio.insecure_channel(self.target) as channel:

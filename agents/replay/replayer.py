@@ -38,6 +38,7 @@ from lightrail.agents.replay.trace.model import CommOp, Workload
 from lightrail.controller.domain.errors import ErrorCode
 from lightrail.controller.domain.events import JobEvent
 from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup, RankPlacement
+from lightrail.controller.domain.timing import Backoff, BackoffState
 from lightrail.v1 import operator_pb2, operator_pb2_grpc
 
 
@@ -88,9 +89,8 @@ class ReplayOp:
     gap_s: float
 
 
-_WATCH_BACKOFF_S = 0.1
-_WATCH_BACKOFF_MAX_S = 2.0
-"""Re-watch backoff after a job-event stream breaks, seconds (doubling up to the cap)."""
+_WATCH_BACKOFF = Backoff(initial_s=0.1, max_s=2.0)
+"""Waits before re-watching after a job-event stream breaks, seconds."""
 
 
 def expand_workload(workload: Workload) -> tuple[dict[int, list[ReplayOp]], list[str]]:
@@ -335,11 +335,11 @@ class Replayer:
     async def _watch(self, client: ControllerClient) -> None:
         """A placement change (failover) restarts the job from its last checkpoint: here, the
         iteration in progress, on the new placement."""
-        backoff_s = _WATCH_BACKOFF_S
+        backoff = BackoffState(_WATCH_BACKOFF)
         while True:
             try:
                 async for ev in client.watch(self.job_id):
-                    backoff_s = _WATCH_BACKOFF_S
+                    backoff.reset()
                     placement = placement_of(ev)
                     if placement is not None:
                         self.placement_events.append(ev)
@@ -350,8 +350,7 @@ class Replayer:
                 if exc.code is ErrorCode.UNKNOWN_JOB:
                     raise
                 # the stream broke (controller restart, leader change): watch again
-                await asyncio.sleep(backoff_s)
-                backoff_s = min(2 * backoff_s, _WATCH_BACKOFF_MAX_S)
+                await asyncio.sleep(backoff.next_s())
 
     async def _rejoin(self, rank: int) -> RankSession:
         """Wait until every rank has given up the iteration, then continue on the new

@@ -27,12 +27,16 @@ from lightrail.controller.core.decisions import (
 from lightrail.controller.domain.errors import ErrorCode, UnknownJob
 from lightrail.controller.domain.events import JobEvent, JobEventKind
 from lightrail.controller.domain.model import PhaseKey
+from lightrail.controller.domain.timing import Backoff, BackoffState
 from lightrail.controller.runtime import metrics
 from lightrail.controller.runtime.events import EventBus
 from lightrail.controller.runtime.reconciler import ReconcilerStopped
 from lightrail.drivers.base import CrossConnect, DeviceAlarm, DeviceUnreachable, DriverError
 
 log = structlog.get_logger(__name__)
+
+READ_BACK_BACKOFF = Backoff(initial_s=0.05, max_s=2.0)
+"""Waits between read-back attempts of a switch after a failed apply, seconds."""
 
 
 class ReplySink(Protocol):
@@ -434,7 +438,7 @@ class PhaseService:
         task.add_done_callback(self._read_back_tasks.discard)
 
     async def _read_back(self, switch_id: str) -> None:
-        delay_s = 0.05
+        backoff = BackoffState(READ_BACK_BACKOFF)
         try:
             while True:
                 try:
@@ -442,10 +446,10 @@ class PhaseService:
                 except ReconcilerStopped:
                     return  # shutting down
                 except DriverError as exc:
+                    delay_s = backoff.next_s()
                     log.warning("read_back_failed", switch=switch_id, error=str(exc),
                                 retry_in_s=delay_s)
                     await asyncio.sleep(delay_s)
-                    delay_s = min(delay_s * 2, 2.0)
                     continue
                 self.refresh_switch(switch_id, state)
                 return

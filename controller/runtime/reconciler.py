@@ -19,11 +19,12 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import structlog
 
+from lightrail.controller.domain.timing import Backoff, Clock, Sleep
 from lightrail.controller.runtime import metrics
 from lightrail.drivers.base import (
     ApplyMode,
@@ -37,11 +38,6 @@ from lightrail.drivers.base import (
     SwitchCapabilities,
     VerificationMismatch,
 )
-
-Clock = Callable[[], float]
-"""Returns the current time in seconds (monotonic)."""
-Sleep = Callable[[float], Awaitable[None]]
-"""Waits the given number of seconds."""
 
 _log = structlog.get_logger(__name__)
 
@@ -78,7 +74,8 @@ class ReconfigurationRecord:
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
     """Bounded retries of retryable ``DriverError``s: at most ``max_attempts`` attempts, waiting
-    ``backoff_s * 2**(k-1)`` seconds (at most ``backoff_max_s``) after the k-th failure."""
+    ``backoff_s * 2**(k-1)`` seconds (at most ``backoff_max_s``) after the k-th failure
+    (``backoff``, the shared rule of ``lightrail.controller.domain.timing``)."""
 
     max_attempts: int = 3
     backoff_s: float = 0.05
@@ -90,9 +87,14 @@ class RetryPolicy:
         if self.backoff_s < 0 or self.backoff_max_s < 0:
             raise ValueError("RetryPolicy backoff must be >= 0")
 
+    @property
+    def backoff(self) -> Backoff:
+        """The waits between attempts: ``backoff_s`` doubling up to ``backoff_max_s``."""
+        return Backoff(initial_s=self.backoff_s, max_s=self.backoff_max_s)
+
     def delay_s(self, failures: int) -> float:
         """The wait after the ``failures``-th consecutive failure (1-based), in seconds."""
-        return float(min(self.backoff_s * 2 ** (failures - 1), self.backoff_max_s))
+        return self.backoff.delay_s(failures - 1)
 
 
 class UnknownSwitch(LookupError):
