@@ -66,7 +66,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Self
@@ -124,9 +124,7 @@ from lightrail.drivers.siph.wire import (
     ingress_to_input,
     lit_cross_connects,
 )
-
-Sleep = Callable[[float], Awaitable[None]]
-"""Waits the given number of seconds."""
+from lightrail.drivers.timing import Sleep
 
 _log = structlog.get_logger(__name__)
 

@@ -69,7 +69,7 @@ import contextlib
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import ClassVar
 
@@ -103,6 +103,7 @@ from lightrail.drivers.base import (
     cross_connects_on_ports,
 )
 from lightrail.drivers.options import DriverContext, DriverOptions
+from lightrail.drivers.timing import Clock, Sleep
 from lightrail.drivers.tl1.errors import deny_error
 from lightrail.drivers.tl1.session import ConnectionLost, Tl1Session
 from lightrail.drivers.tl1.wire import (
@@ -120,12 +121,6 @@ _ALARM_QUEUE_SIZE = 1024
 _PATCH_RE = re.compile(r"^\s*(\d+)\s*,\s*(\d+)\s*$")
 _VALUE_RE = re.compile(r"^\s*(\d+)\s*:\s*(\S+)\s*$")
 _SIZE_RE = re.compile(r"SIZE=(\d+)x(\d+)", re.IGNORECASE)
-
-Clock = Callable[[], float]
-"""Returns the current time in seconds (monotonic)."""
-Sleep = Callable[[float], Awaitable[None]]
-"""Waits the given number of seconds."""
-
 
 _SEVERITY: Mapping[str, AlarmSeverity] = MappingProxyType(
     {
