@@ -377,3 +377,54 @@ def cross_connects_on_ports(
         if inside_in:
             out.add(xc)
     return frozenset(out)
+
+
+@dataclass(frozen=True, slots=True)
+class CrossConnectDiff:
+    """What an apply restricted to some ports must do, from ``minimal_diff``: ``breaks``, then
+    ``makes`` (each sorted by ingress, then egress), while the cross-connects in ``unchanged``
+    stay as they are (on those ports, already in the target)."""
+
+    breaks: tuple[CrossConnect, ...]
+    makes: tuple[CrossConnect, ...]
+    unchanged: frozenset[CrossConnect]
+
+    @property
+    def empty(self) -> bool:
+        """True when nothing has to be broken or made (no device command is needed)."""
+        return not self.breaks and not self.makes
+
+    def changed_ports(self) -> frozenset[int]:
+        """Every port a break or a make uses: the ports a read-back after the apply checks.
+        No cross-connect in ``unchanged`` uses one of them (both states are partial
+        permutations)."""
+        return frozenset(p for xc in self.breaks + self.makes for p in xc.ports())
+
+
+def minimal_diff(
+    switch_id: str,
+    current: Iterable[CrossConnect],
+    target: frozenset[CrossConnect],
+    ports: frozenset[int],
+    mode: ApplyMode = ApplyMode.MINIMAL,
+) -> CrossConnectDiff:
+    """The changes that make the cross-connects on ``ports`` equal ``target`` (DESIGN.md,
+    "Reconfiguration": minimal diff per switch, break only what must change, then make).
+
+    ``current`` is the switch's state (all of it, or at least every cross-connect touching
+    ``ports``); only the cross-connects on ``ports`` are considered, so nothing outside them is
+    ever broken. MINIMAL breaks the ones not in ``target`` and makes the missing ones; REPLACE
+    breaks every one and makes the whole target. ``target`` must lie within ``ports``
+    (``check_apply_request``). Raises ``InvalidPort`` for a current cross-connect joining a
+    port in ``ports`` to one outside them (``cross_connects_on_ports``)."""
+    on_ports = cross_connects_on_ports(switch_id, current, ports)
+    if mode is ApplyMode.MINIMAL:
+        return CrossConnectDiff(
+            breaks=tuple(sorted(on_ports - target)),
+            makes=tuple(sorted(target - on_ports)),
+            unchanged=on_ports & target,
+        )
+    return CrossConnectDiff(
+        breaks=tuple(sorted(on_ports)), makes=tuple(sorted(target)), unchanged=frozenset()
+    )
+

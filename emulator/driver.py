@@ -25,7 +25,7 @@ from lightrail.drivers.base import (
     PortStatus,
     SwitchSpec,
     check_apply_request,
-    cross_connects_on_ports,
+    minimal_diff,
 )
 from lightrail.drivers.options import DriverContext, DriverFactory, DriverOptions
 from lightrail.emulator.ocs import AlarmSubscription, EmulatedFabricDevices, EmulatedOcs
@@ -90,11 +90,10 @@ class EmulatedDriver:
         """Make the cross-connects on ``ports`` equal ``target`` in one bulk command (breaks,
         then makes, then one settle); cross-connects on other ports are left alone.
 
-        A cross-connect is *on* ``ports`` when it uses any of them. MINIMAL breaks only those
-        not in ``target`` and makes only the missing ones; REPLACE breaks every one and makes
-        the whole target. Nothing to do returns an empty ``ApplyResult`` without a device
-        command. When the device has ``max_batch``, breaks then makes go out in chunks of at
-        most that size, each with its own settle.
+        The changes are ``lightrail.drivers.base.minimal_diff`` of the device's state (taken
+        without a device command) and ``target``. Nothing to do returns an empty
+        ``ApplyResult`` without a device command. When the device has ``max_batch``, breaks
+        then makes go out in chunks of at most that size, each with its own settle.
 
         Raises ``InvalidPort`` (a port the switch lacks, a target cross-connect using a port
         outside ``ports``, a cross-connect on ``ports`` that also uses a port outside them: it
@@ -105,15 +104,10 @@ class EmulatedDriver:
         device = self._dev()
         sid = self._switch_id
         check_apply_request(sid, device.capabilities, target, ports)
-        on_ports = cross_connects_on_ports(sid, device.cross_connects, ports)
-        if mode is ApplyMode.MINIMAL:
-            breaks = sorted(on_ports - target)
-            makes = sorted(target - on_ports)
-        else:
-            breaks = sorted(on_ports)
-            makes = sorted(target)
-        if not breaks and not makes:
+        diff = minimal_diff(sid, device.cross_connects, target, ports, mode)
+        if diff.empty:
             return ApplyResult()
+        breaks, makes = list(diff.breaks), list(diff.makes)
         limit = device.capabilities.max_batch
         if limit is None or len(breaks) + len(makes) <= limit:
             return await device.apply_bulk(breaks, makes)

@@ -2,8 +2,9 @@
 
 One ordered worker per switch (an asyncio task reading a queue), switches in parallel. A request
 says: on these ``ports`` of this switch, the cross-connects must be exactly ``target``. The
-worker diffs it against its last confirmed view of the switch, breaks only what must change,
-then makes (one bulk ``Driver.apply``), reads back where the device allows it, retries
+worker diffs it against its last confirmed view of the switch
+(``lightrail.drivers.base.minimal_diff``: break only what must change, then make; one bulk
+``Driver.apply``), reads back where the device allows it, retries
 retryable driver errors with bounded exponential backoff, and records the reconfiguration in
 ``lightrail.controller.runtime.metrics`` and through ``on_reconfigured``. A request whose ports
 already hold the
@@ -37,6 +38,7 @@ from lightrail.drivers.base import (
     PartialApply,
     SwitchCapabilities,
     VerificationMismatch,
+    minimal_diff,
 )
 
 _log = structlog.get_logger(__name__)
@@ -474,8 +476,9 @@ class Reconciler:
                     _check_request(worker.switch_id, worker.caps, ports, target)
                 if not worker.satisfied(ports, target):
                     current = worker.on_ports(ports)
-                    removed |= current - target
-                    added |= target - current
+                    diff = minimal_diff(worker.switch_id, current, target, ports)
+                    removed |= frozenset(diff.breaks)
+                    added |= frozenset(diff.makes)
                     if started_s is None:
                         started_s = self._clock()
                     await self._apply(worker, ports, target)

@@ -23,7 +23,7 @@ scripts for Polatis RESTCONF (port 8008, root ``/api``, the JSON shapes above, `
 holds the JSON shapes and the HTTP -> error mapping.
 
 ``apply`` reads the cross-connects and their entity tag, computes the minimal diff restricted to
-``ports`` exactly as ``lightrail.emulator.driver`` does (cross-connects outside ``ports`` are never
+``ports`` (``lightrail.drivers.base.minimal_diff``) (cross-connects outside ``ports`` are never
 touched), issues one ``DELETE`` per break, then the makes in one ``PATCH`` (chunks of
 ``max_batch`` when the device has one), every write with ``If-Match`` of the tag the previous
 answer carried. On 412 (someone else changed the cross-connects) it reads again, recomputes and
@@ -106,7 +106,7 @@ from lightrail.drivers.base import (
     SwitchSpec,
     VerificationMismatch,
     check_apply_request,
-    cross_connects_on_ports,
+    minimal_diff,
 )
 from lightrail.drivers.options import DriverConfigError, DriverContext, DriverOptions
 from lightrail.drivers.restconf.wire import (
@@ -511,11 +511,6 @@ class RestconfDriver:
 
     # --- apply ---------------------------------------------------------------------------------
 
-    def _on_ports(
-        self, state: frozenset[CrossConnect], ports: frozenset[int]
-    ) -> set[CrossConnect]:
-        return set(cross_connects_on_ports(self._switch_id, state, ports))
-
     async def apply(
         self,
         target: frozenset[CrossConnect],
@@ -536,22 +531,17 @@ class RestconfDriver:
         removed: list[CrossConnect] = []
         added: list[CrossConnect] = []
         wrote = False
-        breaks: list[CrossConnect] = []
-        makes: list[CrossConnect] = []
+        breaks: Sequence[CrossConnect] = ()
+        makes: Sequence[CrossConnect] = ()
         for attempt in (1, 2):
             state, etag = await self._read_cross_connects()
             # after a 412/404: count what the first attempt's writes did without an answer
             # (e.g. a DELETE that took effect, lost its answer and was re-sent)
             removed += [x for x in breaks if x not in state and x not in removed]
             added += [x for x in makes if x in state and x not in added]
-            on_ports = self._on_ports(state, ports)
-            if mode is ApplyMode.MINIMAL:
-                breaks = sorted(on_ports - target)
-                makes = sorted(target - on_ports)
-            else:
-                breaks = sorted(on_ports)
-                makes = sorted(target)
-            if not breaks and not makes:
+            diff = minimal_diff(self._switch_id, state, target, ports, mode)
+            breaks, makes = diff.breaks, diff.makes
+            if diff.empty:
                 break
             wrote = True
             try:

@@ -97,6 +97,7 @@ from lightrail.drivers.base import (
     SwitchSpec,
     VerificationMismatch,
     check_apply_request,
+    minimal_diff,
 )
 from lightrail.drivers.options import (
     DriverConfigError,
@@ -375,28 +376,12 @@ class SiphDriver:
         n = self._size
         states, paths = await self._read_paths()
         intended = lit_cross_connects(n, paths) - self._fillers
-        on_ports: set[CrossConnect] = set()
-        outside: set[CrossConnect] = set()
-        for xc in intended:
-            inside_in = xc.ingress in ports
-            inside_out = xc.egress in ports
-            if inside_in != inside_out:
-                other = xc.egress if inside_in else xc.ingress
-                raise InvalidPort(
-                    sid, other,
-                    f"cross-connect {xc.ingress}->{xc.egress} on the ports given also uses "
-                    f"port {other} outside them",
-                )
-            (on_ports if inside_in else outside).add(xc)
-        desired = frozenset(outside) | target
-        if mode is ApplyMode.MINIMAL:
-            removed = tuple(sorted(on_ports - target))
-            added = tuple(sorted(target - on_ports))
-            if not removed and not added:
-                return ApplyResult()
-        else:
-            removed = tuple(sorted(on_ports))
-            added = tuple(sorted(target))
+        diff = minimal_diff(sid, intended, target, ports, mode)
+        if mode is ApplyMode.MINIMAL and diff.empty:
+            return ApplyResult()
+        removed, added = diff.breaks, diff.makes
+        outside = intended - diff.unchanged - frozenset(removed)
+        desired = outside | target
         new_states, fillers = self._plan(desired, states, paths)
         new_paths = benes.trace(n, new_states)
         expected = lit_cross_connects(n, new_paths)

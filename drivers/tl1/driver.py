@@ -18,13 +18,13 @@ Commands used (canonical port ids are Polatis port numbers: ingress 1..N, egress
     RTRV-PORT-SHUTTER / OPR-PORT-SHUTTER / RLS-PORT-SHUTTER::<ports>:<ctag>:;
     RTRV-ALM-ALL::ALL:<ctag>:;  RTRV-NETYPE:::<ctag>:;  RTRV-EQPT::SYSTEM:<ctag>:::PARAMETER=SIZE;
 
-``apply`` reads back the patches on the given ports, computes the minimal diff (as
-``lightrail.emulator.driver``), then issues the breaks as DLT-PATCH (chunks of ``max_batch``,
-pipelined)
-and, only once every break is confirmed, the makes as ENT-PATCH (chunks sent one after the
-other), then reads back and raises ``VerificationMismatch`` unless the ports hold exactly the
-target. TL1 has no transaction spanning DLT and ENT: when the ENT is refused after the DLT took
-effect the driver reads back and raises ``PartialApply`` saying what changed.
+``apply`` reads back the patches on the given ports, computes the minimal diff
+(``lightrail.drivers.base.minimal_diff``), then issues the breaks as DLT-PATCH (chunks of
+``max_batch``, pipelined) and, only once every break is confirmed, the makes as ENT-PATCH
+(chunks sent one after the other), then reads back and raises ``VerificationMismatch`` unless
+the ports hold exactly the target. TL1 has no transaction spanning DLT and ENT: when the ENT
+is refused after the DLT took effect the driver reads back and raises ``PartialApply`` saying
+what changed.
 
 DENY error codes (Telcordia GR-833 names; Polatis usage where observed) map to errors
 (``lightrail.drivers.tl1.errors``; the session and its ctag matching are in
@@ -101,6 +101,7 @@ from lightrail.drivers.base import (
     VerificationMismatch,
     check_apply_request,
     cross_connects_on_ports,
+    minimal_diff,
 )
 from lightrail.drivers.options import DriverContext, DriverOptions
 from lightrail.drivers.timing import Clock, Sleep
@@ -375,15 +376,11 @@ class Tl1Driver:
         if not ports:
             return ApplyResult()
         async with self._apply_lock:
-            on_ports = self._on_ports(await self._read_patches(ports), ports)
-            if mode is ApplyMode.MINIMAL:
-                breaks = sorted(on_ports - target)
-                makes = sorted(target - on_ports)
-            else:
-                breaks = sorted(on_ports)
-                makes = sorted(target)
-            if not breaks and not makes:
+            current = await self._read_patches(ports)
+            diff = minimal_diff(self._switch_id, current, target, ports, mode)
+            if diff.empty:
                 return ApplyResult()
+            breaks, makes = list(diff.breaks), list(diff.makes)
             self._log.debug("tl1 apply", breaks=len(breaks), makes=len(makes))
             await self._break(breaks, makes, ports)
             added = await self._make(breaks, makes, ports)
