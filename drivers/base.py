@@ -117,11 +117,18 @@ class SwitchSpec:
 @dataclass(frozen=True, slots=True)
 class ApplyResult:
     """What one ``Driver.apply`` did. ``failed`` maps each cross-connect that could not be
-    made or broken to the reason the device gave."""
+    made or broken to the reason the device gave.
+
+    ``verified`` is True when the driver read the device back after its writes and found
+    exactly the target on every port it changed (else it raised ``VerificationMismatch``): the
+    caller may take ``removed``/``added`` as confirmed by the device without reading it again.
+    False when nothing was read back (nothing to do, verification switched off, or a device
+    without read-back)."""
 
     removed: tuple[CrossConnect, ...] = ()
     added: tuple[CrossConnect, ...] = ()
     failed: Mapping[CrossConnect, str] = field(default_factory=dict)
+    verified: bool = False
 
     @property
     def ok(self) -> bool:
@@ -276,11 +283,17 @@ class ProtocolError(DriverError):
 class Driver(Protocol):
     """An asynchronous switch driver. All methods raise ``DriverError`` subclasses only.
 
-    ``apply(target, ports, mode)``: make the cross-connects on ``ports`` equal ``target``
-    (every cross-connect in ``target`` must lie within ``ports``). Cross-connects on ports outside
-    ``ports`` are never touched: this is how jobs on disjoint ports stay independent.
-    Breaks are issued before makes. Returns what was removed and added; raises ``PartialApply``
-    when the device made only part of it.
+    ``apply(target, ports, mode, current=...)``: make the cross-connects on ``ports`` equal
+    ``target`` (every cross-connect in ``target`` must lie within ``ports``). Cross-connects on
+    ports outside ``ports`` are never touched: this is how jobs on disjoint ports stay
+    independent. The changes are ``minimal_diff`` of the state now and ``target``; breaks are
+    issued before makes. ``current``, when given, is the state the caller holds as confirmed
+    (e.g. the reconciler's view): the driver diffs against it instead of reading the device
+    first; a device that differs from it shows as a refused command or a read-back mismatch.
+    Where the device reads back, the driver reads back the ports it changed and raises
+    ``VerificationMismatch`` when they differ from ``target`` (``ApplyResult.verified``).
+    Returns what was removed and added; raises ``PartialApply`` when the device made only part
+    of it.
     """
 
     @property
@@ -299,6 +312,8 @@ class Driver(Protocol):
         target: frozenset[CrossConnect],
         ports: frozenset[int],
         mode: ApplyMode = ApplyMode.MINIMAL,
+        *,
+        current: frozenset[CrossConnect] | None = None,
     ) -> ApplyResult: ...
 
     async def set_port_admin(self, port: int, admin: PortAdmin) -> None: ...
@@ -428,3 +443,22 @@ def minimal_diff(
         breaks=tuple(sorted(on_ports)), makes=tuple(sorted(target)), unchanged=frozenset()
     )
 
+
+def check_read_back(
+    switch_id: str,
+    target: Iterable[CrossConnect],
+    ports: frozenset[int],
+    read: Iterable[CrossConnect],
+) -> None:
+    """Verify a read-back after an apply: the cross-connects in ``read`` that touch ``ports``
+    (usually ``CrossConnectDiff.changed_ports``) must be exactly those of ``target`` that touch
+    them. Raises ``VerificationMismatch`` naming the missing and the unexpected ones (one that
+    also uses a port outside ``ports`` counts as unexpected)."""
+
+    def touching(xcs: Iterable[CrossConnect]) -> frozenset[CrossConnect]:
+        return frozenset(xc for xc in xcs if xc.ingress in ports or xc.egress in ports)
+
+    expected = touching(target)
+    actual = touching(read)
+    if actual != expected:
+        raise VerificationMismatch(switch_id, expected - actual, actual - expected)

@@ -86,14 +86,18 @@ class EmulatedDriver:
         target: frozenset[CrossConnect],
         ports: frozenset[int],
         mode: ApplyMode = ApplyMode.MINIMAL,
+        *,
+        current: frozenset[CrossConnect] | None = None,
     ) -> ApplyResult:
         """Make the cross-connects on ``ports`` equal ``target`` in one bulk command (breaks,
         then makes, then one settle); cross-connects on other ports are left alone.
 
-        The changes are ``lightrail.drivers.base.minimal_diff`` of the device's state (taken
-        without a device command) and ``target``. Nothing to do returns an empty
-        ``ApplyResult`` without a device command. When the device has ``max_batch``, breaks
-        then makes go out in chunks of at most that size, each with its own settle.
+        The changes are ``minimal_diff`` of ``current`` (the caller's confirmed state; default:
+        the device's state, taken without a device command) and ``target``. Nothing to do
+        returns an empty ``ApplyResult`` without a device command. When the device has
+        ``max_batch``, breaks then makes go out in chunks of at most that size, each with its
+        own settle. The result is what the device acknowledged, not read back (not
+        ``verified``: a caller that must confirm reads the device back, one command in-process).
 
         Raises ``InvalidPort`` (a port the switch lacks, a target cross-connect using a port
         outside ``ports``, a cross-connect on ``ports`` that also uses a port outside them: it
@@ -104,7 +108,8 @@ class EmulatedDriver:
         device = self._dev()
         sid = self._switch_id
         check_apply_request(sid, device.capabilities, target, ports)
-        diff = minimal_diff(sid, device.cross_connects, target, ports, mode)
+        state = device.cross_connects if current is None else current
+        diff = minimal_diff(sid, state, target, ports, mode)
         if diff.empty:
             return ApplyResult()
         breaks, makes = list(diff.breaks), list(diff.makes)

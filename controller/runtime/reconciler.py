@@ -3,16 +3,19 @@
 One ordered worker per switch (an asyncio task reading a queue), switches in parallel. A request
 says: on these ``ports`` of this switch, the cross-connects must be exactly ``target``. The
 worker diffs it against its last confirmed view of the switch
-(``lightrail.drivers.base.minimal_diff``: break only what must change, then make; one bulk
-``Driver.apply``), reads back where the device allows it, retries
-retryable driver errors with bounded exponential backoff, and records the reconfiguration in
+(``lightrail.drivers.base.minimal_diff``: break only what must change, then make) and hands the
+driver that view (one bulk ``Driver.apply(..., current=view)``): the driver applies and reads
+back the ports it changed, so one reconciliation costs the writes plus one read. A verified
+result updates the view; a driver that did not verify is followed by a read-back of the whole
+switch where the device allows it. Retryable driver errors are retried with bounded
+exponential backoff, and the reconfiguration is recorded in
 ``lightrail.controller.runtime.metrics`` and through ``on_reconfigured``. A request whose ports
-already hold the
-target is answered at once, without a device command (no-op).
+already hold the target is answered at once, without a device command (no-op).
 
 The view of a switch comes from the switch (the switches hold the truth): it is read back on the
-first request or ``read_back``/``read_back_all`` (startup, takeover), after any driver error,
-and after ``invalidate`` (e.g. when an alarm says the device rebooted).
+first request or ``read_back``/``read_back_all`` (startup, takeover), after any driver error
+(a conflict or invalid port met while trusting the view is tried once more after that
+read-back), and after ``invalidate`` (e.g. when an alarm says the device rebooted).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from lightrail.drivers.base import (
     ApplyMode,
     ApplyResult,
     CrossConnect,
+    CrossConnectConflict,
     Driver,
     DriverError,
     InvalidPort,
@@ -225,6 +229,16 @@ def _check_request(
             raise InvalidPort(switch_id, low, "no such port")
         if high >= valid.stop:
             raise InvalidPort(switch_id, high, "no such port")
+
+
+def _worth_retrying(error: DriverError, held: bool) -> bool:
+    """Whether a failed attempt is tried again (within ``RetryPolicy.max_attempts``): a
+    retryable error, or a conflict or invalid port met while diffing against the view held
+    rather than a fresh read (the view may be wrong, e.g. a cross-connect made behind the
+    controller's back; the next attempt reads the switch back first, so this happens once)."""
+    if error.retryable:
+        return True
+    return held and isinstance(error, CrossConnectConflict | InvalidPort)
 
 
 class Reconciler:
@@ -470,6 +484,7 @@ class Reconciler:
         started_s: float | None = None
         failures = 0
         while True:
+            held = not worker.stale  # diffing against the view held, not a fresh read
             try:
                 if worker.stale:
                     await self._read_back(worker)
@@ -481,13 +496,13 @@ class Reconciler:
                     added |= frozenset(diff.makes)
                     if started_s is None:
                         started_s = self._clock()
-                    await self._apply(worker, ports, target)
+                    await self._apply(worker, ports, target, current)
                 break
             except DriverError as e:
                 worker.stale = True
                 failures += 1
                 metrics.DEVICE_ERRORS.labels(worker.switch_id, type(e).__name__).inc()
-                if not e.retryable or failures >= self._retry.max_attempts:
+                if not _worth_retrying(e, held) or failures >= self._retry.max_attempts:
                     worker.log.error(
                         "reconfiguration failed", error=str(e), attempts=failures
                     )
@@ -514,29 +529,38 @@ class Reconciler:
         return ReconcileOutcome(removed, added, device_s, False)
 
     async def _apply(
-        self, worker: _Worker, ports: frozenset[int], target: frozenset[CrossConnect]
+        self,
+        worker: _Worker,
+        ports: frozenset[int],
+        target: frozenset[CrossConnect],
+        current: frozenset[CrossConnect],
     ) -> None:
-        """One attempt: apply, count what changed on the device, then confirm (read back where
-        the device allows it, else trust the result). Raises ``VerificationMismatch``, and
-        ``NotLeader`` without touching the device once ``may_command`` says no (fenced)."""
+        """One attempt: apply against ``current`` (the view on ``ports``), count what changed
+        on the device, then confirm. A ``verified`` result is the device's confirmation of the
+        ports changed and updates the view without another read; else the whole switch is
+        read back where the device allows it, or the result is trusted where it does not.
+        Raises ``VerificationMismatch``, and ``NotLeader`` without touching the device once
+        ``may_command`` says no (fenced)."""
         if not self._may_command():
             raise NotLeader(worker.switch_id, "this controller lost its leader lease: no device "
                                               "commands")
         try:
-            result = await worker.driver.apply(target, ports, ApplyMode.MINIMAL)
+            result = await worker.driver.apply(target, ports, ApplyMode.MINIMAL, current=current)
         except PartialApply as e:
             self._count(worker, e.result)
             raise
         self._count(worker, result)
         caps = worker.caps
-        if caps is not None and caps.readback:
-            await self._read_back(worker)
-            if not worker.satisfied(ports, target):
-                actual = worker.on_ports(ports)
-                raise VerificationMismatch(worker.switch_id, target - actual, actual - target)
-        else:
+        if result.verified or caps is None or not caps.readback:
             view = (worker.view - frozenset(result.removed)) | frozenset(result.added)
             worker.set_view(view)
+            if worker.satisfied(ports, target) or not result.verified:
+                return
+            worker.log.warning("verified apply does not add up to the target; reading back")
+        await self._read_back(worker)
+        if not worker.satisfied(ports, target):
+            actual = worker.on_ports(ports)
+            raise VerificationMismatch(worker.switch_id, target - actual, actual - target)
 
     @staticmethod
     def _count(worker: _Worker, result: ApplyResult) -> None:

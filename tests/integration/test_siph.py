@@ -170,7 +170,7 @@ async def test_is_a_driver_and_identifies_the_device(driver: SiphDriver) -> None
 async def test_apply_and_read_back(driver: SiphDriver, server: MziMeshServer) -> None:
     target = frozenset({xc(1, 10), xc(2, 9)})
     result = await driver.apply(target, ALL)
-    assert result == ApplyResult(removed=(), added=(xc(1, 10), xc(2, 9)))
+    assert result == ApplyResult(removed=(), added=(xc(1, 10), xc(2, 9)), verified=True)
     assert await driver.get_cross_connects() == target
     assert server.cross_connects == target  # the unused inputs are dark
     assert vector_writes(server) == 1
@@ -227,7 +227,7 @@ async def test_partial_permutations_keep_other_ports(driver: SiphDriver) -> None
     assert set(result.removed) == job_b and set(result.added) == changed
     assert await driver.get_cross_connects() == job_a | changed
     assert await driver.apply(frozenset(), ports_b) == ApplyResult(
-        removed=tuple(sorted(changed)), added=()
+        removed=tuple(sorted(changed)), added=(), verified=True
     )
     assert await driver.get_cross_connects() == job_a
 

@@ -1,4 +1,5 @@
-"""The one minimal-diff rule every driver and the reconciler use (``drivers.base.minimal_diff``)."""
+"""The one minimal-diff rule every driver and the reconciler use (``drivers.base.minimal_diff``)
+and the read-back check after an apply (``drivers.base.check_read_back``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from lightrail.drivers.base import (
     CrossConnect,
     CrossConnectDiff,
     InvalidPort,
+    VerificationMismatch,
+    check_read_back,
     minimal_diff,
 )
 
@@ -65,3 +68,13 @@ def test_a_cross_connect_straddling_the_ports_is_an_invalid_port() -> None:
         minimal_diff("s", current, frozenset(), PORTS)
     assert info.value.port == 12
 
+
+def test_read_back_checks_only_the_ports_given() -> None:
+    target = frozenset({xc(1, 10), xc(3, 11)})
+    changed = frozenset({1, 10})
+    # 3->11 is missing, but its ports were not changed: not this check's business
+    check_read_back("s", target, changed, {xc(1, 10), OTHER})
+    with pytest.raises(VerificationMismatch) as info:
+        check_read_back("s", target, changed, {xc(1, 9), OTHER})
+    assert info.value.missing == (xc(1, 10),)
+    assert info.value.unexpected == (xc(1, 9),)  # uses port 1 and port 9 outside the check

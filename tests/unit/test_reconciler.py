@@ -256,6 +256,50 @@ async def test_partial_apply_is_retried_with_the_remainder() -> None:
     assert sample("lightrail_device_errors_total", switch=sid, error="PartialApply") == 1
 
 
+async def test_one_reconcile_is_one_apply_and_one_read_back() -> None:
+    sid = unique("ocs")
+    w = World(ManualTime(), {sid: NXN40}, {sid: frozenset({xc(1, 41), xc(2, 42), xc(9, 49)})})
+    ports = frozenset({1, 2, 41, 42})
+    async with running(await w.reconciler()) as rec:
+        await rec.read_back(sid)
+        commands = w.ocs(sid).command_count
+        outcome = await rec.reconcile(sid, ports, frozenset({xc(1, 42), xc(2, 41)}))
+        assert outcome.removed == {xc(1, 41), xc(2, 42)}
+        assert w.ocs(sid).command_count == commands + 2  # one bulk apply, one read-back
+        assert rec.confirmed(sid) == {xc(1, 42), xc(2, 41), xc(9, 49)}
+        assert not rec.needs_read_back(sid)
+
+
+async def test_cross_connect_made_behind_the_controllers_back_is_read_back_and_broken() -> None:
+    sid = unique("ocs")
+    t = ManualTime()
+    w = World(t, {sid: NXN40})
+    async with running(await w.reconciler()) as rec:
+        await rec.read_back(sid)
+        await w.ocs(sid).apply_bulk((), [xc(2, 41)])  # not through the reconciler: its view
+        # still shows port 41 free, so the make is refused; the retry reads the switch first
+        outcome = await rec.reconcile(sid, frozenset({1, 2, 41}), frozenset({xc(1, 41)}))
+        assert outcome.removed == {xc(2, 41)} and outcome.added == {xc(1, 41)}
+        assert t.backoffs == [0.05]
+        assert w.ocs(sid).cross_connects == {xc(1, 41)}
+        assert rec.confirmed(sid) == {xc(1, 41)}
+
+
+async def test_invalidated_view_is_read_back_before_the_diff() -> None:
+    sid = unique("ocs")
+    w = World(ManualTime(), {sid: NXN40})
+    ports, target = frozenset({1, 41}), frozenset({xc(1, 41)})
+    async with running(await w.reconciler()) as rec:
+        await rec.reconcile(sid, ports, target)
+        await w.ocs(sid).reboot(keep_cross_connects=False)  # the device lost 1->41
+        rec.invalidate(sid)  # what an alarm does (PhaseService.watch_alarms)
+        commands = w.ocs(sid).command_count
+        outcome = await rec.reconcile(sid, ports, target)
+        assert not outcome.noop and outcome.added == target  # made again, not a no-op
+        assert w.ocs(sid).command_count == commands + 3  # read-back, apply, read-back
+        assert w.ocs(sid).cross_connects == target
+
+
 async def test_non_retryable_error_propagates_without_retry() -> None:
     sid = unique("ocs")
     t = ManualTime()
