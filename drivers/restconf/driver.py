@@ -22,19 +22,15 @@ scripts for Polatis RESTCONF (port 8008, root ``/api``, the JSON shapes above, `
 ``lightrail.drivers.restconf.wire``
 holds the JSON shapes and the HTTP -> error mapping.
 
-``apply`` computes the minimal diff restricted to ``ports``
-(``lightrail.drivers.base.minimal_diff``; cross-connects outside ``ports`` are never touched)
-against the caller's confirmed state and the entity tag of the driver's last answer about the
-cross-connects when it has both, else against a read of the cross-connects and their tag
-(the caller's state must come from this driver's answers: a reconciler's view); it issues
-one ``DELETE`` per break, then the makes in one ``PATCH`` (chunks of ``max_batch`` when the
-device has one), every write with ``If-Match`` of the tag the previous answer carried. On 412
-(someone else changed the cross-connects since that tag) it reads again, recomputes and
-retries once. After a write fails it reads back to learn what took effect: all of it ->
-success (the answer was lost); none of it -> the mapped error; part of it -> ``PartialApply``
-whose result says what was and was not done (per pair reasons from RESTCONF ``error-path``).
-A successful apply is verified by one read-back, checked on the ports it changed
-(``VerificationMismatch``), unless ``verify`` is off.
+``apply`` reads the cross-connects and their entity tag, computes the minimal diff restricted to
+``ports`` (``lightrail.drivers.base.minimal_diff``) (cross-connects outside ``ports`` are never
+touched), issues one ``DELETE`` per break, then the makes in one ``PATCH`` (chunks of
+``max_batch`` when the device has one), every write with ``If-Match`` of the tag the previous
+answer carried. On 412 (someone else changed the cross-connects) it reads again, recomputes and
+retries once. After a write fails it reads back to learn what took effect: all of it -> success
+(the answer was lost); none of it -> the mapped error; part of it -> ``PartialApply`` whose
+result says what was and was not done (per pair reasons from RESTCONF ``error-path``). A
+successful apply is verified by a read-back (``VerificationMismatch``) unless ``verify`` is off.
 aiohttp itself re-sends an idempotent request (GET, DELETE) once when the connection drops
 before the answer (RFC 9112 section 9.3.1); a re-sent DELETE whose first copy took effect gets
 412 (stale tag) or 404 (pair gone), both handled as "re-read, account, retry".
@@ -67,8 +63,8 @@ NOTIF_PORT_POWER_WARN -> MINOR, others -> WARNING. Port and condition come from 
 the port is searched as ``port <n>`` and the condition is the alarm type. ``at_s`` is the alarm
 time in seconds since the Unix epoch. Poll failures are logged and polling goes on.
 
-Options (``switches[<id>].options``, ``RestconfOptions``; unknown keys are rejected): ``host``
-(required), ``port`` (8008),
+Options (``switches[<id>].options``, ``lightrail.drivers.restconf.options.RestconfOptions``;
+unknown keys are rejected): ``host`` (required), ``port`` (8008),
 ``scheme`` (http|https), ``root`` (/api), ``username``/``password`` or ``username_env``/
 ``password_env`` (names of environment variables; credentials are never logged),
 ``timeout_s`` (10), ``alarm_poll_interval_s`` (1), ``los_threshold_dbm`` (-30: a port with less
@@ -77,19 +73,14 @@ power is oper DOWN), ``verify`` (true).
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from dataclasses import dataclass
 
 import aiohttp
 import structlog
-from pydantic import Field, SecretStr, field_validator
 
 from lightrail.drivers.base import (
-    AlarmSeverity,
     ApplyMode,
     ApplyResult,
     CrossConnect,
@@ -108,11 +99,17 @@ from lightrail.drivers.base import (
     ProtocolError,
     SwitchCapabilities,
     SwitchSpec,
+    VerificationMismatch,
     check_apply_request,
-    check_read_back,
     minimal_diff,
 )
-from lightrail.drivers.options import DriverConfigError, DriverContext, DriverOptions
+from lightrail.drivers.options import DriverContext
+from lightrail.drivers.restconf.alarms import AlarmFeed
+from lightrail.drivers.restconf.options import (
+    RestconfCredentials,
+    RestconfOptions,
+    resolve_credentials,
+)
 from lightrail.drivers.restconf.wire import (
     PAIR_PATH,
     XC_CONTAINER,
@@ -129,19 +126,8 @@ from lightrail.drivers.restconf.wire import (
 
 MEDIA_TYPE = "application/yang-data+json"
 """RESTCONF JSON media type (RFC 8040 section 11.3.2)."""
-DEFAULT_PORT = 8008
-"""TCP port of the Polatis RESTCONF server."""
-DEFAULT_ROOT = "/api"
-"""RESTCONF root resource on Polatis switches."""
-DEFAULT_TIMEOUT_S = 10.0
-"""Deadline of one HTTP exchange, in seconds."""
-DEFAULT_ALARM_POLL_INTERVAL_S = 1.0
-"""Interval between two reads of ``system-alarms`` by ``events()``, in seconds."""
-DEFAULT_LOS_THRESHOLD_DBM = -30.0
-"""Below this optical power (dBm) an enabled port is reported oper DOWN (loss of signal)."""
 
 _XC = XC_CONTAINER
-_ALARM_QUEUE_SIZE = 1024
 _log = structlog.get_logger(__name__)
 
 
@@ -150,77 +136,6 @@ class ConcurrentModification(DriverError):
     re-read and retry): another client is writing to the switch."""
 
     retryable = True
-
-
-# --- settings ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class RestconfCredentials:
-    """HTTP Basic credentials; the password never appears in ``repr``."""
-
-    username: str
-    password: str = field(repr=False)
-
-
-class RestconfOptions(DriverOptions):
-    """Where and how to reach one switch, from ``switches[<id>].options`` (see the module
-    docstring); unknown keys are rejected (``DriverOptions``). Exactly one of
-    ``username``/``username_env`` and one of ``password``/``password_env`` is given; the
-    ``*_env`` variables are read when the driver is built (``make_driver``)."""
-
-    credentials: ClassVar[tuple[str, ...]] = ("username", "password")
-
-    host: str = Field(min_length=1)
-    port: int = Field(default=DEFAULT_PORT, ge=1, le=65535)
-    scheme: Literal["http", "https"] = "http"
-    root: str = Field(default=DEFAULT_ROOT, min_length=1)
-    username: str | None = Field(default=None, min_length=1)
-    username_env: str | None = Field(default=None, min_length=1)
-    password: SecretStr | None = Field(default=None, min_length=1)
-    password_env: str | None = Field(default=None, min_length=1)
-    timeout_s: float = Field(default=DEFAULT_TIMEOUT_S, gt=0)
-    alarm_poll_interval_s: float = Field(default=DEFAULT_ALARM_POLL_INTERVAL_S, gt=0)
-    los_threshold_dbm: float = DEFAULT_LOS_THRESHOLD_DBM
-    verify: bool = True
-
-    @field_validator("root")
-    @classmethod
-    def _root_is_absolute(cls, value: str) -> str:
-        if not value.startswith("/"):
-            raise ValueError("must start with '/'")
-        return value
-
-    @property
-    def base_url(self) -> str:
-        """``scheme://host:port/root`` without a trailing slash."""
-        return f"{self.scheme}://{self.host}:{self.port}{self.root.rstrip('/')}"
-
-
-def resolve_credentials(
-    spec: SwitchSpec, options: RestconfOptions, environ: Mapping[str, str] | None = None
-) -> RestconfCredentials:
-    """The Basic-auth credentials ``options`` give, ``*_env`` variables read now from
-    ``environ`` (default ``os.environ``). Raises ``DriverConfigError`` naming the option when a
-    variable is unset or empty, or the username contains ``:`` (RFC 7617); the message never
-    contains a credential."""
-    values: dict[str, str] = {}
-    for name in RestconfOptions.credentials:
-        value = options.credential(name, environ)
-        if value is None:
-            variable = options.credential_variable(name)
-            raise DriverConfigError(
-                spec.switch_id, spec.model,
-                f"environment variable {variable!r} is not set or empty", option=f"{name}_env",
-            )
-        values[name] = value
-    if ":" in values["username"]:
-        option = "username" if options.credential_variable("username") is None else "username_env"
-        raise DriverConfigError(
-            spec.switch_id, spec.model, "the username must not contain ':' (RFC 7617 Basic auth)",
-            option=option,
-        )
-    return RestconfCredentials(values["username"], values["password"])
 
 
 # --- wire helpers --------------------------------------------------------------------------------
@@ -275,8 +190,7 @@ class RestconfDriver:
         self._settings = settings
         self._credentials = credentials
         self._session: aiohttp.ClientSession | None = None
-        self._xc_etag: str | None = None  # of the last answer about the cross-connects
-        self._feeds: list[_AlarmFeed] = []
+        self._feeds: list[AlarmFeed] = []
         self._log = _log.bind(switch=switch_id, url=settings.base_url)
 
     def __repr__(self) -> str:
@@ -320,7 +234,6 @@ class RestconfDriver:
         for feed in feeds:
             await feed.aclose()
         session, self._session = self._session, None
-        self._xc_etag = None
         if session is not None:
             await session.close()
 
@@ -416,11 +329,9 @@ class RestconfDriver:
         path = f"data/{_XC}"
         doc, etag = await self._get(path)
         try:
-            xcs = parse_cross_connects(doc)
+            return parse_cross_connects(doc), etag
         except ValueError as e:
             raise self._protocol(f"GET {path}", e) from e
-        self._xc_etag = etag
-        return xcs, etag
 
     async def get_cross_connects(self) -> frozenset[CrossConnect]:
         """Read back every cross-connect on the switch. Raises ``DeviceUnreachable``,
@@ -513,7 +424,7 @@ class RestconfDriver:
         ``DeviceUnreachable`` when not open."""
         if self._session is None:
             raise DeviceUnreachable(self._switch_id, "driver is not open")
-        feed = _AlarmFeed(self, self._settings.alarm_poll_interval_s)
+        feed = AlarmFeed(self._switch_id, self._read_alarms, self._settings.alarm_poll_interval_s)
         self._feeds.append(feed)
         return feed
 
@@ -524,15 +435,10 @@ class RestconfDriver:
         target: frozenset[CrossConnect],
         ports: frozenset[int],
         mode: ApplyMode = ApplyMode.MINIMAL,
-        *,
-        current: frozenset[CrossConnect] | None = None,
     ) -> ApplyResult:
         """Make the cross-connects on ``ports`` equal ``target`` (module docstring): breaks
-        (one DELETE each), then makes (one PATCH, or chunks of ``max_batch``), then a read-back
-        of the ports changed (``verified``). With ``current`` (the caller's confirmed state) and
-        a known entity tag the writes go out without a read first; a device that changed since
-        answers 412 and the driver reads, recomputes and retries once. Nothing to do issues no
-        write.
+        (one DELETE each), then makes (one PATCH, or chunks of ``max_batch``), then a read-back.
+        Nothing to do issues no write.
 
         Raises ``InvalidPort`` (unknown port, target leaving ``ports``, a cross-connect
         straddling ``ports``), ``CrossConnectConflict`` (``target`` not a partial permutation,
@@ -547,16 +453,11 @@ class RestconfDriver:
         breaks: Sequence[CrossConnect] = ()
         makes: Sequence[CrossConnect] = ()
         for attempt in (1, 2):
-            state: frozenset[CrossConnect]
-            etag: str | None
-            if attempt == 1 and current is not None and self._xc_etag is not None:
-                state, etag = current, self._xc_etag
-            else:
-                state, etag = await self._read_cross_connects()
-                # after a 412/404: count what the first attempt's writes did without an answer
-                # (e.g. a DELETE that took effect, lost its answer and was re-sent)
-                removed += [x for x in breaks if x not in state and x not in removed]
-                added += [x for x in makes if x in state and x not in added]
+            state, etag = await self._read_cross_connects()
+            # after a 412/404: count what the first attempt's writes did without an answer
+            # (e.g. a DELETE that took effect, lost its answer and was re-sent)
+            removed += [x for x in breaks if x not in state and x not in removed]
+            added += [x for x in makes if x in state and x not in added]
             diff = minimal_diff(self._switch_id, state, target, ports, mode)
             breaks, makes = diff.breaks, diff.makes
             if diff.empty:
@@ -580,13 +481,11 @@ class RestconfDriver:
             break
         if not wrote:
             return ApplyResult()
+        result = ApplyResult(tuple(removed), tuple(added))
         self._log.info("applied", removed=len(removed), added=len(added))
-        if not self._settings.verify:
-            return ApplyResult(tuple(removed), tuple(added))
-        changed = frozenset(p for xc in removed + added for p in xc.ports())
-        state, _ = await self._read_cross_connects()
-        check_read_back(self._switch_id, target, changed, state)
-        return ApplyResult(tuple(removed), tuple(added), verified=True)
+        if self._settings.verify:
+            await self._verify(target, ports)
+        return result
 
     async def _write(
         self,
@@ -598,7 +497,6 @@ class RestconfDriver:
     ) -> None:
         """Breaks then makes, chaining entity tags; appends what the device acknowledged.
         Raises ``_Stale``, ``_WriteFailed`` or transport ``DriverError``s."""
-        self._xc_etag = None  # unknown until an answer carries the next one
         for xc in breaks:
             path = f"data/{_XC}/pair={xc.ingress}"
             reply = await self._send("DELETE", path, if_match=etag)
@@ -607,7 +505,7 @@ class RestconfDriver:
             if not reply.ok:
                 raise self._write_failed(reply, f"DELETE {path}")
             removed.append(xc)
-            etag = self._xc_etag = reply.etag
+            etag = reply.etag
         limit = self._caps.max_batch or max(len(makes), 1)
         for i in range(0, len(makes), limit):
             chunk = makes[i : i + limit]
@@ -619,7 +517,7 @@ class RestconfDriver:
             if not reply.ok:
                 raise self._write_failed(reply, f"PATCH {path}")
             added.extend(chunk)
-            etag = self._xc_etag = reply.etag
+            etag = reply.etag
 
     def _write_failed(self, reply: _Reply, what: str) -> _WriteFailed:
         errors = parse_errors(reply.body)
@@ -695,90 +593,11 @@ class RestconfDriver:
                     return CrossConnectConflict(self._switch_id, make, existing)
         return error
 
-
-# --- alarms --------------------------------------------------------------------------------------
-
-
-class _AlarmFeed(AsyncIterator[DeviceAlarm]):
-    """One ``events()`` iterator: a task polls ``system-alarms`` and queues what is new.
-
-    Bounded queue: when a slow reader lets it fill up the oldest alarm is dropped (counted in
-    ``dropped``). An unexpected exception in the poller is raised to the reader (fail loud).
-    """
-
-    def __init__(self, driver: RestconfDriver, interval_s: float) -> None:
-        self._driver = driver
-        self._interval_s = interval_s
-        self._queue: asyncio.Queue[DeviceAlarm | BaseException | None] = asyncio.Queue(
-            _ALARM_QUEUE_SIZE
-        )
-        self._closed = False
-        self.dropped = 0
-        self._log = _log.bind(switch=driver.switch_id)
-        self._task = asyncio.get_running_loop().create_task(
-            self._poll(), name=f"restconf-alarms-{driver.switch_id}"
-        )
-
-    def __aiter__(self) -> _AlarmFeed:
-        return self
-
-    async def __anext__(self) -> DeviceAlarm:
-        if self._closed and self._queue.empty():
-            raise StopAsyncIteration
-        item = await self._queue.get()
-        if item is None:
-            self._queue.put_nowait(None)
-            raise StopAsyncIteration
-        if isinstance(item, BaseException):
-            raise item
-        return item
-
-    def _offer(self, item: DeviceAlarm | BaseException | None) -> None:
-        if self._queue.full():
-            self._queue.get_nowait()
-            self.dropped += 1
-        self._queue.put_nowait(item)
-
-    async def _poll(self) -> None:
-        active: dict[tuple[float, str, int | None, str], DeviceAlarm] = {}
-        failing = False
-        try:
-            while True:
-                try:
-                    alarms = await self._driver._read_alarms()
-                except DriverError as e:
-                    if not failing:
-                        self._log.warning("alarm poll failed; still polling", error=str(e))
-                    failing = True
-                else:
-                    if failing:
-                        self._log.info("alarm poll recovered")
-                    failing = False
-                    now = {(a.at_s, a.condition, a.port, a.description): a for a in alarms}
-                    for key, alarm in now.items():
-                        if key not in active:
-                            self._offer(alarm)
-                    for key, alarm in active.items():
-                        if key not in now:
-                            self._offer(DeviceAlarm(
-                                alarm.switch_id, alarm.port, alarm.condition,
-                                AlarmSeverity.CLEARED, time.time(), alarm.description,
-                            ))
-                    active = now
-                await asyncio.sleep(self._interval_s)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # a bug: hand it to the reader
-            self._offer(e)
-
-    async def aclose(self) -> None:
-        """Stop polling; a pending ``__anext__`` ends with ``StopAsyncIteration``."""
-        if self._closed:
-            return
-        self._closed = True
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
-        self._offer(None)
+    async def _verify(self, target: frozenset[CrossConnect], ports: frozenset[int]) -> None:
+        state, _ = await self._read_cross_connects()
+        actual = {x for x in state if x.ingress in ports or x.egress in ports}
+        if actual != target:
+            raise VerificationMismatch(self._switch_id, target - actual, actual - target)
 
 
 def make_driver(spec: SwitchSpec, context: DriverContext) -> Driver:

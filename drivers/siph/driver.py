@@ -68,11 +68,8 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Self
 
 import structlog
-from pydantic import Field, model_validator
 
 from lightrail.drivers.base import (
     AlarmSeverity,
@@ -99,21 +96,11 @@ from lightrail.drivers.base import (
     check_apply_request,
     minimal_diff,
 )
-from lightrail.drivers.options import (
-    DriverConfigError,
-    DriverContext,
-    DriverOptions,
-    option_error,
-)
+from lightrail.drivers.options import DriverConfigError, DriverContext
 from lightrail.drivers.siph import benes
 from lightrail.drivers.siph.benes import BenesNetwork, ElementState
-from lightrail.drivers.siph.calibration import (
-    DEFAULT_TOLERANCE_V,
-    DEFAULT_V_BAR,
-    DEFAULT_V_CROSS,
-    CalibrationTable,
-    load_calibration_file,
-)
+from lightrail.drivers.siph.calibration import CalibrationTable
+from lightrail.drivers.siph.options import DEFAULT_TIMEOUT_S, SiphOptions
 from lightrail.drivers.siph.wire import (
     ERROR_RE,
     ERROR_TEXT,
@@ -129,8 +116,6 @@ from lightrail.drivers.timing import Sleep
 
 _log = structlog.get_logger(__name__)
 
-DEFAULT_TIMEOUT_S = 2.0
-"""Deadline of one request/reply exchange (seconds)."""
 # --- properties and errors ---------------------------------------------------------------------
 
 
@@ -347,13 +332,9 @@ class SiphDriver:
         target: frozenset[CrossConnect],
         ports: frozenset[int],
         mode: ApplyMode = ApplyMode.MINIMAL,
-        *,
-        current: frozenset[CrossConnect] | None = None,
     ) -> ApplyResult:
         """Make the cross-connects on ``ports`` equal ``target`` with one vector write
-        (module docstring: read, route, write, settle, read back; the result is
-        ``verified``). ``current`` is not used: routing needs the element states, so the
-        heaters are read (one ``vall?``) and the diff is taken against the state they show.
+        (module docstring: read, route, write, settle, read back).
 
         Cross-connects outside ``ports`` keep their ingress -> egress mapping but may be
         re-routed inside the mesh, dark for about one settle time (see ``last_rerouted``;
@@ -419,7 +400,7 @@ class SiphDriver:
             "applied", removed=len(removed), added=len(added), rerouted=len(rerouted),
             fillers=len(self._fillers),
         )
-        return ApplyResult(removed, added, verified=True)
+        return ApplyResult(removed, added)
 
     def _plan(
         self,
@@ -801,53 +782,9 @@ class SiphAlarmStream(AsyncIterator[DeviceAlarm]):
             self._driver._forget_stream(conn[1])
 
 
-# --- config ------------------------------------------------------------------------------------
-
-
-class SiphOptions(DriverOptions):
-    """Driver settings from ``switches[<id>].options``; unknown keys are rejected
-    (``DriverOptions``).
-
-    ``port`` (required) and ``host`` (default 127.0.0.1): the DAC's TCP address;
-    ``timeout_s``: deadline of one exchange; the calibration: ``calibration_file`` (JSON,
-    ``CalibrationTable.from_json``) or ``v_bar``/``v_cross``/``tolerance_v`` defaults with
-    inline ``calibration`` overrides (``CalibrationTable.parse``), not both;
-    ``reroute_outside_ports`` and ``darken_unused`` (module docstring).
-    """
-
-    host: str = Field(default="127.0.0.1", min_length=1)
-    port: int = Field(ge=1, le=65535)
-    timeout_s: float = Field(default=DEFAULT_TIMEOUT_S, gt=0)
-    v_bar: float = Field(default=DEFAULT_V_BAR, ge=0)
-    v_cross: float = Field(default=DEFAULT_V_CROSS, ge=0)
-    tolerance_v: float = Field(default=DEFAULT_TOLERANCE_V, gt=0)
-    calibration: str = ""
-    calibration_file: str | None = Field(default=None, min_length=1)
-    reroute_outside_ports: bool = True
-    darken_unused: bool = True
-
-    @model_validator(mode="after")
-    def _file_or_inline_calibration(self) -> Self:
-        if self.calibration_file is not None:
-            for other in ("calibration", "v_bar", "v_cross", "tolerance_v"):
-                if other in self.model_fields_set:
-                    raise option_error(other, "give it in calibration_file, not both")
-        return self
-
-    def calibration_table(self, size: int) -> CalibrationTable:
-        """The calibration of a ``size``-port mesh these options give. Raises ``ValueError``
-        naming the field, ``OSError`` when ``calibration_file`` cannot be read."""
-        if self.calibration_file is not None:
-            return load_calibration_file(size, Path(self.calibration_file))
-        return CalibrationTable.parse(
-            size, self.calibration, v_bar=self.v_bar, v_cross=self.v_cross,
-            tolerance_v=self.tolerance_v,
-        )
-
-
 def make_driver(spec: SwitchSpec, context: DriverContext) -> Driver:
     """The driver for ``spec`` (config ``model: siph``): an N x N switch, N a power of two in
-    2..64, with ``SiphOptions``. ``context`` is not used.
+    2..64, with ``lightrail.drivers.siph.options.SiphOptions``. ``context`` is not used.
 
     Raises ``lightrail.drivers.options.DriverConfigError`` naming the switch, the model and the
     option (or the switch's kind or size).

@@ -18,15 +18,13 @@ Commands used (canonical port ids are Polatis port numbers: ingress 1..N, egress
     RTRV-PORT-SHUTTER / OPR-PORT-SHUTTER / RLS-PORT-SHUTTER::<ports>:<ctag>:;
     RTRV-ALM-ALL::ALL:<ctag>:;  RTRV-NETYPE:::<ctag>:;  RTRV-EQPT::SYSTEM:<ctag>:::PARAMETER=SIZE;
 
-``apply`` computes the minimal diff (``lightrail.drivers.base.minimal_diff``) against the
-caller's confirmed state when it is given, else against the patches it reads back on the given
-ports (one RTRV-PATCH), then issues the breaks as DLT-PATCH (chunks of ``max_batch``,
-pipelined) and, only once every break is confirmed, the makes as ENT-PATCH (chunks sent one
-after the other), then reads back the ports it changed (one RTRV-PATCH) and raises
-``VerificationMismatch`` unless they hold exactly the target. One reconcile of 2 breaks and 2
-makes from the reconciler's view is therefore DLT, ENT, RTRV. TL1 has no transaction spanning
-DLT and ENT: when the ENT is refused after the DLT took effect the driver reads back the given
-ports and raises ``PartialApply`` saying what changed.
+``apply`` reads back the patches on the given ports, computes the minimal diff
+(``lightrail.drivers.base.minimal_diff``), then issues the breaks as DLT-PATCH (chunks of
+``max_batch``, pipelined) and, only once every break is confirmed, the makes as ENT-PATCH
+(chunks sent one after the other), then reads back and raises ``VerificationMismatch`` unless
+the ports hold exactly the target. TL1 has no transaction spanning DLT and ENT: when the ENT
+is refused after the DLT took effect the driver reads back and raises ``PartialApply`` saying
+what changed.
 
 DENY error codes (Telcordia GR-833 names; Polatis usage where observed) map to errors
 (``lightrail.drivers.tl1.errors``; the session and its ctag matching are in
@@ -52,7 +50,8 @@ Transport errors: connection refused, reset or closed -> ``DeviceUnreachable``; 
 connection is dropped; the next call reconnects). A read-only command that fails because the
 connection turned out to be dead before any reply started is retried once on a new connection.
 
-Options (``switches[<id>].options``, ``Tl1Options``; an unknown key is rejected): ``host``,
+Options (``switches[<id>].options``, ``lightrail.drivers.tl1.options.Tl1Options``; an
+unknown key is rejected): ``host``,
 ``port`` (required); ``username`` or ``username_env``,
 ``password`` or ``password_env`` (the name of an environment variable, read at each login;
 credentials are never logged); ``timeout_s`` (per command, plus the settle time for ENT-PATCH;
@@ -73,10 +72,8 @@ import re
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from types import MappingProxyType
-from typing import ClassVar
 
 import structlog
-from pydantic import Field, SecretStr, field_validator
 
 from lightrail.drivers.alarm_stream import AlarmStream
 from lightrail.drivers.base import (
@@ -100,13 +97,15 @@ from lightrail.drivers.base import (
     SwitchCapabilities,
     SwitchKind,
     SwitchSpec,
+    VerificationMismatch,
     check_apply_request,
-    check_read_back,
+    cross_connects_on_ports,
     minimal_diff,
 )
-from lightrail.drivers.options import DriverContext, DriverOptions
+from lightrail.drivers.options import DriverContext
 from lightrail.drivers.timing import Clock, Sleep
 from lightrail.drivers.tl1.errors import deny_error
+from lightrail.drivers.tl1.options import Tl1Options
 from lightrail.drivers.tl1.session import ConnectionLost, Tl1Session
 from lightrail.drivers.tl1.wire import (
     Tl1Autonomous,
@@ -134,36 +133,6 @@ _SEVERITY: Mapping[str, AlarmSeverity] = MappingProxyType(
         "CL": AlarmSeverity.CLEARED,
     }
 )
-
-
-# --- options -------------------------------------------------------------------------------------
-
-
-class Tl1Options(DriverOptions):
-    """Driver settings from ``switches[<id>].options`` (see the module docstring); unknown keys
-    are rejected (``DriverOptions``). Exactly one of ``username``/``username_env`` and one of
-    ``password``/``password_env`` is given; the ``*_env`` variables are read at each login."""
-
-    credentials: ClassVar[tuple[str, ...]] = ("username", "password")
-
-    host: str = Field(min_length=1)
-    port: int = Field(gt=0, lt=65536)
-    username: str | None = Field(default=None, min_length=1)
-    username_env: str | None = Field(default=None, min_length=1)
-    password: SecretStr | None = Field(default=None, min_length=1)
-    password_env: str | None = Field(default=None, min_length=1)
-    timeout_s: float = Field(default=5.0, gt=0)
-    connect_timeout_s: float = Field(default=3.0, gt=0)
-    reconnect_interval_s: float = Field(default=1.0, gt=0)
-    tid: str = ""
-    verify: bool = True
-    los_threshold_dbm: float = -30.0
-
-    @field_validator("port", mode="before")
-    @classmethod
-    def _port_digits(cls, value: object) -> object:
-        """A port may also be given as a string of digits (``"3082"``)."""
-        return int(value) if isinstance(value, str) and value.isdigit() else value
 
 
 # --- the driver ----------------------------------------------------------------------------------
@@ -361,14 +330,10 @@ class Tl1Driver:
         target: frozenset[CrossConnect],
         ports: frozenset[int],
         mode: ApplyMode = ApplyMode.MINIMAL,
-        *,
-        current: frozenset[CrossConnect] | None = None,
     ) -> ApplyResult:
-        """Make the cross-connects on ``ports`` equal ``target``: diff against ``current`` (the
-        caller's confirmed state) or, without it, against a read-back of ``ports``, DLT-PATCH
-        the breaks, ENT-PATCH the makes, read back the ports changed (``verify``; then the
-        result is ``verified``). Nothing to do returns an empty ``ApplyResult`` without a DLT
-        or ENT command.
+        """Make the cross-connects on ``ports`` equal ``target``: read back, DLT-PATCH the
+        breaks, ENT-PATCH the makes, read back again (``verify``). Nothing to do returns an empty
+        ``ApplyResult`` after the read-back, without a DLT or ENT command.
 
         Raises ``InvalidPort`` (a port the switch lacks, a target cross-connect leaving
         ``ports``, a cross-connect on ``ports`` that also uses a port outside them),
@@ -381,19 +346,19 @@ class Tl1Driver:
         if not ports:
             return ApplyResult()
         async with self._apply_lock:
-            state = await self._read_patches(ports) if current is None else current
-            diff = minimal_diff(self._switch_id, state, target, ports, mode)
+            current = await self._read_patches(ports)
+            diff = minimal_diff(self._switch_id, current, target, ports, mode)
             if diff.empty:
                 return ApplyResult()
             breaks, makes = list(diff.breaks), list(diff.makes)
             self._log.debug("tl1 apply", breaks=len(breaks), makes=len(makes))
             await self._break(breaks, makes, ports)
             added = await self._make(breaks, makes, ports)
-            if not (self._opts.verify and self._caps.readback):
-                return ApplyResult(tuple(breaks), tuple(added))
-            changed = diff.changed_ports()
-            check_read_back(self._switch_id, target, changed, await self._read_patches(changed))
-            return ApplyResult(tuple(breaks), tuple(added), verified=True)
+            if self._opts.verify and self._caps.readback:
+                actual = self._on_ports(await self._read_patches(ports), ports)
+                if actual != target:
+                    raise VerificationMismatch(self._switch_id, target - actual, actual - target)
+            return ApplyResult(tuple(breaks), tuple(added))
 
     def events(self) -> AsyncIterator[DeviceAlarm]:
         """Alarms (REPT ALM) from now on until ``close``; while a stream is open the driver
@@ -536,6 +501,11 @@ class Tl1Driver:
         except DriverError as e:
             self._log.warning("tl1 read-back after a failed command failed too", error=str(e))
             return None
+
+    def _on_ports(
+        self, xcs: Iterable[CrossConnect], ports: frozenset[int]
+    ) -> frozenset[CrossConnect]:
+        return cross_connects_on_ports(self._switch_id, xcs, ports)
 
     def _chunks(self, xcs: list[CrossConnect]) -> list[list[CrossConnect]]:
         limit = self._caps.max_batch
