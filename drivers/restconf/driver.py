@@ -22,15 +22,19 @@ scripts for Polatis RESTCONF (port 8008, root ``/api``, the JSON shapes above, `
 ``lightrail.drivers.restconf.wire``
 holds the JSON shapes and the HTTP -> error mapping.
 
-``apply`` reads the cross-connects and their entity tag, computes the minimal diff restricted to
-``ports`` (``lightrail.drivers.base.minimal_diff``) (cross-connects outside ``ports`` are never
-touched), issues one ``DELETE`` per break, then the makes in one ``PATCH`` (chunks of
-``max_batch`` when the device has one), every write with ``If-Match`` of the tag the previous
-answer carried. On 412 (someone else changed the cross-connects) it reads again, recomputes and
-retries once. After a write fails it reads back to learn what took effect: all of it -> success
-(the answer was lost); none of it -> the mapped error; part of it -> ``PartialApply`` whose
-result says what was and was not done (per pair reasons from RESTCONF ``error-path``). A
-successful apply is verified by a read-back (``VerificationMismatch``) unless ``verify`` is off.
+``apply`` computes the minimal diff restricted to ``ports``
+(``lightrail.drivers.base.minimal_diff``; cross-connects outside ``ports`` are never touched)
+against the caller's confirmed state and the entity tag of the driver's last answer about the
+cross-connects when it has both, else against a read of the cross-connects and their tag
+(the caller's state must come from this driver's answers: a reconciler's view); it issues
+one ``DELETE`` per break, then the makes in one ``PATCH`` (chunks of ``max_batch`` when the
+device has one), every write with ``If-Match`` of the tag the previous answer carried. On 412
+(someone else changed the cross-connects since that tag) it reads again, recomputes and
+retries once. After a write fails it reads back to learn what took effect: all of it ->
+success (the answer was lost); none of it -> the mapped error; part of it -> ``PartialApply``
+whose result says what was and was not done (per pair reasons from RESTCONF ``error-path``).
+A successful apply is verified by one read-back, checked on the ports it changed
+(``VerificationMismatch``), unless ``verify`` is off.
 aiohttp itself re-sends an idempotent request (GET, DELETE) once when the connection drops
 before the answer (RFC 9112 section 9.3.1); a re-sent DELETE whose first copy took effect gets
 412 (stale tag) or 404 (pair gone), both handled as "re-read, account, retry".
@@ -99,8 +103,8 @@ from lightrail.drivers.base import (
     ProtocolError,
     SwitchCapabilities,
     SwitchSpec,
-    VerificationMismatch,
     check_apply_request,
+    check_read_back,
     minimal_diff,
 )
 from lightrail.drivers.options import DriverContext
@@ -190,6 +194,7 @@ class RestconfDriver:
         self._settings = settings
         self._credentials = credentials
         self._session: aiohttp.ClientSession | None = None
+        self._xc_etag: str | None = None  # of the last answer about the cross-connects
         self._feeds: list[AlarmFeed] = []
         self._log = _log.bind(switch=switch_id, url=settings.base_url)
 
@@ -234,6 +239,7 @@ class RestconfDriver:
         for feed in feeds:
             await feed.aclose()
         session, self._session = self._session, None
+        self._xc_etag = None
         if session is not None:
             await session.close()
 
@@ -329,9 +335,11 @@ class RestconfDriver:
         path = f"data/{_XC}"
         doc, etag = await self._get(path)
         try:
-            return parse_cross_connects(doc), etag
+            xcs = parse_cross_connects(doc)
         except ValueError as e:
             raise self._protocol(f"GET {path}", e) from e
+        self._xc_etag = etag
+        return xcs, etag
 
     async def get_cross_connects(self) -> frozenset[CrossConnect]:
         """Read back every cross-connect on the switch. Raises ``DeviceUnreachable``,
@@ -435,10 +443,15 @@ class RestconfDriver:
         target: frozenset[CrossConnect],
         ports: frozenset[int],
         mode: ApplyMode = ApplyMode.MINIMAL,
+        *,
+        current: frozenset[CrossConnect] | None = None,
     ) -> ApplyResult:
         """Make the cross-connects on ``ports`` equal ``target`` (module docstring): breaks
-        (one DELETE each), then makes (one PATCH, or chunks of ``max_batch``), then a read-back.
-        Nothing to do issues no write.
+        (one DELETE each), then makes (one PATCH, or chunks of ``max_batch``), then a read-back
+        of the ports changed (``verified``). With ``current`` (the caller's confirmed state) and
+        a known entity tag the writes go out without a read first; a device that changed since
+        answers 412 and the driver reads, recomputes and retries once. Nothing to do issues no
+        write.
 
         Raises ``InvalidPort`` (unknown port, target leaving ``ports``, a cross-connect
         straddling ``ports``), ``CrossConnectConflict`` (``target`` not a partial permutation,
@@ -453,11 +466,16 @@ class RestconfDriver:
         breaks: Sequence[CrossConnect] = ()
         makes: Sequence[CrossConnect] = ()
         for attempt in (1, 2):
-            state, etag = await self._read_cross_connects()
-            # after a 412/404: count what the first attempt's writes did without an answer
-            # (e.g. a DELETE that took effect, lost its answer and was re-sent)
-            removed += [x for x in breaks if x not in state and x not in removed]
-            added += [x for x in makes if x in state and x not in added]
+            state: frozenset[CrossConnect]
+            etag: str | None
+            if attempt == 1 and current is not None and self._xc_etag is not None:
+                state, etag = current, self._xc_etag
+            else:
+                state, etag = await self._read_cross_connects()
+                # after a 412/404: count what the first attempt's writes did without an answer
+                # (e.g. a DELETE that took effect, lost its answer and was re-sent)
+                removed += [x for x in breaks if x not in state and x not in removed]
+                added += [x for x in makes if x in state and x not in added]
             diff = minimal_diff(self._switch_id, state, target, ports, mode)
             breaks, makes = diff.breaks, diff.makes
             if diff.empty:
@@ -481,11 +499,13 @@ class RestconfDriver:
             break
         if not wrote:
             return ApplyResult()
-        result = ApplyResult(tuple(removed), tuple(added))
         self._log.info("applied", removed=len(removed), added=len(added))
-        if self._settings.verify:
-            await self._verify(target, ports)
-        return result
+        if not self._settings.verify:
+            return ApplyResult(tuple(removed), tuple(added))
+        changed = frozenset(p for xc in removed + added for p in xc.ports())
+        state, _ = await self._read_cross_connects()
+        check_read_back(self._switch_id, target, changed, state)
+        return ApplyResult(tuple(removed), tuple(added), verified=True)
 
     async def _write(
         self,
@@ -497,6 +517,7 @@ class RestconfDriver:
     ) -> None:
         """Breaks then makes, chaining entity tags; appends what the device acknowledged.
         Raises ``_Stale``, ``_WriteFailed`` or transport ``DriverError``s."""
+        self._xc_etag = None  # unknown until an answer carries the next one
         for xc in breaks:
             path = f"data/{_XC}/pair={xc.ingress}"
             reply = await self._send("DELETE", path, if_match=etag)
@@ -505,7 +526,7 @@ class RestconfDriver:
             if not reply.ok:
                 raise self._write_failed(reply, f"DELETE {path}")
             removed.append(xc)
-            etag = reply.etag
+            etag = self._xc_etag = reply.etag
         limit = self._caps.max_batch or max(len(makes), 1)
         for i in range(0, len(makes), limit):
             chunk = makes[i : i + limit]
@@ -517,7 +538,7 @@ class RestconfDriver:
             if not reply.ok:
                 raise self._write_failed(reply, f"PATCH {path}")
             added.extend(chunk)
-            etag = reply.etag
+            etag = self._xc_etag = reply.etag
 
     def _write_failed(self, reply: _Reply, what: str) -> _WriteFailed:
         errors = parse_errors(reply.body)
@@ -592,12 +613,6 @@ class RestconfDriver:
                 if existing != make and set(existing.ports()) & set(make.ports()):
                     return CrossConnectConflict(self._switch_id, make, existing)
         return error
-
-    async def _verify(self, target: frozenset[CrossConnect], ports: frozenset[int]) -> None:
-        state, _ = await self._read_cross_connects()
-        actual = {x for x in state if x.ingress in ports or x.egress in ports}
-        if actual != target:
-            raise VerificationMismatch(self._switch_id, target - actual, actual - target)
 
 
 def make_driver(spec: SwitchSpec, context: DriverContext) -> Driver:

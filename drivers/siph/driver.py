@@ -332,9 +332,13 @@ class SiphDriver:
         target: frozenset[CrossConnect],
         ports: frozenset[int],
         mode: ApplyMode = ApplyMode.MINIMAL,
+        *,
+        current: frozenset[CrossConnect] | None = None,
     ) -> ApplyResult:
         """Make the cross-connects on ``ports`` equal ``target`` with one vector write
-        (module docstring: read, route, write, settle, read back).
+        (module docstring: read, route, write, settle, read back; the result is
+        ``verified``). ``current`` is not used: routing needs the element states, so the
+        heaters are read (one ``vall?``) and the diff is taken against the state they show.
 
         Cross-connects outside ``ports`` keep their ingress -> egress mapping but may be
         re-routed inside the mesh, dark for about one settle time (see ``last_rerouted``;
@@ -400,7 +404,7 @@ class SiphDriver:
             "applied", removed=len(removed), added=len(added), rerouted=len(rerouted),
             fillers=len(self._fillers),
         )
-        return ApplyResult(removed, added)
+        return ApplyResult(removed, added, verified=True)
 
     def _plan(
         self,

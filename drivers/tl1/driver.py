@@ -18,13 +18,15 @@ Commands used (canonical port ids are Polatis port numbers: ingress 1..N, egress
     RTRV-PORT-SHUTTER / OPR-PORT-SHUTTER / RLS-PORT-SHUTTER::<ports>:<ctag>:;
     RTRV-ALM-ALL::ALL:<ctag>:;  RTRV-NETYPE:::<ctag>:;  RTRV-EQPT::SYSTEM:<ctag>:::PARAMETER=SIZE;
 
-``apply`` reads back the patches on the given ports, computes the minimal diff
-(``lightrail.drivers.base.minimal_diff``), then issues the breaks as DLT-PATCH (chunks of
-``max_batch``, pipelined) and, only once every break is confirmed, the makes as ENT-PATCH
-(chunks sent one after the other), then reads back and raises ``VerificationMismatch`` unless
-the ports hold exactly the target. TL1 has no transaction spanning DLT and ENT: when the ENT
-is refused after the DLT took effect the driver reads back and raises ``PartialApply`` saying
-what changed.
+``apply`` computes the minimal diff (``lightrail.drivers.base.minimal_diff``) against the
+caller's confirmed state when it is given, else against the patches it reads back on the given
+ports (one RTRV-PATCH), then issues the breaks as DLT-PATCH (chunks of ``max_batch``,
+pipelined) and, only once every break is confirmed, the makes as ENT-PATCH (chunks sent one
+after the other), then reads back the ports it changed (one RTRV-PATCH) and raises
+``VerificationMismatch`` unless they hold exactly the target. One reconcile of 2 breaks and 2
+makes from the reconciler's view is therefore DLT, ENT, RTRV. TL1 has no transaction spanning
+DLT and ENT: when the ENT is refused after the DLT took effect the driver reads back the given
+ports and raises ``PartialApply`` saying what changed.
 
 DENY error codes (Telcordia GR-833 names; Polatis usage where observed) map to errors
 (``lightrail.drivers.tl1.errors``; the session and its ctag matching are in
@@ -97,9 +99,8 @@ from lightrail.drivers.base import (
     SwitchCapabilities,
     SwitchKind,
     SwitchSpec,
-    VerificationMismatch,
     check_apply_request,
-    cross_connects_on_ports,
+    check_read_back,
     minimal_diff,
 )
 from lightrail.drivers.options import DriverContext
@@ -330,10 +331,14 @@ class Tl1Driver:
         target: frozenset[CrossConnect],
         ports: frozenset[int],
         mode: ApplyMode = ApplyMode.MINIMAL,
+        *,
+        current: frozenset[CrossConnect] | None = None,
     ) -> ApplyResult:
-        """Make the cross-connects on ``ports`` equal ``target``: read back, DLT-PATCH the
-        breaks, ENT-PATCH the makes, read back again (``verify``). Nothing to do returns an empty
-        ``ApplyResult`` after the read-back, without a DLT or ENT command.
+        """Make the cross-connects on ``ports`` equal ``target``: diff against ``current`` (the
+        caller's confirmed state) or, without it, against a read-back of ``ports``, DLT-PATCH
+        the breaks, ENT-PATCH the makes, read back the ports changed (``verify``; then the
+        result is ``verified``). Nothing to do returns an empty ``ApplyResult`` without a DLT
+        or ENT command.
 
         Raises ``InvalidPort`` (a port the switch lacks, a target cross-connect leaving
         ``ports``, a cross-connect on ``ports`` that also uses a port outside them),
@@ -346,19 +351,19 @@ class Tl1Driver:
         if not ports:
             return ApplyResult()
         async with self._apply_lock:
-            current = await self._read_patches(ports)
-            diff = minimal_diff(self._switch_id, current, target, ports, mode)
+            state = await self._read_patches(ports) if current is None else current
+            diff = minimal_diff(self._switch_id, state, target, ports, mode)
             if diff.empty:
                 return ApplyResult()
             breaks, makes = list(diff.breaks), list(diff.makes)
             self._log.debug("tl1 apply", breaks=len(breaks), makes=len(makes))
             await self._break(breaks, makes, ports)
             added = await self._make(breaks, makes, ports)
-            if self._opts.verify and self._caps.readback:
-                actual = self._on_ports(await self._read_patches(ports), ports)
-                if actual != target:
-                    raise VerificationMismatch(self._switch_id, target - actual, actual - target)
-            return ApplyResult(tuple(breaks), tuple(added))
+            if not (self._opts.verify and self._caps.readback):
+                return ApplyResult(tuple(breaks), tuple(added))
+            changed = diff.changed_ports()
+            check_read_back(self._switch_id, target, changed, await self._read_patches(changed))
+            return ApplyResult(tuple(breaks), tuple(added), verified=True)
 
     def events(self) -> AsyncIterator[DeviceAlarm]:
         """Alarms (REPT ALM) from now on until ``close``; while a stream is open the driver
@@ -501,11 +506,6 @@ class Tl1Driver:
         except DriverError as e:
             self._log.warning("tl1 read-back after a failed command failed too", error=str(e))
             return None
-
-    def _on_ports(
-        self, xcs: Iterable[CrossConnect], ports: frozenset[int]
-    ) -> frozenset[CrossConnect]:
-        return cross_connects_on_ports(self._switch_id, xcs, ports)
 
     def _chunks(self, xcs: list[CrossConnect]) -> list[list[CrossConnect]]:
         limit = self._caps.max_batch

@@ -17,6 +17,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
+from lightrail.controller.runtime.reconciler import Reconciler, RetryPolicy
 from lightrail.drivers.base import (
     AlarmSeverity,
     ApplyMode,
@@ -194,6 +195,40 @@ async def test_issue_case_one_delete_one_add_then_nothing(make_rig: RigFactory) 
     with pytest.raises(VerificationMismatch) as info:
         await driver.apply(frozenset({xc(1, out + 41), xc(3, out + 3)}), ports)
     assert info.value.missing == (xc(1, out + 41),)
+
+
+async def test_one_reconcile_is_the_writes_and_one_read(rig: Rig, driver: RestconfDriver) -> None:
+    """Requests per reconcile (2 breaks, 2 makes): the reconciler diffs against its view, the
+    driver writes with the entity tag of its last answer and reads back once; a device changed
+    behind its back answers 412 and the driver reads, recomputes and retries."""
+    await rig.device.apply_bulk((), [xc(1, 9), xc(2, 10), xc(3, 11)])
+    reconciler = Reconciler({"ocs-rc": driver}, retry=RetryPolicy(max_attempts=1))
+    ports = frozenset({1, 2, 3, 9, 10, 11})
+    swapped = frozenset({xc(1, 10), xc(2, 9), xc(3, 11)})
+    async with asyncio.TaskGroup() as tg:
+        reconciler.start(tg)
+        try:
+            await reconciler.read_back("ocs-rc")  # startup
+            seen = len(rig.server.requests)
+            outcome = await reconciler.reconcile("ocs-rc", ports, swapped)
+            assert outcome.removed == {xc(1, 9), xc(2, 10)}
+            assert [(r.method, r.path) for r in rig.server.requests[seen:]] == [
+                ("DELETE", f"{DATA}/pair=1"),
+                ("DELETE", f"{DATA}/pair=2"),
+                ("PATCH", DATA),
+                ("GET", DATA),  # the one read-back
+            ]
+            assert reconciler.confirmed("ocs-rc") == rig.device.cross_connects == swapped
+            await rig.device.apply_bulk((), [xc(5, 13)])  # another client, other ports
+            seen = len(rig.server.requests)
+            await reconciler.reconcile("ocs-rc", ports, frozenset({xc(1, 9), xc(2, 10)}))
+            assert [(r.method, r.status) for r in rig.server.requests[seen:]] == [
+                ("DELETE", 412), ("GET", 200), ("DELETE", 204), ("DELETE", 204),
+                ("DELETE", 204), ("PATCH", 204), ("GET", 200),
+            ]
+            assert rig.device.cross_connects == {xc(1, 9), xc(2, 10), xc(5, 13)}
+        finally:
+            await reconciler.stop()
 
 
 async def test_conflicting_target_rejected_without_a_write(rig: Rig, driver: RestconfDriver

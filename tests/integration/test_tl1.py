@@ -258,7 +258,7 @@ async def test_apply_and_read_back(rig: RigFactory) -> None:
     assert (info.switch_id, info.vendor, info.capabilities) == ("ocs-a", "Lightrail", NXN8)
     target = frozenset({xc(1, 10), xc(2, 9)})
     result = await r.driver.apply(target, frozenset({1, 2, 9, 10}))
-    assert result == ApplyResult(removed=(), added=(xc(1, 10), xc(2, 9)))
+    assert result == ApplyResult(removed=(), added=(xc(1, 10), xc(2, 9)), verified=True)
     assert await r.driver.get_cross_connects() == target
     assert r.ocs.cross_connects == target
     assert [c.aid for c in r.sent("ENT-PATCH")] == ["1&2,10&9"]
@@ -555,7 +555,9 @@ async def test_reconcile_one_delete_one_add_then_nothing_then_mismatch(rig: RigF
     r = await rig(CAPS48, initial=BEFORE)
     r.server.clear_commands()
     result = await r.driver.apply(AFTER, JOB_PORTS)
-    assert result == ApplyResult(removed=(xc(1, out(41)),), added=(xc(1, out(29)),))
+    assert result == ApplyResult(
+        removed=(xc(1, out(41)),), added=(xc(1, out(29)),), verified=True
+    )
     assert [c.aid for c in r.sent("DLT-PATCH")] == ["1"]
     assert [c.aid for c in r.sent("ENT-PATCH")] == [f"1,{out(29)}"]  # ENT-PATCH::1,77
     assert r.ocs.change_log == [
@@ -599,6 +601,46 @@ async def test_reconcile_through_the_controller_reconciler(rig: RigFactory) -> N
             with pytest.raises(VerificationMismatch):
                 await reconciler.reconcile("ocs-a", JOB_PORTS, BEFORE)
             assert xc(3, out(3)) in r.ocs.cross_connects
+        finally:
+            await reconciler.stop()
+
+
+async def test_one_reconcile_is_one_dlt_one_ent_and_one_read_of_the_changed_ports(
+    rig: RigFactory,
+) -> None:
+    """Device commands per reconcile (2 breaks, 2 makes) over the TL1 socket: the reconciler
+    diffs against its view, the driver writes and reads back only the ports it changed. After
+    an alarm (the view distrusted) one read of the switch comes first."""
+    r = await rig(initial=[xc(1, 9), xc(2, 10), xc(3, 11)])
+    reconciler = Reconciler(
+        {"ocs-a": r.driver}, retry=RetryPolicy(max_attempts=1), clock=r.time.clock,
+        sleep=r.time.sleep,
+    )
+    ports = frozenset({1, 2, 3, 9, 10, 11})  # 3->11 is on the ports and stays
+    swapped = frozenset({xc(1, 10), xc(2, 9), xc(3, 11)})
+    async with asyncio.TaskGroup() as tg:
+        reconciler.start(tg)
+        try:
+            await reconciler.read_back("ocs-a")  # startup
+            r.server.clear_commands()
+            outcome = await reconciler.reconcile("ocs-a", ports, swapped)
+            assert outcome.removed == {xc(1, 9), xc(2, 10)}
+            assert outcome.added == {xc(1, 10), xc(2, 9)}
+            assert [(c.code, c.aid) for c in r.server.commands] == [
+                ("DLT-PATCH", "1&2"),
+                ("ENT-PATCH", "1&2,10&9"),
+                ("RTRV-PATCH", "1&2&9&10"),  # the changed ports only, not the switch
+            ]
+            assert reconciler.confirmed("ocs-a") == r.ocs.cross_connects == swapped
+            reconciler.invalidate("ocs-a")  # an alarm: distrust the view
+            r.server.clear_commands()
+            await reconciler.reconcile("ocs-a", ports, frozenset({xc(1, 9), xc(2, 10)}))
+            assert [(c.code, c.aid) for c in r.server.commands] == [
+                ("RTRV-PATCH", ""),  # the switch read back first
+                ("DLT-PATCH", "1&&3"),
+                ("ENT-PATCH", "1&2,9&10"),
+                ("RTRV-PATCH", "1&&3&9&&11"),
+            ]
         finally:
             await reconciler.stop()
 
