@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lightrail.controller.cli.common import run_async
+from lightrail.controller.cli.common import DEFAULT_TARGET, positive_int, run_async
 from lightrail.controller.config import ConfigError, load_config
 from lightrail.controller.logs import configure_logging
 
@@ -145,3 +146,32 @@ def cmd_agent(args: argparse.Namespace) -> int:
         return 0
 
     return run_async(main())
+
+
+def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``lightrail controller``, ``lightrail check-config`` and ``lightrail agent``."""
+    c = subcommands.add_parser("controller", help="run the controller daemon")
+    c.add_argument("--config", help="YAML config (default: built-in demo fabric, local etcd)")
+    c.add_argument("--announce", action="store_true",
+                   help="print one JSON line with the bound gRPC and metrics addresses to stdout "
+                        "once serving (for supervisors and the embedded demo)")
+    c.set_defaults(func=cmd_controller)
+
+    c = subcommands.add_parser("check-config", help="validate a config file")
+    c.add_argument("config")
+    c.set_defaults(func=cmd_check_config)
+
+    c = subcommands.add_parser("agent", help="run a host agent (phase relay)")
+    c.add_argument("--controller", default=DEFAULT_TARGET, help="controller host:port")
+    c.add_argument("--host", default=os.uname().nodename, help="this host's inventory name")
+    c.add_argument("--socket", default="/run/lightrail/agent.sock",
+                   help="Unix socket for the job-side library")
+    c.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    c.add_argument("--health", choices=["nvml", "emulated"], default="nvml",
+                   help="GPU health source: nvml (the NVIDIA driver's NVML; fails if it is "
+                        "missing) or emulated (healthy emulated GPUs, for tests and demos "
+                        "without GPUs) (default nvml)")
+    c.add_argument("--emulated-gpus", type=positive_int, default=8,
+                   help="GPUs of the emulated health source, with --health emulated "
+                        "(default 8)")
+    c.set_defaults(func=cmd_agent)

@@ -14,7 +14,7 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 from rich.table import Table
 
-from lightrail.controller.cli.common import make_console, run_async
+from lightrail.controller.cli.common import DEFAULT_TARGET, make_console, run_async
 from lightrail.v1 import operator_pb2, operator_pb2_grpc
 
 
@@ -142,3 +142,41 @@ def cmd_hosts(args: argparse.Namespace) -> int:
                       [[h.name, h.failure_domain, h.gpus, h.spare] for h in r.hosts])
     return _operator(args, lambda s: s.ListHosts(operator_pb2.ListHostsRequest(), timeout=10),
                      render)
+
+
+def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register the operator commands: ``status``, ``switches``, ``circuits``, ``jobs``,
+    ``hosts``, ``gpus`` (read-only listings), ``failover`` and ``drain``."""
+    for name, func, doc in (
+        ("status", cmd_status, "controller status"),
+        ("switches", cmd_switches, "switches and their cross-connect counts"),
+        ("circuits", cmd_circuits, "confirmed cross-connects"),
+        ("jobs", cmd_jobs, "registered jobs"),
+        ("hosts", cmd_hosts, "hosts of the fabric"),
+        ("gpus", cmd_gpus, "GPU health and which job rank runs where"),
+    ):
+        c = subcommands.add_parser(name, help=doc)
+        c.add_argument("--controller", default=DEFAULT_TARGET)
+        c.add_argument("--json", action="store_true")
+        if name == "circuits":
+            c.add_argument("--switch")
+            c.add_argument("--job")
+        c.set_defaults(func=func)
+
+    c = subcommands.add_parser("failover", help="move a job rank to a spare GPU now")
+    c.add_argument("--controller", default=DEFAULT_TARGET)
+    c.add_argument("--json", action="store_true")
+    c.add_argument("--job", required=True, help="job id")
+    c.add_argument("--rank", required=True, type=int, help="rank to move")
+    c.add_argument("--to", default="", help="spare as HOST:GPU (default: the controller picks "
+                                             "a healthy one in the same failure domain and "
+                                             "on the same switch)")
+    c.add_argument("--reason", default="manual failover")
+    c.set_defaults(func=cmd_failover)
+
+    c = subcommands.add_parser("drain", help="take a host out of service (its ranks fail over)")
+    c.add_argument("host")
+    c.add_argument("--controller", default=DEFAULT_TARGET)
+    c.add_argument("--json", action="store_true")
+    c.add_argument("--reason", default="operator drain")
+    c.set_defaults(func=cmd_drain)

@@ -15,7 +15,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from lightrail.controller.cli.common import DLRM_TRACE, make_console, run_async, shared_data_dir
+from lightrail.controller.cli.common import (
+    DLRM_TRACE,
+    make_console,
+    non_negative_float,
+    positive_int,
+    run_async,
+    shared_data_dir,
+)
 from lightrail.controller.logs import configure_logging
 from lightrail.v1 import operator_pb2, operator_pb2_grpc
 
@@ -232,3 +239,66 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         fabric=args.fabric, max_ops=args.max_ops, link_gbps=args.link_gbps,
         alpha_us=args.alpha_us, scale_up_gbps=args.scale_up_gbps, as_json=args.json,
     )
+
+
+def _add_replay_options(c: argparse.ArgumentParser, iterations: int) -> None:
+    """The options ``replay`` and ``demo`` share; ``iterations`` is the default step count."""
+    c.add_argument("--iterations", type=positive_int, default=iterations,
+                   help=f"training steps to replay (default {iterations})")
+    c.add_argument("--time-scale", type=non_negative_float, default=1.0,
+                   help="multiply recorded compute gaps and transfer times (0: no waits; "
+                        "default 1)")
+    c.add_argument("--delay-ms", type=non_negative_float, default=10.0,
+                   help="reconfiguration delay of the emulated OCSes, embedded controller "
+                        "only (default 10)")
+    c.add_argument("--devices", choices=["tl1", "restconf", "emulated"], default="tl1",
+                   help="how the embedded controller reaches its emulated switches: TL1 or "
+                        "RESTCONF over sockets, or the in-process driver (default tl1)")
+
+
+def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``lightrail replay``, ``lightrail demo`` and ``lightrail evaluate``."""
+    c = subcommands.add_parser("replay",
+                               help="replay a recorded trace or workload through a controller")
+    c.add_argument("trace", help="Kineto dir/tarball/JSON, AICB CSV or SimAI text")
+    c.add_argument("--controller", default=None,
+                   help="controller host:port (default: start an embedded one)")
+    c.add_argument("--fabric", choices=["demo-4x2", "rail-16x8"], default=None,
+                   help="embedded fabric (default: by world size)")
+    c.add_argument("--job-id", default="replay", help="job id to register (default replay)")
+    c.add_argument("--json", action="store_true", help="print the summary as JSON")
+    c.add_argument("--no-progress", action="store_true", help="no progress bar")
+    c.add_argument("--max-ops", type=positive_int, default=None,
+                   help="replay only the first N collectives of each rank's iteration")
+    _add_replay_options(c, 3)
+    c.set_defaults(func=cmd_replay)
+
+    c = subcommands.add_parser("demo",
+                               help="the DLRM replay on an embedded etcd, controller and rails")
+    c.add_argument("--trace", default=None,
+                   help="trace to replay (default: the DLRM 8-rank Kineto trace in "
+                        "$LIGHTRAIL_DATA or ../shared/data)")
+    c.add_argument("--fail-gpu", nargs="?", const="host1:0", default=None, metavar="HOST:GPU",
+                   help="fail this GPU (default host1:0) after 2 iterations: the controller "
+                        "rewires a spare host into the job's circuits and the job goes on")
+    _add_replay_options(c, 5)
+    c.set_defaults(func=cmd_demo)
+
+    c = subcommands.add_parser("evaluate",
+                               help="iteration time of a workload under five rail policies "
+                                    "over reconfiguration delays (analytic, no controller)")
+    c.add_argument("workload", help="Kineto dir/tarball/JSON, AICB CSV or SimAI text")
+    c.add_argument("--delay-ms", type=float, nargs="+", default=None,
+                   help="reconfiguration delays in ms (default: 0.004 0.1 1 10 25 100)")
+    c.add_argument("--out", default=None,
+                   help="directory for evaluation.csv, evaluation.json, overhead_vs_delay.png")
+    c.add_argument("--fabric", choices=["demo-4x2", "rail-16x8"], default=None,
+                   help="built-in fabric (default: by world size)")
+    c.add_argument("--max-ops", type=int, default=None,
+                   help="evaluate only the first N collectives of each rank's iteration")
+    c.add_argument("--link-gbps", type=float, default=None, help="rail link Gb/s (default 100)")
+    c.add_argument("--alpha-us", type=float, default=None, help="per-hop latency µs (default 5)")
+    c.add_argument("--scale-up-gbps", type=float, default=None,
+                   help="NVLink Gb/s per GPU (default 2400 = 300 GB/s)")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=cmd_evaluate)
