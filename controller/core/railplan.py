@@ -189,12 +189,6 @@ def contiguous_placement(
     )
 
 
-@dataclass(frozen=True, slots=True)
-class _GradOp:
-    dim: Dim
-    collective: Collective
-
-
 class _Planner:
     """Caches plan_phase per (group, collective, step), like the coordinator does."""
 
@@ -275,133 +269,224 @@ def plan_step(
         raise RailPlanError(f"layers_per_stage: must be >= 1, got {layers_per_stage}")
     planner = _Planner(layout)
     dims: dict[Dim, DimPlan] = {}
-
-    def single(dim: Dim, collectives: tuple[Collective, ...]) -> None:
-        groups = spec.groups(dim)
-        cfg = planner.configuration(dim, "all", groups, collectives[0])
-        for other in collectives[1:]:  # e.g. reduce-scatter and all-gather: the same ring
-            again = planner.configuration(dim, "all", groups, other)
-            if again.targets != cfg.targets:
-                raise RailPlanError(
-                    f"dim {dim.name}: {other.value} needs other circuits than "
-                    f"{collectives[0].value}; one configuration per dimension is assumed"
-                )
-        dims[dim] = DimPlan(dim, collectives, groups, (cfg,))
-
-    # --- dimensions and their configurations ---------------------------------------------------
     if spec.tp > 1:
-        single(Dim.TP, (Collective.ALL_REDUCE,))
+        dims[Dim.TP] = _single_configuration(planner, spec, Dim.TP, (Collective.ALL_REDUCE,))
     if spec.cp > 1:
-        single(Dim.CP, (Collective.ALL_GATHER,))
-    ep_steps = 0
-    steps_of: dict[ProcessGroup, int] = {}
+        dims[Dim.CP] = _single_configuration(planner, spec, Dim.CP, (Collective.ALL_GATHER,))
+    ep_steps: Mapping[ProcessGroup, int] = {}
     if spec.ep > 1:
-        groups = spec.groups(Dim.EP)
-        for g in groups:
-            steps_of[g] = 1 if ep_strategy is EpStrategy.FORWARD else all_to_all_steps(layout, g)
-        ep_steps = max(steps_of.values())
-        cfgs = tuple(
-            planner.configuration(
-                Dim.EP, f"shift {s + 1}", [g for g in groups if steps_of[g] > s],
-                Collective.ALL_TO_ALL, s,
-            )
-            for s in range(ep_steps)
-        )
-        dims[Dim.EP] = DimPlan(Dim.EP, (Collective.ALL_TO_ALL,), groups, cfgs)
+        ep = _ep_plan(planner, spec, ep_strategy)
+        dims[Dim.EP] = ep.plan
+        ep_steps = ep.steps
     if spec.pp > 1:
-        cfgs = tuple(
-            planner.configuration(
-                Dim.PP, f"boundary {s}-{s + 1}", spec.stage_pairs(s), Collective.SEND_RECV
+        dims[Dim.PP] = _pp_plan(planner, spec)
+    gradient = _gradient_plan(planner, spec)
+    for plan in gradient.dims:
+        dims[plan.dim] = plan
+
+    schedule = _Schedule(spec, dims, ep_steps)
+    for mb in range(microbatches):
+        schedule.forward(mb, layers_per_stage)
+    for mb in range(microbatches):
+        schedule.backward(mb, layers_per_stage)
+    schedule.gradient_sync(gradient.ops)
+
+    return RailPlan(
+        job_id=layout.job_id,
+        spec=spec,
+        slots=tuple(schedule.slots),
+        dims=MappingProxyType(dims),
+        distinct_plans=len(planner.plans),
+    )
+
+
+# --- dimensions and their configurations -------------------------------------------------------
+
+
+def _single_configuration(
+    planner: _Planner, spec: ParallelismSpec, dim: Dim, collectives: tuple[Collective, ...]
+) -> DimPlan:
+    """``dim`` served by one configuration for all its ``collectives`` (e.g. reduce-scatter and
+    all-gather: the same ring). Raises ``RailPlanError`` when a later collective needs other
+    circuits than the first, or (from the planner) when groups clash on a port."""
+    groups = spec.groups(dim)
+    cfg = planner.configuration(dim, "all", groups, collectives[0])
+    for other in collectives[1:]:
+        again = planner.configuration(dim, "all", groups, other)
+        if again.targets != cfg.targets:
+            raise RailPlanError(
+                f"dim {dim.name}: {other.value} needs other circuits than "
+                f"{collectives[0].value}; one configuration per dimension is assumed"
             )
-            for s in range(spec.pp - 1)
+    return DimPlan(dim, collectives, groups, (cfg,))
+
+
+@dataclass(frozen=True, slots=True)
+class _EpPlan:
+    """The EP dimension's plan and, per EP group, how many all-to-all sub-phases it runs (1 with
+    ``EpStrategy.FORWARD``, the planner's shift count with ``MATCHINGS``)."""
+
+    plan: DimPlan
+    steps: Mapping[ProcessGroup, int]
+
+
+def _ep_plan(planner: _Planner, spec: ParallelismSpec, strategy: EpStrategy) -> _EpPlan:
+    """One configuration per all-to-all sub-phase s ("shift s+1"), holding the EP groups that
+    have that many sub-phases (module docstring: EP all-to-all)."""
+    groups = spec.groups(Dim.EP)
+    steps: dict[ProcessGroup, int] = {}
+    for g in groups:
+        steps[g] = 1 if strategy is EpStrategy.FORWARD else all_to_all_steps(planner.layout, g)
+    cfgs = tuple(
+        planner.configuration(
+            Dim.EP, f"shift {s + 1}", [g for g in groups if steps[g] > s],
+            Collective.ALL_TO_ALL, s,
         )
-        pairs = tuple(g for s in range(spec.pp - 1) for g in spec.stage_pairs(s))
-        dims[Dim.PP] = DimPlan(Dim.PP, (Collective.SEND_RECV,), pairs, cfgs)
-    grad: list[_GradOp] = []
+        for s in range(max(steps.values()))
+    )
+    return _EpPlan(DimPlan(Dim.EP, (Collective.ALL_TO_ALL,), groups, cfgs), MappingProxyType(steps))
+
+
+def _pp_plan(planner: _Planner, spec: ParallelismSpec) -> DimPlan:
+    """One configuration per stage boundary s ("boundary s-s+1": the SEND_RECV pairs of stage s
+    and s+1); the groups are every boundary's pairs in boundary order."""
+    cfgs = tuple(
+        planner.configuration(
+            Dim.PP, f"boundary {s}-{s + 1}", spec.stage_pairs(s), Collective.SEND_RECV
+        )
+        for s in range(spec.pp - 1)
+    )
+    pairs = tuple(g for s in range(spec.pp - 1) for g in spec.stage_pairs(s))
+    return DimPlan(Dim.PP, (Collective.SEND_RECV,), pairs, cfgs)
+
+
+@dataclass(frozen=True, slots=True)
+class _GradOp:
+    """One gradient collective of the step, run on every group of ``dim``."""
+
+    dim: Dim
+    collective: Collective
+
+
+@dataclass(frozen=True, slots=True)
+class _GradientPlan:
+    """The gradient dimensions' plans (in planning order) and the gradient collectives in
+    schedule order (module docstring: DP)."""
+
+    dims: tuple[DimPlan, ...]
+    ops: tuple[_GradOp, ...]
+
+
+def _gradient_plan(planner: _Planner, spec: ParallelismSpec) -> _GradientPlan:
+    """Unsharded: ALL_REDUCE on DP_CP (if it has > 1 rank). Sharded: REDUCE_SCATTER on
+    DP_SHARD_CP, ALL_REDUCE on DP_REPLICATE (HSDP), ..., ALL_GATHER on DP_SHARD_CP last. Expert
+    gradients (ep > 1, expert_dp > 1): ALL_REDUCE on EXPERT_DP, before the all-gather."""
+    dims: list[DimPlan] = []
+    ops: list[_GradOp] = []
+
+    def add(dim: Dim, collectives: tuple[Collective, ...]) -> None:
+        dims.append(_single_configuration(planner, spec, dim, collectives))
+        ops.append(_GradOp(dim, collectives[0]))
+
     if spec.dp_shard == 1:
         if spec.size(Dim.DP_CP) > 1:
-            single(Dim.DP_CP, (Collective.ALL_REDUCE,))
-            grad.append(_GradOp(Dim.DP_CP, Collective.ALL_REDUCE))
+            add(Dim.DP_CP, (Collective.ALL_REDUCE,))
     else:
-        single(Dim.DP_SHARD_CP, (Collective.REDUCE_SCATTER, Collective.ALL_GATHER))
-        grad.append(_GradOp(Dim.DP_SHARD_CP, Collective.REDUCE_SCATTER))
+        add(Dim.DP_SHARD_CP, (Collective.REDUCE_SCATTER, Collective.ALL_GATHER))
         if spec.dp_replicate > 1:
-            single(Dim.DP_REPLICATE, (Collective.ALL_REDUCE,))
-            grad.append(_GradOp(Dim.DP_REPLICATE, Collective.ALL_REDUCE))
+            add(Dim.DP_REPLICATE, (Collective.ALL_REDUCE,))
     if spec.ep > 1 and spec.expert_dp > 1:
-        single(Dim.EXPERT_DP, (Collective.ALL_REDUCE,))
-        grad.append(_GradOp(Dim.EXPERT_DP, Collective.ALL_REDUCE))
+        add(Dim.EXPERT_DP, (Collective.ALL_REDUCE,))
     if spec.dp_shard > 1:
-        grad.append(_GradOp(Dim.DP_SHARD_CP, Collective.ALL_GATHER))
+        ops.append(_GradOp(Dim.DP_SHARD_CP, Collective.ALL_GATHER))
+    return _GradientPlan(tuple(dims), tuple(ops))
 
-    # --- schedule ------------------------------------------------------------------------------
-    slots: list[ScheduleSlot] = []
-    seqs: dict[tuple[ProcessGroup, Collective], int] = {}
-    stage_groups: dict[tuple[Dim, int], tuple[ProcessGroup, ...]] = {}
 
-    def at_stage(dim: Dim, stage: int) -> tuple[ProcessGroup, ...]:
+# --- schedule ----------------------------------------------------------------------------------
+
+
+class _Schedule:
+    """Builds the step's slots in order (module docstring: schedule), numbering repeated
+    collectives per (group, collective) in ``seq`` and caching the per-stage groups."""
+
+    def __init__(
+        self, spec: ParallelismSpec, dims: Mapping[Dim, DimPlan],
+        ep_steps: Mapping[ProcessGroup, int],
+    ) -> None:
+        self.spec = spec
+        self.dims = dims
+        self.ep_steps = ep_steps
+        plan = dims.get(Dim.EP)
+        self.ep_configurations = 0 if plan is None else len(plan.configurations)
+        self.slots: list[ScheduleSlot] = []
+        self._seqs: dict[tuple[ProcessGroup, Collective], int] = {}
+        self._stage_groups: dict[tuple[Dim, int], tuple[ProcessGroup, ...]] = {}
+
+    def forward(self, mb: int, layers_per_stage: int) -> None:
+        """Microbatch ``mb``'s forward pass: stages 0..pp-1, each its layers then PP s -> s+1."""
+        pp = self.spec.pp
+        for s in range(pp):
+            for _ in range(layers_per_stage):
+                self._layer(StepPart.FORWARD, mb, s)
+            if s < pp - 1:
+                self._emit(Dim.PP, Collective.SEND_RECV, StepPart.FORWARD, mb, s,
+                           self.spec.stage_pairs(s), cfg=s)
+
+    def backward(self, mb: int, layers_per_stage: int) -> None:
+        """Microbatch ``mb``'s backward pass: stages pp-1..0, each its layers then PP s -> s-1."""
+        for s in reversed(range(self.spec.pp)):
+            for _ in range(layers_per_stage):
+                self._layer(StepPart.BACKWARD, mb, s)
+            if s > 0:
+                self._emit(Dim.PP, Collective.SEND_RECV, StepPart.BACKWARD, mb, s - 1,
+                           self.spec.stage_pairs(s - 1), cfg=s - 1)
+
+    def gradient_sync(self, ops: Sequence[_GradOp]) -> None:
+        """The gradient collectives, in order, each on every group of its dimension."""
+        for op in ops:
+            self._emit(op.dim, op.collective, StepPart.GRADIENT_SYNC, None, None,
+                       self.spec.groups(op.dim))
+
+    def _at_stage(self, dim: Dim, stage: int) -> tuple[ProcessGroup, ...]:
         key = (dim, stage)
-        got = stage_groups.get(key)
+        got = self._stage_groups.get(key)
         if got is None:
-            got = spec.groups_at_stage(dim, stage)
-            stage_groups[key] = got
+            got = self.spec.groups_at_stage(dim, stage)
+            self._stage_groups[key] = got
         return got
 
-    def emit(
-        dim: Dim, collective: Collective, part: StepPart, mb: int | None, stage: int | None,
-        groups: Sequence[ProcessGroup], cfg: int = 0, steps: int = 1,
+    def _layer(self, part: StepPart, mb: int, s: int) -> None:
+        """One layer of stage ``s``: CP, TP, EP dispatch, EP combine (reversed backward)."""
+        ops: list[Dim] = [Dim.CP, Dim.TP, Dim.EP, Dim.EP]
+        if part is StepPart.BACKWARD:
+            ops.reverse()
+        for dim in ops:
+            plan = self.dims.get(dim)
+            if plan is None:
+                continue
+            groups = self._at_stage(dim, s)
+            if dim is Dim.EP:
+                self._emit(dim, Collective.ALL_TO_ALL, part, mb, s, groups,
+                           steps=self.ep_configurations)
+            else:
+                self._emit(dim, plan.collectives[0], part, mb, s, groups)
+
+    def _emit(
+        self, dim: Dim, collective: Collective, part: StepPart, mb: int | None,
+        stage: int | None, groups: Sequence[ProcessGroup], cfg: int = 0, steps: int = 1,
     ) -> None:
+        """One slot per sub-phase (``steps``: all-to-all sub-phases, else 1) on configuration
+        ``cfg + step``; an all-to-all slot holds only the groups with that many sub-phases."""
         seq_of: list[int] = []
         for g in groups:
             k = (g, collective)
-            n = seqs.get(k, 0)
-            seqs[k] = n + 1
+            n = self._seqs.get(k, 0)
+            self._seqs[k] = n + 1
             seq_of.append(n)
         for step in range(steps):
             phases = tuple(
                 PhaseKey(g, collective, seq_of[i], step)
                 for i, g in enumerate(groups)
-                if collective is not Collective.ALL_TO_ALL or steps_of[g] > step
+                if collective is not Collective.ALL_TO_ALL or self.ep_steps[g] > step
             )
-            slots.append(
-                ScheduleSlot(dim, collective, part, mb, stage, cfg + step, phases)
-            )
-
-    def layer(part: StepPart, mb: int, s: int) -> None:
-        ops: list[Dim] = [Dim.CP, Dim.TP, Dim.EP, Dim.EP]
-        if part is StepPart.BACKWARD:
-            ops.reverse()
-        for dim in ops:
-            plan = dims.get(dim)
-            if plan is None:
-                continue
-            groups = at_stage(dim, s)
-            if dim is Dim.EP:
-                emit(dim, Collective.ALL_TO_ALL, part, mb, s, groups, steps=ep_steps)
-            else:
-                emit(dim, plan.collectives[0], part, mb, s, groups)
-
-    for mb in range(microbatches):
-        for s in range(spec.pp):
-            for _ in range(layers_per_stage):
-                layer(StepPart.FORWARD, mb, s)
-            if s < spec.pp - 1:
-                emit(Dim.PP, Collective.SEND_RECV, StepPart.FORWARD, mb, s,
-                     spec.stage_pairs(s), cfg=s)
-    for mb in range(microbatches):
-        for s in reversed(range(spec.pp)):
-            for _ in range(layers_per_stage):
-                layer(StepPart.BACKWARD, mb, s)
-            if s > 0:
-                emit(Dim.PP, Collective.SEND_RECV, StepPart.BACKWARD, mb, s - 1,
-                     spec.stage_pairs(s - 1), cfg=s - 1)
-    for op in grad:
-        emit(op.dim, op.collective, StepPart.GRADIENT_SYNC, None, None, spec.groups(op.dim))
-
-    return RailPlan(
-        job_id=layout.job_id,
-        spec=spec,
-        slots=tuple(slots),
-        dims=MappingProxyType(dims),
-        distinct_plans=len(planner.plans),
-    )
+            self.slots.append(ScheduleSlot(dim, collective, part, mb, stage, cfg + step, phases))
