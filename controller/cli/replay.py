@@ -7,8 +7,9 @@ import argparse
 import asyncio
 import json
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from rich.console import Console
@@ -25,6 +26,9 @@ from lightrail.controller.cli.common import (
 )
 from lightrail.controller.logs import configure_logging
 from lightrail.v1 import operator_pb2, operator_pb2_grpc
+
+if TYPE_CHECKING:
+    from lightrail.agents.replay.replayer import Replayer
 
 
 def _print_report(console: Console, report: Any, fabric: str, delay_ms: float) -> None:
@@ -122,7 +126,8 @@ async def replay_main(
         return 2
     fabric_name = fabric or ("demo-4x2" if workload.world_size <= 8 else "rail-16x8")
 
-    async def run(target: str) -> int:
+    async def run(target: str, shown_as: str) -> int:
+        """Replay against the controller at ``target``; the summary names it ``shown_as``."""
         hosts = await _hosts(target)
         try:
             replayer = Replayer(workload, target, hosts, job_id=job_id, iterations=iterations,
@@ -156,33 +161,55 @@ async def replay_main(
                     if injector is not None:
                         injector.cancel()
         if fail_gpu is not None and not as_json:
-            for ev in replayer.placement_events:
-                f = ev.fields
-                err.print(
-                    f"[bold]failover[/]: {ev.message}\n  timeline from detection: planned "
-                    f"{float(f.get('planned_s', 0)) * 1e3:.1f} ms, switch confirmed "
-                    f"{float(f.get('device_confirmed_s', 0)) * 1e3:.1f} ms, placement stored "
-                    f"{float(f.get('stored_s', 0)) * 1e3:.1f} ms; the job restarted the "
-                    f"iteration from its checkpoint ({replayer.restarts} restart(s))")
+            _print_failovers(err, replayer)
         if as_json:
             print(json.dumps(report_to_json(report), indent=2))
         else:
-            _print_report(make_console(), report, fabric_name if controller is None else target,
-                          delay_ms)
+            _print_report(make_console(), report, shown_as, delay_ms)
         return 0
 
     if controller is not None:
-        return await run(controller)
+        return await run(controller, controller)
+    return await _replay_embedded(run, fabric_name, spare_host=fail_gpu is not None,
+                                  delay_ms=delay_ms, devices=devices,
+                                  err=err if progress and not as_json else None)
+
+
+def _print_failovers(err: Console, replayer: Replayer) -> None:
+    """One paragraph per placement change ``replayer`` saw: the controller's message and the
+    failover timeline from detection (planned, switch confirmed, placement stored; ms)."""
+    for ev in replayer.placement_events:
+        f = ev.fields
+        err.print(
+            f"[bold]failover[/]: {ev.message}\n  timeline from detection: planned "
+            f"{float(f.get('planned_s', 0)) * 1e3:.1f} ms, switch confirmed "
+            f"{float(f.get('device_confirmed_s', 0)) * 1e3:.1f} ms, placement stored "
+            f"{float(f.get('stored_s', 0)) * 1e3:.1f} ms; the job restarted the "
+            f"iteration from its checkpoint ({replayer.restarts} restart(s))")
+
+
+async def _replay_embedded(
+    run: Callable[[str, str], Awaitable[int]],
+    fabric_name: str,
+    *,
+    spare_host: bool,
+    delay_ms: float,
+    devices: str,
+    err: Console | None,
+) -> int:
+    """``run(target, fabric)`` against an embedded etcd, emulated rails of the built-in fabric
+    ``fabric_name`` (``delay_ms`` reconfiguration delay; plus one spare host wired to both rails
+    when ``spare_host``, for failover) reached over ``devices`` (tl1, restconf, emulated), and a
+    controller child process; ``fabric`` is the section's name. ``err``, when given, gets a
+    one-line note before startup. Returns ``run``'s exit code."""
     from lightrail.controller.cli.embedded import embedded_config, spawn_controller
     from lightrail.controller.store.etcd_server import EmbeddedEtcd
     from lightrail.emulator.ocs import EmulatedFabricDevices
     from lightrail.emulator.servers.fabric import emulated_rails, rail_section
 
-    # the demo fabric plus one spare host wired to both rails when failover needs a spare
-    spares = 1 if fail_gpu is not None else 0
-    section = rail_section(fabric_name, spares=spares, delay_ms=delay_ms)
+    section = rail_section(fabric_name, spares=1 if spare_host else 0, delay_ms=delay_ms)
     fabric_name = section.name or fabric_name
-    if progress and not as_json:
+    if err is not None:
         how = {"tl1": "TL1 (Polatis dialect) over TCP", "restconf": "RESTCONF over HTTP",
                "emulated": "the in-process driver"}[devices]
         err.print(f"starting an embedded etcd, emulated switches speaking {how}, and a "
@@ -191,7 +218,7 @@ async def replay_main(
             emulated_rails(section, EmulatedFabricDevices(), devices) as served:
         cfg = embedded_config(etcd.endpoint, served)
         async with spawn_controller(cfg) as child:
-            return await run(child.grpc_target)
+            return await run(child.grpc_target, fabric_name)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
