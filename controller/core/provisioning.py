@@ -66,21 +66,40 @@ class Provisioner:
         late, miss). O(plan) once per instance."""
         if plan.empty:
             return
+        preds = self._take_ports(job, phase, plan)
+        predicted = self._was_predicted(job, phase, preds)
+        self._learn(job, phase, preds)
+        self._score(job, phase, plan, predicted)
+
+    @staticmethod
+    def _take_ports(job: JobRecord, phase: PhaseKey, plan: Plan) -> set[PhaseKey]:
+        """Mark ``plan``'s ports as last used by ``phase``; returns the other phases that used
+        them last (its predecessors). Ports ``phase`` itself kept tell nothing."""
         preds: set[PhaseKey] = set()
         last = job.last_on_port
         for t in plan.targets:
             sid = t.switch_id
             for p in t.ports:
                 prev = last.get((sid, p))
-                if prev is not None and prev != phase:  # ports it kept tell nothing
+                if prev is not None and prev != phase:
                     preds.add(prev)
                 last[(sid, p)] = phase
+        return preds
+
+    def _was_predicted(self, job: JobRecord, phase: PhaseKey, preds: set[PhaseKey]) -> bool:
+        """True when some predecessor in ``preds`` predicted ``phase`` (before this instance
+        is learned from)."""
         learn = self.learn_iterations
-        predicted = False
         for prev in preds:
             s = job.successors.get(prev)
             if s is not None and s.phase == phase and s.streak >= learn:
-                predicted = True
+                return True
+        return False
+
+    @staticmethod
+    def _learn(job: JobRecord, phase: PhaseKey, preds: set[PhaseKey]) -> None:
+        """Each predecessor gets ``phase`` as successor: a new one starts a streak of 1, the
+        same one extends its streak, another one resets it (a declared successor stays)."""
         for prev in preds:
             s = job.successors.get(prev)
             if s is None:
@@ -90,6 +109,10 @@ class Provisioner:
             elif not s.declared:
                 s.phase = phase
                 s.streak = 1
+
+    def _score(self, job: JobRecord, phase: PhaseKey, plan: Plan, predicted: bool) -> None:
+        """Count this instance of ``phase`` as a hit, late or miss (module docstring); a
+        phase whose circuits are ready without provisioning is not counted."""
         op_id = job.provisioned.pop(phase, None)
         ready = self._s.views.ready(plan)
         if op_id is not None and op_id in self._s.ops:
@@ -129,29 +152,44 @@ class Provisioner:
                 out.append(Decided(job_id, phase, advice.decision, True))
                 if not advice.decision.switch:
                     return out
-        op_ports: dict[str, frozenset[int]] = {}
-        for t in plan.targets:
-            ports = set(t.ports)
-            for xc in views.conflicts(t):
-                if views.held(t.switch_id, xc):
-                    return out
-                ports.update(xc.ports())
-            fports = frozenset(ports)
-            if views.blocked(t.switch_id, fports):
-                return out
-            op_ports[t.switch_id] = fports
-        for q in s.queue:
-            if q.op_id is None and q.waiters:
-                for qt in q.plan.targets:
-                    mine = op_ports.get(qt.switch_id)
-                    if mine is not None and not mine.isdisjoint(qt.ports):
-                        return out
+        op_ports = self._free_ports(plan)
+        if op_ports is None or self._needed_by_waiting(op_ports):
+            return out
         op_id = s.start_op(Op(None, job, job_id, phase, plan, op_ports))
         job.provisioned[phase] = op_id
         targets = tuple(SwitchTarget(t.switch_id, t.cross_connects, op_ports[t.switch_id])
                         for t in plan.targets)
         out.append(Reconfigure(op_id, job_id, phase, targets, provisioning=True))
         return out
+
+    def _free_ports(self, plan: Plan) -> dict[str, frozenset[int]] | None:
+        """Per switch, the ports switching to ``plan`` touches (its own and those of the
+        conflicting cross-connects it breaks); None when it would break a held cross-connect
+        or touch a port being switched."""
+        views = self._s.views
+        op_ports: dict[str, frozenset[int]] = {}
+        for t in plan.targets:
+            ports = set(t.ports)
+            for xc in views.conflicts(t):
+                if views.held(t.switch_id, xc):
+                    return None
+                ports.update(xc.ports())
+            fports = frozenset(ports)
+            if views.blocked(t.switch_id, fports):
+                return None
+            op_ports[t.switch_id] = fports
+        return op_ports
+
+    def _needed_by_waiting(self, op_ports: dict[str, frozenset[int]]) -> bool:
+        """True when a queued phase with waiting ranks and no op yet needs one of
+        ``op_ports`` (switch id -> ports): provisioning must not overtake it."""
+        for q in self._s.queue:
+            if q.op_id is None and q.waiters:
+                for qt in q.plan.targets:
+                    mine = op_ports.get(qt.switch_id)
+                    if mine is not None and not mine.isdisjoint(qt.ports):
+                        return True
+        return False
 
     def finished(self, op: Op, now: float, error: str | None, device_s: float) -> list[Decision]:
         """An op without a phase instance (provisioning, or a failover rewire) ended; the
