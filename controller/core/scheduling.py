@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from lightrail.controller.core.decisions import Admit, Decision, Reconfigure
 from lightrail.controller.core.planner import Plan, SwitchTarget
-from lightrail.controller.core.records import Instance, Op
+from lightrail.controller.core.records import Instance, JobRecord, Op
 from lightrail.controller.core.state import CoordinatorState
 
 
@@ -25,7 +25,6 @@ def schedule(
     out: list[Decision] = []
     if not state.queue:
         return out
-    views = state.views
     claimed: dict[str, set[int]] = {}
     for inst in list(state.queue):
         job = state.jobs.get(inst.job_id)
@@ -40,42 +39,13 @@ def schedule(
             state.dequeue(inst)
             state.maybe_drop(job, inst)
             continue
-        if views.ready(inst.plan) and not any(
+        if state.views.ready(inst.plan) and not any(
             not t.ports.isdisjoint(claimed.get(t.switch_id, ())) for t in inst.plan.targets
         ):
-            switched = switched_s is not None
-            device_s = 0.0 if switched_s is None else switched_s
-            steps = state.steps(job, inst.phase)
-            for w in inst.waiters.values():
-                state.admit_rank(job, job.ranks[w.rank], w.rank, inst)
-                if not switched:
-                    job.admitted_noop += 1
-                out.append(Admit(inst.job_id, w.rank, w.request_id, inst.phase,
-                                 not switched, now - w.arrived_s, device_s, steps=steps))
-            inst.waiters.clear()
-            state.dequeue(inst)
+            out.extend(_admit_waiters(state, job, inst, now, switched_s))
             continue
-        ok = inst.job_id not in state.recovering
-        op_ports: dict[str, frozenset[int]] = {}
-        for t in inst.plan.targets:
-            ports = set(t.ports)
-            for xc in views.conflicts(t):
-                ports.update(xc.ports())
-                if views.held(t.switch_id, xc):
-                    ok = False
-            fports = frozenset(ports)
-            op_ports[t.switch_id] = fports
-            if views.blocked(t.switch_id, fports):
-                ok = False
-            c = claimed.setdefault(t.switch_id, set())
-            # FIFO on the ports a phase makes circuits on: a later phase may not take an
-            # earlier waiting phase's own ports. Breaking a cross-connect both must break
-            # is no conflict (adjacent PP pairs both break the DP ring link between them;
-            # comparing the extended sets would serialize them one per round).
-            if not t.ports.isdisjoint(c):
-                ok = False
-            c.update(t.ports)
-        if not ok:
+        op_ports = _claim_ports(state, inst, claimed)
+        if op_ports is None:
             continue
         op_id = state.start_op(Op(inst, job, inst.job_id, inst.phase, inst.plan, op_ports))
         inst.op_id = op_id
@@ -85,6 +55,60 @@ def schedule(
         )
         out.append(Reconfigure(op_id, inst.job_id, inst.phase, targets))
     return out
+
+
+def _admit_waiters(
+    state: CoordinatorState, job: JobRecord, inst: Instance, now: float,
+    switched_s: float | None,
+) -> list[Decision]:
+    """Admit every waiting rank of ``inst`` (its circuits are there) and take it off the
+    queue. ``now``, ``switched_s`` as for ``schedule``: with no switch just completed the
+    admissions are no-ops (counted in ``job.admitted_noop``)."""
+    out: list[Decision] = []
+    switched = switched_s is not None
+    device_s = 0.0 if switched_s is None else switched_s
+    steps = state.steps(job, inst.phase)
+    for w in inst.waiters.values():
+        state.admit_rank(job, job.ranks[w.rank], w.rank, inst)
+        if not switched:
+            job.admitted_noop += 1
+        out.append(Admit(inst.job_id, w.rank, w.request_id, inst.phase,
+                         not switched, now - w.arrived_s, device_s, steps=steps))
+    inst.waiters.clear()
+    state.dequeue(inst)
+    return out
+
+
+def _claim_ports(
+    state: CoordinatorState, inst: Instance, claimed: dict[str, set[int]]
+) -> dict[str, frozenset[int]] | None:
+    """The ports (switch id -> ports) a reconfiguration to ``inst``'s plan touches: its own and
+    those of the cross-connects it breaks; None when it cannot start now (its job recovers, a
+    cross-connect to break is held, a port is being switched or unknown, or an older waiting
+    phase claimed one of its own ports). Either way ``inst``'s own ports are added to
+    ``claimed`` (switch id -> ports), so younger phases queue behind it."""
+    views = state.views
+    ok = inst.job_id not in state.recovering
+    op_ports: dict[str, frozenset[int]] = {}
+    for t in inst.plan.targets:
+        ports = set(t.ports)
+        for xc in views.conflicts(t):
+            ports.update(xc.ports())
+            if views.held(t.switch_id, xc):
+                ok = False
+        fports = frozenset(ports)
+        op_ports[t.switch_id] = fports
+        if views.blocked(t.switch_id, fports):
+            ok = False
+        c = claimed.setdefault(t.switch_id, set())
+        # FIFO on the ports a phase makes circuits on: a later phase may not take an
+        # earlier waiting phase's own ports. Breaking a cross-connect both must break
+        # is no conflict (adjacent PP pairs both break the DP ring link between them;
+        # comparing the extended sets would serialize them one per round).
+        if not t.ports.isdisjoint(c):
+            ok = False
+        c.update(t.ports)
+    return op_ports if ok else None
 
 
 def claimed_by_older(state: CoordinatorState, plan: Plan) -> bool:
