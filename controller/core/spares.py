@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from lightrail.controller.domain.fabric import Fabric
+from lightrail.controller.domain.fabric import Fabric, Host
 
 
 class NoSpare(Exception):
@@ -32,6 +32,14 @@ class SpareChoice:
     gpu: int
 
 
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    """A GPU of ``host`` in the failed GPU's domain, wired to its switch."""
+
+    host: Host
+    gpu: int
+
+
 def pick_spare(
     fabric: Fabric,
     failed_host: str,
@@ -44,38 +52,26 @@ def pick_spare(
     does not wire."""
     failed_ep = fabric.endpoint_of_gpu(failed_host, failed_gpu)
     domain = fabric.hosts[failed_host].failure_domain
+    switch_id = failed_ep.switch_id
     used_per_host: dict[str, int] = {}
     for (h, _), _job in in_use.items():
         used_per_host[h] = used_per_host.get(h, 0) + 1
-    best: tuple[bool, int, str, int] | None = None
-    seen_domain = seen_switch = seen_free = False
-    for host in fabric.hosts.values():
-        if host.name == failed_host or host.failure_domain != domain:
-            continue
-        seen_domain = True
-        for gpu in range(host.gpu_count):
-            if not fabric.has_gpu(host.name, gpu):
-                continue
-            if fabric.endpoint_of_gpu(host.name, gpu).switch_id != failed_ep.switch_id:
-                continue
-            seen_switch = True
-            if (host.name, gpu) in in_use or (host.name, gpu) in unhealthy:
-                continue
-            seen_free = True
-            key = (not host.spare, used_per_host.get(host.name, 0), host.name, gpu)
-            if best is None or key < best:
-                best = key
-    if best is None:
-        if not seen_domain:
-            reason = f"no other host in failure domain {domain!r}"
-        elif not seen_switch:
-            reason = (f"no GPU in failure domain {domain!r} is wired to switch "
-                      f"{failed_ep.switch_id!r}")
-        else:
-            reason = (f"every GPU in failure domain {domain!r} wired to switch "
-                      f"{failed_ep.switch_id!r} is in use or unhealthy")
-        raise NoSpare(f"no spare for {failed_host}/gpu{failed_gpu}: {reason}")
-    _, _, host_name, gpu = best
-    if seen_free is False:  # pragma: no cover - best implies a free candidate
-        raise NoSpare("internal: no free candidate")
-    return SpareChoice(host_name, gpu)
+    in_domain = [h for h in fabric.hosts.values()
+                 if h.name != failed_host and h.failure_domain == domain]
+    wired = [_Candidate(h, gpu) for h in in_domain for gpu in range(h.gpu_count)
+             if fabric.has_gpu(h.name, gpu)
+             and fabric.endpoint_of_gpu(h.name, gpu).switch_id == switch_id]
+    free = [c for c in wired
+            if (c.host.name, c.gpu) not in in_use and (c.host.name, c.gpu) not in unhealthy]
+    if not in_domain:
+        reason = f"no other host in failure domain {domain!r}"
+    elif not wired:
+        reason = f"no GPU in failure domain {domain!r} is wired to switch {switch_id!r}"
+    elif not free:
+        reason = (f"every GPU in failure domain {domain!r} wired to switch "
+                  f"{switch_id!r} is in use or unhealthy")
+    else:
+        best = min(free, key=lambda c: (not c.host.spare, used_per_host.get(c.host.name, 0),
+                                        c.host.name, c.gpu))
+        return SpareChoice(best.host.name, best.gpu)
+    raise NoSpare(f"no spare for {failed_host}/gpu{failed_gpu}: {reason}")
