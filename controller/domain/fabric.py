@@ -104,18 +104,8 @@ class Fabric:
         refers to an unknown host or switch, a port is out of range or on the wrong side, or two
         endpoints share a switch port.
         """
-        host_map: dict[str, Host] = {}
-        for h in hosts:
-            if h.name in host_map:
-                raise FabricError(f"hosts: duplicate host name {h.name!r}")
-            if h.gpu_count < 0:
-                raise FabricError(f"hosts[{h.name}].gpus: must be >= 0, got {h.gpu_count}")
-            host_map[h.name] = h
-        switch_map: dict[str, Switch] = {}
-        for s in switches:
-            if s.switch_id in switch_map:
-                raise FabricError(f"switches: duplicate switch id {s.switch_id!r}")
-            switch_map[s.switch_id] = s
+        host_map = _index_hosts(hosts)
+        switch_map = _index_switches(switches)
         ep_map: dict[EndpointId, Endpoint] = {}
         by_gpu: dict[tuple[str, int], Endpoint] = {}
         used: dict[tuple[str, int], EndpointId] = {}
@@ -123,32 +113,21 @@ class Fabric:
             where = f"wiring[{ep.endpoint_id}]"
             if ep.endpoint_id in ep_map:
                 raise FabricError(f"{where}: endpoint wired twice")
-            host = host_map.get(ep.endpoint_id.host)
-            if host is None:
-                raise FabricError(f"{where}.host: unknown host {ep.endpoint_id.host!r}")
-            if not 0 <= ep.gpu < host.gpu_count:
-                raise FabricError(f"{where}.gpu: {ep.gpu} not in 0..{host.gpu_count - 1}")
-            sw = switch_map.get(ep.switch_id)
-            if sw is None:
-                raise FabricError(f"{where}.switch: unknown switch {ep.switch_id!r}")
-            caps = sw.capabilities
-            if not caps.is_ingress(ep.tx_port):
-                raise FabricError(f"{where}.tx_port: {ep.tx_port} is not an ingress port")
-            if not caps.is_egress(ep.rx_port):
-                raise FabricError(f"{where}.rx_port: {ep.rx_port} is not an egress port")
-            if caps.kind is SwitchKind.DUPLEX and ep.tx_port != ep.rx_port:
-                raise FabricError(f"{where}.rx_port: a duplex port carries Tx and Rx")
+            _check_wiring(where, ep, host_map, switch_map)
             for port in {ep.tx_port, ep.rx_port}:
-                prev = used.get((sw.switch_id, port))
+                prev = used.get((ep.switch_id, port))
                 if prev is not None:
                     raise FabricError(
-                        f"{where}: port {sw.switch_id}:{port} already wired to {prev}"
+                        f"{where}: port {ep.switch_id}:{port} already wired to {prev}"
                     )
-                used[(sw.switch_id, port)] = ep.endpoint_id
-            if (host.name, ep.gpu) in by_gpu:
-                raise FabricError(f"{where}.gpu: GPU {ep.gpu} of {host.name} has two NICs")
+                used[(ep.switch_id, port)] = ep.endpoint_id
+            gpu_key = (ep.endpoint_id.host, ep.gpu)
+            if gpu_key in by_gpu:
+                raise FabricError(
+                    f"{where}.gpu: GPU {ep.gpu} of {ep.endpoint_id.host} has two NICs"
+                )
             ep_map[ep.endpoint_id] = ep
-            by_gpu[(host.name, ep.gpu)] = ep
+            by_gpu[gpu_key] = ep
         return Fabric(name, host_map, switch_map, ep_map, by_gpu)
 
     def endpoint_of_gpu(self, host: str, gpu: int) -> Endpoint:
@@ -163,6 +142,51 @@ class Fabric:
     def rails(self) -> tuple[int, ...]:
         """The rail numbers present, ascending."""
         return tuple(sorted({e.rail for e in self.endpoints.values()}))
+
+
+def _index_hosts(hosts: Iterable[Host]) -> dict[str, Host]:
+    """Hosts by name; ``FabricError`` for a duplicate name or a negative GPU count."""
+    host_map: dict[str, Host] = {}
+    for h in hosts:
+        if h.name in host_map:
+            raise FabricError(f"hosts: duplicate host name {h.name!r}")
+        if h.gpu_count < 0:
+            raise FabricError(f"hosts[{h.name}].gpus: must be >= 0, got {h.gpu_count}")
+        host_map[h.name] = h
+    return host_map
+
+
+def _index_switches(switches: Iterable[Switch]) -> dict[str, Switch]:
+    """Switches by id; ``FabricError`` for a duplicate id."""
+    switch_map: dict[str, Switch] = {}
+    for s in switches:
+        if s.switch_id in switch_map:
+            raise FabricError(f"switches: duplicate switch id {s.switch_id!r}")
+        switch_map[s.switch_id] = s
+    return switch_map
+
+
+def _check_wiring(
+    where: str, ep: Endpoint, host_map: Mapping[str, Host], switch_map: Mapping[str, Switch]
+) -> None:
+    """One endpoint's own fields: a known host with that GPU, a known switch, Tx on an ingress
+    and Rx on an egress port (one port on a duplex switch). Raises ``FabricError`` naming the
+    field under ``where``."""
+    host = host_map.get(ep.endpoint_id.host)
+    if host is None:
+        raise FabricError(f"{where}.host: unknown host {ep.endpoint_id.host!r}")
+    if not 0 <= ep.gpu < host.gpu_count:
+        raise FabricError(f"{where}.gpu: {ep.gpu} not in 0..{host.gpu_count - 1}")
+    sw = switch_map.get(ep.switch_id)
+    if sw is None:
+        raise FabricError(f"{where}.switch: unknown switch {ep.switch_id!r}")
+    caps = sw.capabilities
+    if not caps.is_ingress(ep.tx_port):
+        raise FabricError(f"{where}.tx_port: {ep.tx_port} is not an ingress port")
+    if not caps.is_egress(ep.rx_port):
+        raise FabricError(f"{where}.rx_port: {ep.rx_port} is not an egress port")
+    if caps.kind is SwitchKind.DUPLEX and ep.tx_port != ep.rx_port:
+        raise FabricError(f"{where}.rx_port: a duplex port carries Tx and Rx")
 
 
 def rail_fabric(
