@@ -570,20 +570,8 @@ class RestconfDriver:
             self._log.warning("read-back after a failed write failed", error=str(read_error))
             state = None
         if state is not None:
-            for xc in breaks:
-                if xc not in state and xc not in removed:
-                    removed.append(xc)
-            for xc in makes:
-                if xc in state and xc not in added:
-                    added.append(xc)
-        failed: dict[CrossConnect, str] = {}
-        for xc in breaks:
-            if xc not in removed:
-                failed[xc] = text if state is not None else f"outcome unknown: {text}"
-        for xc in makes:
-            if xc not in added:
-                reason = reasons.get(xc.ingress, text)
-                failed[xc] = reason if state is not None else f"outcome unknown: {reason}"
+            _count_read_back(state, breaks, makes, removed, added)
+        failed = _not_applied(breaks, makes, removed, added, reasons, text, state is not None)
         if not failed:
             self._log.warning("write answer lost, but the read-back shows it took effect",
                               error=text)
@@ -613,6 +601,46 @@ class RestconfDriver:
                 if existing != make and set(existing.ports()) & set(make.ports()):
                     return CrossConnectConflict(self._switch_id, make, existing)
         return error
+
+
+def _count_read_back(
+    state: frozenset[CrossConnect],
+    breaks: Sequence[CrossConnect],
+    makes: Sequence[CrossConnect],
+    removed: list[CrossConnect],
+    added: list[CrossConnect],
+) -> None:
+    """Add to ``removed`` / ``added`` the breaks gone from and the makes present in the
+    read-back ``state`` that the answers did not confirm (their answer was lost)."""
+    for xc in breaks:
+        if xc not in state and xc not in removed:
+            removed.append(xc)
+    for xc in makes:
+        if xc in state and xc not in added:
+            added.append(xc)
+
+
+def _not_applied(
+    breaks: Sequence[CrossConnect],
+    makes: Sequence[CrossConnect],
+    removed: Sequence[CrossConnect],
+    added: Sequence[CrossConnect],
+    reasons: Mapping[int, str],
+    text: str,
+    read_back: bool,
+) -> dict[CrossConnect, str]:
+    """Each break not removed and make not added, with its reason: the device's per-pair
+    message (``reasons``, by ingress port) for a make, else ``text``; prefixed "outcome
+    unknown: " when the read-back failed (``read_back`` False)."""
+    prefix = "" if read_back else "outcome unknown: "
+    failed: dict[CrossConnect, str] = {}
+    for xc in breaks:
+        if xc not in removed:
+            failed[xc] = prefix + text
+    for xc in makes:
+        if xc not in added:
+            failed[xc] = prefix + reasons.get(xc.ingress, text)
+    return failed
 
 
 def make_driver(spec: SwitchSpec, context: DriverContext) -> Driver:
