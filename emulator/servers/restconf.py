@@ -570,7 +570,14 @@ class RestconfServer:
         top, *rest = path[len(prefix):].split("/")
         if len(rest) > 1:
             raise _ErrorReply(404, "invalid-value", f"unknown resource {request.path!r}")
-        sub = rest[0] if rest else None
+        return await self._data_resource(request, top, rest[0] if rest else None)
+
+    async def _data_resource(
+        self, request: web.Request, top: str, sub: str | None
+    ) -> web.Response:
+        """Route a datastore resource ``{ROOT}/data/<top>[/<sub>]`` by its top-level node and
+        the method; an unknown node is a 404, a method the node does not take a 405."""
+        method = request.method
         if top == f"{OPTICAL}:cross-connects":
             return await self._cross_connects(request, sub)
         if top == f"{OPTICAL}:opm-power":
