@@ -290,31 +290,11 @@ def _route_block(
     for start in range(0, m, 2):
         if side[start] != -1:
             continue
-        cycle: list[int] = []  # inputs sent through the upper sub-network
-        i = start
-        while side[i] == -1:
-            side[i] = 0
-            side[i ^ 1] = 1
-            cycle.append(i)
-            i = inv[perm[i] ^ 1] ^ 1
-        if pref is not None:
-            agree = disagree = 0
+        cycle = _close_cycle(start, perm, inv, side)
+        if pref is not None and _flip_agrees_more(cycle, perm, pref, in_base, out_base):
             for i in cycle:
-                # canonical: input element i//2 is CROSS iff i is its lower input; output
-                # element perm[i]//2 is CROSS iff perm[i] is its lower output
-                for channel, want in (
-                    (in_base + i // 2, i & 1),
-                    (out_base + perm[i] // 2, perm[i] & 1),
-                ):
-                    p = pref[channel]
-                    if p == want:
-                        agree += 1
-                    elif p != -1:
-                        disagree += 1
-            if disagree > agree:
-                for i in cycle:
-                    side[i] = 1
-                    side[i ^ 1] = 0
+                side[i] = 1
+                side[i ^ 1] = 0
     half = m // 2
     upper = [0] * half
     lower = [0] * half
@@ -328,6 +308,44 @@ def _route_block(
             lower[i // 2] = o // 2
     _route_block(upper, stage + 1, row0, stages, rows, cross, pref)
     _route_block(lower, stage + 1, row0 + half // 2, stages, rows, cross, pref)
+
+
+def _close_cycle(start: int, perm: Sequence[int], inv: Sequence[int], side: list[int]) -> list[int]:
+    """Route the looping algorithm's cycle through input ``start``: mark each input sent
+    through the upper sub-network (``side`` 0) and its element partner lower (1), following
+    output partners (``inv``: output -> input) until the cycle closes. Returns the upper
+    inputs, in order."""
+    cycle: list[int] = []
+    i = start
+    while side[i] == -1:
+        side[i] = 0
+        side[i ^ 1] = 1
+        cycle.append(i)
+        i = inv[perm[i] ^ 1] ^ 1
+    return cycle
+
+
+def _flip_agrees_more(
+    cycle: Sequence[int], perm: Sequence[int], pref: Sequence[int], in_base: int, out_base: int
+) -> bool:
+    """True when ``cycle`` routed as marked (its inputs upper) disagrees with more of the
+    preferred states ``pref`` (by channel: 1 CROSS, 0 BAR, -1 none) of the block's input
+    elements (from channel ``in_base``) and output elements (from ``out_base``) than it agrees
+    with: the other way round agrees with more of them."""
+    agree = disagree = 0
+    for i in cycle:
+        # canonical: input element i//2 is CROSS iff i is its lower input; output
+        # element perm[i]//2 is CROSS iff perm[i] is its lower output
+        for channel, want in (
+            (in_base + i // 2, i & 1),
+            (out_base + perm[i] // 2, perm[i] & 1),
+        ):
+            p = pref[channel]
+            if p == want:
+                agree += 1
+            elif p != -1:
+                disagree += 1
+    return disagree > agree
 
 
 def _check_states(net: BenesNetwork, states: Sequence[object]) -> None:
