@@ -141,7 +141,7 @@ class FrameSplitter:
         """True when part of a frame (other than whitespace) is buffered."""
         return any(not ch.isspace() for ch in self._buf)
 
-    def feed(self, data: bytes | str) -> list[RawFrame]:
+    def feed(self, data: bytes | str) -> list[RawFrame]:  # noqa: PLR0912  per-character lexer state machine (comment, quote, terminator, plain): one table reads best whole
         """Add ``data`` (bytes are decoded as Latin-1) and return the frames it completes, in
         order. Raises ``Tl1SyntaxError`` when a frame exceeds ``max_chars``."""
         text = data.decode("latin-1") if isinstance(data, bytes) else data
