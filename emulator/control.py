@@ -186,6 +186,12 @@ def parse_fault(body: object, device: EmulatedOcs) -> FaultRequest:
             f"unknown member for fault {name!r} (value {body[unknown[0]]!r}; known: "
             f"{', '.join(sorted(_MEMBERS[name])) or 'none'})",
         )
+    return FaultRequest(name, _fault_args(name, body, device))
+
+
+def _fault_args(name: str, body: Mapping[str, object], device: EmulatedOcs) -> Json:
+    """The normalised arguments of fault ``name`` (known, its members checked) from ``body``,
+    defaults filled in. Raises ``ControlInputError`` naming the member and the value."""
     args: Json
     if name == "unreachable":
         args = {"on": _bool(body, "on")}
@@ -212,7 +218,7 @@ def parse_fault(body: object, device: EmulatedOcs) -> FaultRequest:
                 "down_s": _seconds(body, "down_s", 0.0)}
     else:
         args = {}
-    return FaultRequest(name, args)
+    return args
 
 
 # --- server --------------------------------------------------------------------------------------
