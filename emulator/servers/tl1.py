@@ -508,17 +508,39 @@ class Tl1Server:
     # --- commands -----------------------------------------------------------------------------
 
     async def _handle(self, conn: _Connection, cmd: Tl1Command) -> _Reply:
+        """One command: the session commands, then (logged in only) the configuration
+        commands under the configuration lock, else the retrievals. Raises ``_Deny``."""
         code = cmd.code
         if code == "ACT-USER":
             return await self._act_user(conn, cmd)
         if conn.user is None:
             raise _Deny("PLNA", "Login not active")
-        device = self._device
         if code == "CANC-USER":
             if cmd.aid != conn.user:
                 raise _Deny("PICC", "Permission denied")
             conn.user = None
             return _ok()
+        if code in _CONFIG_CODES:
+            async with self._config_lock:
+                return await self._configure(cmd)
+        return await self._retrieve(cmd)
+
+    async def _configure(self, cmd: Tl1Command) -> _Reply:
+        """ENT-PATCH, DLT-PATCH, OPR-/RLS-PORT-SHUTTER (``cmd.code`` in ``_CONFIG_CODES``)."""
+        code = cmd.code
+        if code == "ENT-PATCH":
+            return await self._ent_patch(cmd)
+        if code == "DLT-PATCH":
+            return await self._dlt_patch(cmd)
+        admin = PortAdmin.DISABLED if code == "OPR-PORT-SHUTTER" else PortAdmin.ENABLED
+        for port in self._ports(cmd.aid, allow_all=False):
+            await self._device.set_port_admin(port, admin)
+        return _ok()
+
+    async def _retrieve(self, cmd: Tl1Command) -> _Reply:
+        """The RTRV-* commands; any other code is denied ICNV (command not valid)."""
+        code = cmd.code
+        device = self._device
         if code == "RTRV-HDR":
             return _ok()
         if code == "RTRV-NETYPE":
@@ -550,16 +572,6 @@ class Tl1Server:
             )
         if code == "RTRV-ALM-ALL":
             return await self._rtrv_alarms()
-        if code in _CONFIG_CODES:
-            async with self._config_lock:
-                if code == "ENT-PATCH":
-                    return await self._ent_patch(cmd)
-                if code == "DLT-PATCH":
-                    return await self._dlt_patch(cmd)
-                admin = PortAdmin.DISABLED if code == "OPR-PORT-SHUTTER" else PortAdmin.ENABLED
-                for port in self._ports(cmd.aid, allow_all=False):
-                    await device.set_port_admin(port, admin)
-                return _ok()
         raise _Deny("ICNV", f"Command not valid: {code}")
 
     async def _act_user(self, conn: _Connection, cmd: Tl1Command) -> _Reply:
