@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import pytest
 
 from lightrail.controller.core.coordinator import PhaseCoordinator
@@ -327,6 +329,28 @@ def test_provisioning_learns_the_schedule_and_switches_ahead() -> None:
     assert all(d.noop for d in seen if isinstance(d, Admit))
 
 
+def enter_switching(
+    c: PhaseCoordinator, phase: PhaseKey, ranks: Iterable[int], request_base: int, now: float,
+    iteration: int,
+) -> None:
+    """Each of ``ranks`` enters ``phase`` (request id ``request_base + rank``); every
+    reconfiguration an enter starts is confirmed at once (not those that confirmation starts)."""
+    for r in ranks:
+        for d in c.enter("job", r, phase, request_base + r, now, iteration=iteration):
+            if isinstance(d, Reconfigure):
+                c.reconfigured(d.op_id, now)
+
+
+def release_each(
+    c: PhaseCoordinator, phase: PhaseKey, ranks: Iterable[int], now: float
+) -> list[Decision]:
+    """Each of ``ranks`` releases ``phase``; returns the decisions, in order."""
+    out: list[Decision] = []
+    for r in ranks:
+        out += c.release("job", r, phase, now)
+    return out
+
+
 def test_deviation_resets_the_prediction() -> None:
     c = PhaseCoordinator(rail_fabric("t", 4, 2, delay_s=0.01), learn_iterations=2)
     c.register_job("job", "t", place())
@@ -336,33 +360,19 @@ def test_deviation_resets_the_prediction() -> None:
     # iteration 3: after the ring comes a different pair (host1 <-> host2) instead of PP01
     pp12 = PhaseKey(ProcessGroup.of([2, 4]), Collective.SEND_RECV)
     before = c.stats("job")
-    for r in WORLD:
-        for d in c.enter("job", r, RING, 9000 + r, now, iteration=3):
-            if isinstance(d, Reconfigure):
-                c.reconfigured(d.op_id, now)
-    out: list[Decision] = []
-    for r in WORLD:
-        out += c.release("job", r, RING, now)
+    enter_switching(c, RING, WORLD, 9000, now, iteration=3)
+    out = release_each(c, RING, WORLD, now)
     provisioned = [d for d in out if isinstance(d, Reconfigure) and d.provisioning]
     assert [d.phase for d in provisioned] == [PP01]  # the prediction, about to be wrong
     for d in provisioned:
         assert isinstance(d, Reconfigure)
         c.reconfigured(d.op_id, now)
-    for r in (2, 4):
-        for d in c.enter("job", r, pp12, 9100 + r, now, iteration=3):
-            if isinstance(d, Reconfigure):
-                c.reconfigured(d.op_id, now)
+    enter_switching(c, pp12, (2, 4), 9100, now, iteration=3)
     assert c.stats("job").provisioning_misses == before.provisioning_misses + 1
-    for r in (2, 4):
-        c.release("job", r, pp12, now)
+    release_each(c, pp12, (2, 4), now)
     # the ring's successor is now pp12 with a streak of 1: no provisioning until re-learned
-    for r in WORLD:
-        for d in c.enter("job", r, RING, 9200 + r, now, iteration=4):
-            if isinstance(d, Reconfigure):
-                c.reconfigured(d.op_id, now)
-    out = []
-    for r in WORLD:
-        out += c.release("job", r, RING, now)
+    enter_switching(c, RING, WORLD, 9200, now, iteration=4)
+    out = release_each(c, RING, WORLD, now)
     assert not [d for d in out if isinstance(d, Reconfigure) and d.provisioning]
 
 
