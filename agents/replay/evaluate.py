@@ -536,65 +536,233 @@ def _ideal_rail_s(stage: Stage, rails: Sequence[_RailPart], link: LinkModel) -> 
     return t
 
 
+def _scale_up_s(sim: _Simulator, stages: Sequence[Stage]) -> float:
+    """Seconds of the scale-up (NVLink) stages of one collective, priced at ``sim.scale_up``.
+    Raises ``CostModelError``."""
+    t = 0.0
+    for st in stages:
+        if st.tier is Tier.SCALE_UP:
+            nodes = tuple(range(st.participants))
+            t += estimate_collective(Topology.packet_switched(), st.collective, nodes,
+                                     st.nbytes, sim.scale_up).time_s
+    return t
+
+
+def _rail_stage(stages: Sequence[Stage]) -> Stage | None:
+    """The (last) stage of ``stages`` that crosses the rails; None when all stay in a host."""
+    rail: Stage | None = None
+    for st in stages:
+        if st.tier is not Tier.SCALE_UP:
+            rail = st
+    return rail
+
+
+def _rail_parts(sim: _Simulator, group: ProcessGroup) -> tuple[_RailPart, ...]:
+    """The rails ``group`` spans, by switch id: each switch with the host indices (in rank
+    order, each host once) of the group's ranks wired to it; switches that reach a single host
+    carry no traffic of the group and are left out."""
+    by_switch: dict[str, list[int]] = {}
+    seen: set[tuple[str, str]] = set()
+    for r in group.ranks:
+        ep = sim.layout.endpoints[r]
+        key = (ep.switch_id, ep.endpoint_id.host)
+        if key not in seen:
+            seen.add(key)
+            by_switch.setdefault(ep.switch_id, []).append(sim.host_index[ep.endpoint_id.host])
+    return tuple(_RailPart(s, tuple(n)) for s, n in sorted(by_switch.items()) if len(n) > 1)
+
+
+def _step_plans(
+    sim: _Simulator, collective: Collective, concurrent: frozenset[ProcessGroup]
+) -> tuple[Mapping[str, frozenset[CrossConnect]], ...]:
+    """The circuits of each step of ``collective`` run by the ``concurrent`` groups at once:
+    per step, every group's plan merged by switch. An all-to-all has as many steps as its
+    largest group needs (a group with fewer steps drops out); any other collective has one.
+    Raises ``PlanError``."""
+    layout = sim.layout
+    steps = max(all_to_all_steps(layout, g) for g in concurrent) \
+        if collective is Collective.ALL_TO_ALL else 1
+    plans: list[Mapping[str, frozenset[CrossConnect]]] = []
+    for step in range(steps):
+        merged: dict[str, frozenset[CrossConnect]] = {}
+        for g in sorted(concurrent):
+            if collective is Collective.ALL_TO_ALL and step >= all_to_all_steps(layout, g):
+                continue
+            for sid, xcs in sim.group_plan(g, collective, step).items():
+                merged[sid] = merged.get(sid, _EMPTY) | xcs
+        plans.append(merged)
+    return tuple(plans)
+
+
+def _phase_of(
+    sim: _Simulator,
+    index: int,
+    op: ReplayOp,
+    groups_at: Sequence[frozenset[ProcessGroup]] | None,
+) -> _Phase:
+    """The precomputed ``_Phase`` of ``op``, the ``index``-th collective of a representative:
+    UNKNOWN without a group, SCALE_UP when it stays inside hosts, CROSS_RAIL when no rail
+    connects its hosts, else RAIL with the circuits of each step (merged with the groups
+    ``groups_at[index]`` runs at the same time, when known). Raises ``PlanError``,
+    ``CostModelError``."""
+    group = op.group
+    if group is None:
+        return _Phase(index, _Kind.UNKNOWN, op.collective, op.gap_s, 0.0, None, (), (), 0.0, None)
+    host_of = [sim.layout.endpoints[r].endpoint_id.host for r in group.ranks]
+    hosts = list(dict.fromkeys(host_of))
+    per_host = max(host_of.count(h) for h in hosts)
+    stages = hierarchical_stages(op.collective, _comm_bytes(op), len(hosts), per_host)
+    scale_up_s = _scale_up_s(sim, stages)
+    rail_stage = _rail_stage(stages)
+    if rail_stage is None:
+        return _Phase(index, _Kind.SCALE_UP, op.collective, op.gap_s, scale_up_s, None, (), (),
+                      0.0, None)
+    rails = _rail_parts(sim, group)
+    ideal = _ideal_rail_s(rail_stage, rails, sim.link)
+    if not rails:
+        return _Phase(index, _Kind.CROSS_RAIL, op.collective, op.gap_s, scale_up_s, rail_stage,
+                      (), (), ideal, None)
+    concurrent = groups_at[index] if groups_at is not None else frozenset({group})
+    plans = _step_plans(sim, op.collective, concurrent)
+    return _Phase(index, _Kind.RAIL, op.collective, op.gap_s, scale_up_s, rail_stage, rails,
+                  plans, ideal, (op.collective, concurrent))
+
+
 def _build_phases(
     sim: _Simulator,
     ops: Sequence[ReplayOp],
     groups_at: Sequence[frozenset[ProcessGroup]] | None,
 ) -> list[_Phase]:
-    layout = sim.layout
-    out: list[_Phase] = []
-    for i, op in enumerate(ops):
-        group = op.group
-        if group is None:
-            out.append(_Phase(i, _Kind.UNKNOWN, op.collective, op.gap_s, 0.0, None, (), (), 0.0,
-                              None))
-            continue
-        host_of = [layout.endpoints[r].endpoint_id.host for r in group.ranks]
-        hosts = list(dict.fromkeys(host_of))
-        per_host = max(host_of.count(h) for h in hosts)
-        stages = hierarchical_stages(op.collective, _comm_bytes(op), len(hosts), per_host)
-        scale_up_s = 0.0
-        rail_stage: Stage | None = None
-        for st in stages:
-            if st.tier is Tier.SCALE_UP:
-                nodes = tuple(range(st.participants))
-                scale_up_s += estimate_collective(Topology.packet_switched(), st.collective,
-                                                  nodes, st.nbytes, sim.scale_up).time_s
-            else:
-                rail_stage = st
-        if rail_stage is None:
-            out.append(_Phase(i, _Kind.SCALE_UP, op.collective, op.gap_s, scale_up_s, None, (),
-                              (), 0.0, None))
-            continue
-        by_switch: dict[str, list[int]] = {}
-        seen: set[tuple[str, str]] = set()
-        for r in group.ranks:
-            ep = layout.endpoints[r]
-            key = (ep.switch_id, ep.endpoint_id.host)
-            if key not in seen:
-                seen.add(key)
-                by_switch.setdefault(ep.switch_id, []).append(sim.host_index[ep.endpoint_id.host])
-        rails = tuple(_RailPart(s, tuple(n)) for s, n in sorted(by_switch.items()) if len(n) > 1)
-        ideal = _ideal_rail_s(rail_stage, rails, sim.link)
-        if not rails:
-            out.append(_Phase(i, _Kind.CROSS_RAIL, op.collective, op.gap_s, scale_up_s,
-                              rail_stage, (), (), ideal, None))
-            continue
-        concurrent = groups_at[i] if groups_at is not None else frozenset({group})
-        steps = max(all_to_all_steps(layout, g) for g in concurrent) \
-            if op.collective is Collective.ALL_TO_ALL else 1
-        plans: list[Mapping[str, frozenset[CrossConnect]]] = []
-        for step in range(steps):
-            merged: dict[str, frozenset[CrossConnect]] = {}
-            for g in sorted(concurrent):
-                if op.collective is Collective.ALL_TO_ALL and step >= all_to_all_steps(layout, g):
-                    continue
-                for sid, xcs in sim.group_plan(g, op.collective, step).items():
-                    merged[sid] = merged.get(sid, _EMPTY) | xcs
-            plans.append(merged)
-        out.append(_Phase(i, _Kind.RAIL, op.collective, op.gap_s, scale_up_s, rail_stage, rails,
-                          tuple(plans), ideal, (op.collective, concurrent)))
-    return out
+    """The phases of one representative's ``ops``, in order (``_phase_of``)."""
+    return [_phase_of(sim, i, op, groups_at) for i, op in enumerate(ops)]
+
+
+def _lay_out(workload: Workload, fabric: Fabric) -> JobLayout:
+    """Place ``workload``'s ranks on ``fabric``'s non-spare hosts and lay the job out. Raises
+    ``EvaluationError`` when the job does not fit."""
+    try:
+        placements = place_ranks(workload.world_size, _host_slots(fabric))
+        return layout_job(fabric, "evaluate", placements)
+    except (ReplayError, ValueError) as exc:
+        raise EvaluationError(f"{workload.name}: {exc}") from exc
+
+
+def _groups_at(ops: Mapping[int, Sequence[ReplayOp]]) -> list[frozenset[ProcessGroup]] | None:
+    """Per op index, the process groups the ranks' ops at that index run in (the collectives
+    that share the rails at once), when every rank's sequence lines up with the others (same
+    length and collectives); None when they do not."""
+    if not _aligned(ops):
+        return None
+    length = len(next(iter(ops.values())))
+    acc: list[set[ProcessGroup]] = [set() for _ in range(length)]
+    for seq in ops.values():
+        for i, op in enumerate(seq):
+            if op.group is not None:
+                acc[i].add(op.group)
+    return [frozenset(s) for s in acc]
+
+
+def _same_sequence_ranks(
+    ops: Mapping[int, Sequence[ReplayOp]], tail_gap_s: Mapping[int, float]
+) -> list[list[int]]:
+    """The ranks in classes that run the same sequence (collective, group size, bytes, compute
+    gap per op, and tail gap): each class sorted, the classes in order of their first rank,
+    which represents the class."""
+    by_sig: dict[tuple[object, ...], list[int]] = {}
+    for r in sorted(ops):
+        sig = (tuple((o.collective, o.group.size if o.group else 0, o.nbytes, o.gap_s)
+                     for o in ops[r]), tail_gap_s.get(r, 0.0))
+        by_sig.setdefault(sig, []).append(r)
+    return list(by_sig.values())
+
+
+@dataclass(frozen=True, slots=True)
+class _StaticCircuits:
+    """The fixed circuit set of ``Policy.STATIC``: ``state``, cross-connects by switch id
+    (empty when no collective crosses the rails); ``label``, what they were planned for (None
+    when empty)."""
+
+    state: State
+    label: str | None
+
+
+def _static_circuits(sim: _Simulator, phases: Sequence[_Phase]) -> _StaticCircuits:
+    """Static circuits: the first-step plan of the most frequent multi-host collective (and
+    groups) of ``phases``, one representative's view; ties go to the first met."""
+    counts: dict[tuple[Collective, frozenset[ProcessGroup]], int] = {}
+    first_plan: dict[tuple[Collective, frozenset[ProcessGroup]],
+                     Mapping[str, frozenset[CrossConnect]]] = {}
+    for ph in phases:
+        if ph.static_key is not None and ph.plans:
+            counts[ph.static_key] = counts.get(ph.static_key, 0) + 1
+            first_plan.setdefault(ph.static_key, ph.plans[0])
+    static: State = {}
+    if not counts:
+        return _StaticCircuits(static, None)
+    best = max(counts, key=lambda k: counts[k])  # first inserted wins ties
+    sim.apply(static, first_plan[best], list(first_plan[best]))
+    sizes = sorted({g.size for g in best[1]})
+    return _StaticCircuits(static, f"{best[0].value} over {len(best[1])} group(s) of "
+                                   f"{'/'.join(map(str, sizes))} ranks ({counts[best]} of "
+                                   f"{len(phases)} collectives per iteration)")
+
+
+def _census_note(rank: int, phases: Sequence[_Phase]) -> str:
+    """The note that counts ``rank``'s collectives by kind (rails, scale-up, unknown group,
+    cross-rail)."""
+    unknown = sum(1 for ph in phases if ph.kind is _Kind.UNKNOWN)
+    scale_up = sum(1 for ph in phases if ph.kind is _Kind.SCALE_UP)
+    cross = sum(1 for ph in phases if ph.kind is _Kind.CROSS_RAIL)
+    on_rails = sum(1 for ph in phases if ph.kind is _Kind.RAIL)
+    cross_note = f", {cross} over hosts no rail connects (priced at EPS speed)" if cross else ""
+    return (f"rank {rank}: {on_rails} collectives on the rails, {scale_up} inside one "
+            f"host (scale-up only), {unknown} without a known group (not costed)" + cross_note)
+
+
+def _slowest(
+    sim: _Simulator,
+    phases: Mapping[int, Sequence[_Phase]],
+    tail_gap_s: Mapping[int, float],
+    policy: Policy,
+    caps: Caps,
+    static: State,
+) -> _Tally:
+    """The tally of the slowest representative of ``phases`` under ``policy`` (the job's
+    iteration waits for it); the first met wins ties."""
+    return max((sim.run(ph, tail_gap_s.get(r, 0.0), policy, caps, static)
+                for r, ph in phases.items()), key=lambda x: x.time_s)
+
+
+def _policy_results(
+    sim: _Simulator,
+    phases: Mapping[int, Sequence[_Phase]],
+    tail_gap_s: Mapping[int, float],
+    static: State,
+    fixed: Mapping[Policy, _Tally | None],
+    fabric_name: str,
+    delays_ms: Sequence[float],
+) -> list[PolicyResult]:
+    """One ``PolicyResult`` per δ of ``delays_ms`` and ``Policy`` (in that order): the
+    policies of ``fixed`` (independent of δ; None: not applicable) take their tally from it, the
+    others run on the built-in fabric ``fabric_name`` with that δ. Overheads in % of the
+    ideal-EPS time."""
+    ideal_tally = fixed[Policy.IDEAL_EPS]
+    assert ideal_tally is not None
+    ideal_s = ideal_tally.time_s
+    results: list[PolicyResult] = []
+    per_delay = {d: BUILTIN_FABRICS[fabric_name](d / 1e3) for d in delays_ms}
+    for d in delays_ms:
+        caps = {sid: sw.capabilities for sid, sw in per_delay[d].switches.items()}
+        for pol in Policy:
+            tl = fixed[pol] if pol in fixed else _slowest(sim, phases, tail_gap_s, pol, caps,
+                                                          static)
+            if tl is None:
+                results.append(PolicyResult(pol, d, None, None, 0, 0.0, 0))
+                continue
+            over = (tl.time_s - ideal_s) / ideal_s * 100 if ideal_s > 0 else 0.0
+            results.append(PolicyResult(pol, d, tl.time_s, over, tl.reconfigurations,
+                                        tl.exposed_s, tl.stays))
+    return results
 
 
 def evaluate(workload: Workload, config: EvaluationConfig | None = None) -> Evaluation:
@@ -607,112 +775,51 @@ def evaluate(workload: Workload, config: EvaluationConfig | None = None) -> Eval
     started = time.perf_counter()
     fabric_name = cfg.fabric or ("demo-4x2" if workload.world_size <= 8 else "rail-16x8")
     fabric = BUILTIN_FABRICS[fabric_name](0.0)
-    try:
-        placements = place_ranks(workload.world_size, _host_slots(fabric))
-        layout = layout_job(fabric, "evaluate", placements)
-    except (ReplayError, ValueError) as exc:
-        raise EvaluationError(f"{workload.name}: {exc}") from exc
+    layout = _lay_out(workload, fabric)
     ops, notes = expand_workload(workload)
-    if cfg.max_ops is not None:
-        longest = max((len(v) for v in ops.values()), default=0)
-        if longest > cfg.max_ops:
-            ops = {r: v[:cfg.max_ops] for r, v in ops.items()}
-            notes.append(f"only the first {cfg.max_ops} of up to {longest} collectives per rank "
-                         "are evaluated (--max-ops)")
+    longest = max((len(v) for v in ops.values()), default=0)
+    if cfg.max_ops is not None and longest > cfg.max_ops:
+        ops = {r: v[:cfg.max_ops] for r, v in ops.items()}
+        notes.append(f"only the first {cfg.max_ops} of up to {longest} collectives per rank "
+                     "are evaluated (--max-ops)")
     if not ops:
         raise EvaluationError(f"{workload.name}: the workload has no rank with collectives")
     host_index = {name: i for i, name in enumerate(fabric.hosts)}
     sim = _Simulator(fabric, layout, cfg.link, cfg.scale_up, host_index)
-
-    groups_at: list[frozenset[ProcessGroup]] | None = None
-    if _aligned(ops):
-        length = len(next(iter(ops.values())))
-        acc: list[set[ProcessGroup]] = [set() for _ in range(length)]
-        for seq in ops.values():
-            for i, op in enumerate(seq):
-                if op.group is not None:
-                    acc[i].add(op.group)
-        groups_at = [frozenset(s) for s in acc]
-    else:
+    groups_at = _groups_at(ops)
+    if groups_at is None:
         notes.append("ranks' sequences do not line up: each representative sees only its own "
-                      "groups' circuits on the rails")
+                     "groups' circuits on the rails")
 
-    by_sig: dict[tuple[object, ...], list[int]] = {}
-    for r in sorted(ops):
-        sig = (tuple((o.collective, o.group.size if o.group else 0, o.nbytes, o.gap_s)
-                     for o in ops[r]), workload.tail_gap_s.get(r, 0.0))
-        by_sig.setdefault(sig, []).append(r)
-    reps = [members[0] for members in by_sig.values()]
+    classes = _same_sequence_ranks(ops, workload.tail_gap_s)
+    reps = [members[0] for members in classes]
     try:
         phases = {r: _build_phases(sim, ops[r], groups_at) for r in reps}
     except (PlanError, CostModelError) as exc:
         raise EvaluationError(f"{workload.name}: {exc}") from exc
-
-    # static circuits: the plan of the most frequent multi-host collective (first rep's view)
-    counts: dict[tuple[Collective, frozenset[ProcessGroup]], int] = {}
-    first_plan: dict[tuple[Collective, frozenset[ProcessGroup]],
-                     Mapping[str, frozenset[CrossConnect]]] = {}
-    for ph in phases[reps[0]]:
-        if ph.static_key is not None and ph.plans:
-            counts[ph.static_key] = counts.get(ph.static_key, 0) + 1
-            first_plan.setdefault(ph.static_key, ph.plans[0])
-    static: State = {}
-    static_label: str | None = None
-    if counts:
-        best = max(counts, key=lambda k: counts[k])  # first inserted wins ties
-        sim.apply(static, first_plan[best], list(first_plan[best]))
-        sizes = sorted({g.size for g in best[1]})
-        static_label = (f"{best[0].value} over {len(best[1])} group(s) of "
-                        f"{'/'.join(map(str, sizes))} ranks ({counts[best]} of "
-                        f"{len(phases[reps[0]])} collectives per iteration)")
-
-    unknown = sum(1 for ph in phases[reps[0]] if ph.kind is _Kind.UNKNOWN)
-    scale_up = sum(1 for ph in phases[reps[0]] if ph.kind is _Kind.SCALE_UP)
-    cross = sum(1 for ph in phases[reps[0]] if ph.kind is _Kind.CROSS_RAIL)
-    on_rails = sum(1 for ph in phases[reps[0]] if ph.kind is _Kind.RAIL)
-    cross_note = f", {cross} over hosts no rail connects (priced at EPS speed)" if cross else ""
-    notes.append(f"rank {reps[0]}: {on_rails} collectives on the rails, {scale_up} inside one "
-                 f"host (scale-up only), {unknown} without a known group (not costed)"
-                 + cross_note)
+    static = _static_circuits(sim, phases[reps[0]])
+    notes.append(_census_note(reps[0], phases[reps[0]]))
     notes.append(f"{len(reps)} representative rank(s) for {len(ops)} ranks (one per distinct "
                  "sequence of collective, group size, bytes and compute gap; generated schedules "
                  "run the same sequence on every rank); the job's iteration is the slowest")
 
-    results: list[PolicyResult] = []
-    per_delay = {d: BUILTIN_FABRICS[fabric_name](d / 1e3) for d in cfg.delays_ms}
     fixed: dict[Policy, _Tally | None] = {}
     for pol in (Policy.IDEAL_EPS, Policy.STATIC):
-        worst = max((sim.run(phases[r], workload.tail_gap_s.get(r, 0.0), pol, {}, static)
-                     for r in reps), key=lambda x: x.time_s)
+        worst = _slowest(sim, phases, workload.tail_gap_s, pol, {}, static.state)
         fixed[pol] = None if math.isinf(worst.time_s) else worst
-    ideal_tally = fixed[Policy.IDEAL_EPS]
-    assert ideal_tally is not None
-    ideal_s = ideal_tally.time_s
+    assert fixed[Policy.IDEAL_EPS] is not None
     if fixed[Policy.STATIC] is None:
         notes.append("static circuits: some collective cannot reach its peers over the fixed "
                      "circuit set (n/a)")
-    for d in cfg.delays_ms:
-        caps = {sid: sw.capabilities for sid, sw in per_delay[d].switches.items()}
-        for pol in Policy:
-            tl: _Tally | None
-            if pol in fixed:
-                tl = fixed[pol]
-            else:
-                tl = max((sim.run(phases[r], workload.tail_gap_s.get(r, 0.0), pol, caps, static)
-                          for r in reps), key=lambda x: x.time_s)
-            if tl is None:
-                results.append(PolicyResult(pol, d, None, None, 0, 0.0, 0))
-                continue
-            over = (tl.time_s - ideal_s) / ideal_s * 100 if ideal_s > 0 else 0.0
-            results.append(PolicyResult(pol, d, tl.time_s, over, tl.reconfigurations,
-                                        tl.exposed_s, tl.stays))
+    results = _policy_results(sim, phases, workload.tail_gap_s, static.state, fixed,
+                              fabric_name, cfg.delays_ms)
 
     rails_used = len({ep.rail for ep in layout.endpoints})
     rep_info = tuple(
         Representative(members[0], len(members), len(ops[members[0]]),
                        sum(o.gap_s for o in ops[members[0]])
                        + workload.tail_gap_s.get(members[0], 0.0))
-        for members in by_sig.values())
+        for members in classes)
     return Evaluation(
         workload=workload.name,
         source_format=workload.source_format.value,
@@ -727,7 +834,7 @@ def evaluate(workload: Workload, config: EvaluationConfig | None = None) -> Eval
         link=cfg.link,
         scale_up=cfg.scale_up,
         delays_ms=cfg.delays_ms,
-        static_plan=static_label,
+        static_plan=static.label,
         elapsed_s=time.perf_counter() - started,
     )
 
