@@ -370,25 +370,57 @@ def _csv_row(source: Path, line: int, cells: Mapping[str, str]) -> _CsvRow:
                    cells.get("additional", "").strip(), count)
 
 
-def _infer_layout(
-    source: Path, world: int | None, rows: Sequence[_CsvRow], assumptions: list[str]
-) -> ParallelLayout:
-    sizes: dict[GroupKind, tuple[int, int]] = {}
+def _group_sizes(source: Path, rows: Sequence[_CsvRow]) -> dict[GroupKind, int]:
+    """The size of each group kind the collective rows name, in ranks (pipeline send/recv rows
+    of size 1, as older AICB writes them, say nothing). Raises ``TraceError`` when two rows give
+    one kind different sizes."""
+    sizes: dict[GroupKind, int] = {}
+    first_line: dict[GroupKind, int] = {}
     for row in rows:
         if row.comm_type not in _AICB_COLLECTIVES:
             continue
         assert row.group is not None and row.group_size is not None
         if row.comm_type in ("isend", "irecv") and row.group_size == 1:
             continue  # older AICB writes size 1 on pipeline send/recv rows
-        seen = sizes.setdefault(row.group, (row.group_size, row.line))
-        if seen[0] != row.group_size:
+        seen = sizes.setdefault(row.group, row.group_size)
+        line = first_line.setdefault(row.group, row.line)
+        if seen != row.group_size:
             raise TraceError(source, "comm_group_size", row.group_size,
-                             f"{row.group.value} group was {seen[0]} on line {seen[1]}",
+                             f"{row.group.value} group was {seen} on line {line}",
                              line=row.line)
-    tp = sizes.get(GroupKind.TP, (1, 0))[0]
-    dp = sizes[GroupKind.DP][0] if GroupKind.DP in sizes else None
-    pp = sizes[GroupKind.PP][0] if GroupKind.PP in sizes else None
-    ep = sizes.get(GroupKind.EP, (1, 0))[0]
+    return sizes
+
+
+def _check_rows_fit(source: Path, rows: Sequence[_CsvRow], layout: ParallelLayout) -> None:
+    """Raise ``TraceError`` on the first row ``layout`` cannot run: a pipeline send/recv
+    without a pipeline, or a collective (but send/recv) whose group size is not its group's in
+    the layout."""
+    p2p = next((r for r in rows if r.comm_type in ("isend", "irecv")), None)
+    if p2p is not None and layout.pp == 1:
+        raise TraceError(source, "comm_group_size", p2p.group_size,
+                         "pipeline send/recv but the pipeline size is unknown (1)", line=p2p.line)
+    for row in rows:
+        if row.comm_type in _AICB_COLLECTIVES and row.comm_type not in ("isend", "irecv"):
+            assert row.group is not None
+            expected = layout.group_size(row.group)
+            if row.group_size != expected:
+                raise TraceError(source, "comm_group_size", row.group_size,
+                                 f"a {row.group.value} group has {expected} ranks in this layout",
+                                 line=row.line)
+
+
+def _infer_layout(
+    source: Path, world: int | None, rows: Sequence[_CsvRow], assumptions: list[str]
+) -> ParallelLayout:
+    """The parallel layout the rows' group sizes and ``world`` (the ``[rank0 ~ rankN]`` line,
+    None when absent: then the product of the sizes, said in ``assumptions``) make: TP and EP
+    default to 1, a missing DP or PP is what the world size leaves. Raises ``TraceError`` when
+    the sizes do not make the world size or a row does not fit the layout."""
+    sizes = _group_sizes(source, rows)
+    tp = sizes.get(GroupKind.TP, 1)
+    dp = sizes.get(GroupKind.DP)
+    pp = sizes.get(GroupKind.PP)
+    ep = sizes.get(GroupKind.EP, 1)
     if world is None:
         pp, dp = pp or 1, dp or 1
         world = tp * dp * pp
@@ -407,18 +439,7 @@ def _infer_layout(
         layout = ParallelLayout(tp=tp, dp=dp, pp=pp, ep=ep)
     except ValueError as exc:
         raise TraceError(source, "comm_group_size", ep, str(exc)) from exc
-    p2p = next((r for r in rows if r.comm_type in ("isend", "irecv")), None)
-    if p2p is not None and layout.pp == 1:
-        raise TraceError(source, "comm_group_size", p2p.group_size,
-                         "pipeline send/recv but the pipeline size is unknown (1)", line=p2p.line)
-    for row in rows:
-        if row.comm_type in _AICB_COLLECTIVES and row.comm_type not in ("isend", "irecv"):
-            assert row.group is not None
-            expected = layout.group_size(row.group)
-            if row.group_size != expected:
-                raise TraceError(source, "comm_group_size", row.group_size,
-                                 f"a {row.group.value} group has {expected} ranks in this layout",
-                                 line=row.line)
+    _check_rows_fit(source, rows, layout)
     return layout
 
 
