@@ -677,38 +677,8 @@ def _resolve_group(
         arithmetic = tuple(range(start, start + stride * size, stride))
     by_name = pg_table.get(str(name)) if name is not None else None
     if "Process Group Ranks" in meta:
-        field_name = f"Process Group Ranks ({where})"
-        parsed = _int_list(source, field_name, meta["Process Group Ranks"])
-        if parsed.truncated:
-            prefix = parsed.values
-            for candidate, origin in ((arithmetic, "Global rank start/stride"),
-                                      (by_name, "distributedInfo.pg_config")):
-                if candidate and candidate[: len(prefix)] == prefix and (
-                    size is None or len(candidate) == size
-                ):
-                    note = f"Process Group Ranks truncated by the profiler; ranks from {origin}"
-                    return _GroupInfo(ProcessGroup.of(candidate), candidate, (note,), False)
-            note = (
-                f"Process Group Ranks truncated after {len(prefix)} of {size} ranks and no "
-                "start/stride recorded: process group unknown"
-            )
-            return _GroupInfo(None, None, (note,), True)
-        if not parsed.values:
-            if size is None or size < 1:
-                raise TraceError(
-                    source, f"Group size ({where})", size, "needed to read an empty rank list"
-                )
-            ranks = tuple(range(size))
-            note = f"empty Process Group Ranks read as ranks 0..{size - 1} (the default group)"
-            return _GroupInfo(ProcessGroup.of(ranks), ranks, (note,), False)
-        ranks = parsed.values
-        if size is not None and size != len(ranks):
-            raise TraceError(source, field_name, meta["Process Group Ranks"],
-                             f"{len(ranks)} ranks but Group size is {size}")
-        if len(set(ranks)) != len(ranks) or min(ranks) < 0:
-            raise TraceError(source, field_name, meta["Process Group Ranks"],
-                             "duplicate or negative rank")
-        return _GroupInfo(ProcessGroup.of(ranks), ranks, (), False)
+        return _group_from_rank_list(source, meta["Process Group Ranks"], where, size,
+                                     arithmetic, by_name)
     if arithmetic is not None:
         note = "process group from Global rank start/stride (no rank list recorded)"
         return _GroupInfo(ProcessGroup.of(arithmetic), arithmetic, (note,), False)
@@ -722,6 +692,53 @@ def _resolve_group(
     if size is not None:
         return _GroupInfo(None, None, (f"process group of {size} ranks, ranks not recorded",), True)
     return _GroupInfo(None, None, ("no process group recorded",), True)
+
+
+def _group_from_rank_list(
+    source: str,
+    recorded: object,
+    where: str,
+    size: int | None,
+    arithmetic: tuple[int, ...] | None,
+    by_name: tuple[int, ...] | None,
+) -> _GroupInfo:
+    """The group of a call that records ``Process Group Ranks`` (``recorded``), checked
+    against its ``Group size`` (``size``). A list the profiler truncated is completed from the
+    start/stride ranks (``arithmetic``) or the named group of ``distributedInfo.pg_config``
+    (``by_name``) when one of them extends it; else the group is unknown. An empty list is the
+    default group ``0 .. size-1``. Raises ``TraceError`` on a malformed list, an empty one
+    without a size, a length other than ``size``, or a duplicate or negative rank."""
+    field_name = f"Process Group Ranks ({where})"
+    parsed = _int_list(source, field_name, recorded)
+    if parsed.truncated:
+        prefix = parsed.values
+        for candidate, origin in ((arithmetic, "Global rank start/stride"),
+                                  (by_name, "distributedInfo.pg_config")):
+            if candidate and candidate[: len(prefix)] == prefix and (
+                size is None or len(candidate) == size
+            ):
+                note = f"Process Group Ranks truncated by the profiler; ranks from {origin}"
+                return _GroupInfo(ProcessGroup.of(candidate), candidate, (note,), False)
+        note = (
+            f"Process Group Ranks truncated after {len(prefix)} of {size} ranks and no "
+            "start/stride recorded: process group unknown"
+        )
+        return _GroupInfo(None, None, (note,), True)
+    if not parsed.values:
+        if size is None or size < 1:
+            raise TraceError(
+                source, f"Group size ({where})", size, "needed to read an empty rank list"
+            )
+        ranks = tuple(range(size))
+        note = f"empty Process Group Ranks read as ranks 0..{size - 1} (the default group)"
+        return _GroupInfo(ProcessGroup.of(ranks), ranks, (note,), False)
+    ranks = parsed.values
+    if size is not None and size != len(ranks):
+        raise TraceError(source, field_name, recorded,
+                         f"{len(ranks)} ranks but Group size is {size}")
+    if len(set(ranks)) != len(ranks) or min(ranks) < 0:
+        raise TraceError(source, field_name, recorded, "duplicate or negative rank")
+    return _GroupInfo(ProcessGroup.of(ranks), ranks, (), False)
 
 
 def _splits(
@@ -909,8 +926,10 @@ def _rank_of(file: _RankFile, single: bool) -> tuple[int, str | None]:
                      "no rank recorded and none in the file name")
 
 
-def _build_workload(path: Path, files: list[_RankFile], step: int | None) -> Workload:
-    assumptions: list[str] = []
+def _ranked_files(files: Sequence[_RankFile], assumptions: list[str]) -> dict[int, _RankFile]:
+    """Each trace file by the rank it records (``_rank_of``; how a rank was found when not
+    recorded is appended to ``assumptions``). Raises ``TraceError`` when two files claim one
+    rank, or a file of several has no rank."""
     ranked: dict[int, _RankFile] = {}
     for file in files:
         rank, note = _rank_of(file, len(files) == 1)
@@ -920,7 +939,14 @@ def _build_workload(path: Path, files: list[_RankFile], step: int | None) -> Wor
             raise TraceError(file.source, "distributedInfo.rank", rank,
                              f"rank already read from {ranked[rank].source}")
         ranked[rank] = file
-    worlds = {f.world_size for f in files if f.world_size is not None}
+    return ranked
+
+
+def _world_of(path: Path, ranked: Mapping[int, _RankFile], assumptions: list[str]) -> int:
+    """The job's world size: the one the files record, else inferred from the ranks and group
+    sizes seen (said in ``assumptions``). Raises ``TraceError`` when the files disagree or a
+    rank falls outside it."""
+    worlds = {f.world_size for f in ranked.values() if f.world_size is not None}
     if len(worlds) > 1:
         raise TraceError(path, "distributedInfo.world_size", sorted(worlds), "ranks disagree")
     if worlds:
@@ -932,6 +958,13 @@ def _build_workload(path: Path, files: list[_RankFile], step: int | None) -> Wor
         if rank >= world_size:
             raise TraceError(file.source, "distributedInfo.rank", rank,
                              f"outside the world of {world_size} ranks")
+    return world_size
+
+
+def _build_workload(path: Path, files: list[_RankFile], step: int | None) -> Workload:
+    assumptions: list[str] = []
+    ranked = _ranked_files(files, assumptions)
+    world_size = _world_of(path, ranked, assumptions)
 
     per_rank = {
         rank: _rank_ops(rank, file, world_size) for rank, file in sorted(ranked.items())
