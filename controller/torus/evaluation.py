@@ -40,7 +40,7 @@ import csv
 import heapq
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +48,7 @@ import numpy as np
 from lightrail.controller.torus.allocator import (
     AllocationPolicy,
     NoCapacityError,
+    Slice,
     SliceMode,
     SliceRequest,
     SparePolicy,
@@ -200,86 +201,137 @@ def generate_trace(fabric: TorusFabric, requests: int, seed: int, *, load: float
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """What one live slice holds: ``chips`` and ``bandwidth_gbps`` (``Slice.bandwidth_gbps``)."""
+
+    chips: int
+    bandwidth_gbps: float
+
+
+@dataclass(slots=True)
+class _Live:
+    """The slices live during a replay and the time integrals of what they hold: ``chips`` and
+    ``bandwidth_gbps`` now, ``chip_s`` (chip-seconds) and ``gbps_s`` (Gb/s x s) integrated from
+    the first ``last_t`` on; ``departures`` is a heap of (departure time in s, slice id),
+    ``held`` what each live slice holds."""
+
+    last_t: float
+    chips: int = 0
+    bandwidth_gbps: float = 0.0
+    chip_s: float = 0.0
+    gbps_s: float = 0.0
+    departures: list[tuple[float, str]] = field(default_factory=list)
+    held: dict[str, _Held] = field(default_factory=dict)
+
+    def advance(self, t: float) -> None:
+        """Integrate what is live up to time ``t`` (s); an earlier ``t`` changes nothing."""
+        if t > self.last_t:
+            self.chip_s += self.chips * (t - self.last_t)
+            self.gbps_s += self.bandwidth_gbps * (t - self.last_t)
+            self.last_t = t
+
+    def release_until(self, alloc: TorusAllocator, t: float) -> None:
+        """Release from ``alloc``, in departure order, every slice that leaves by time ``t``."""
+        while self.departures and self.departures[0][0] <= t:
+            left, sid = heapq.heappop(self.departures)
+            self.advance(left)
+            alloc.release(sid)
+            held = self.held.pop(sid)
+            self.chips -= held.chips
+            self.bandwidth_gbps -= held.bandwidth_gbps
+
+    def hold(self, s: Slice, until_s: float) -> None:
+        """Count ``s`` live until it departs at ``until_s``."""
+        heapq.heappush(self.departures, (until_s, s.slice_id))
+        self.held[s.slice_id] = _Held(s.size, s.bandwidth_gbps)
+        self.chips += s.size
+        self.bandwidth_gbps += s.bandwidth_gbps
+
+
+@dataclass(slots=True)
+class _Measured:
+    """The counts over the measured arrivals (after warm-up): requests accepted and rejected,
+    chips rejected and asked for, stitched slices and their mean hops, fragmentation samples
+    (by the policy's largest allocatable slice, and by the largest free box)."""
+
+    accepted: int = 0
+    rejected: int = 0
+    rejected_chips: int = 0
+    asked_chips: int = 0
+    stitched: int = 0
+    hops: list[float] = field(default_factory=list)
+    frags: list[float] = field(default_factory=list)
+    box_frags: list[float] = field(default_factory=list)
+
+    def sample_fragmentation(self, alloc: TorusAllocator, probe_attempts: int) -> None:
+        """One sample of each fragmentation of ``alloc`` now (0 when nothing is free)."""
+        free = alloc.free_count()
+        if free:
+            self.frags.append(1.0 - alloc.largest_allocatable(probe_attempts) / free)
+            self.box_frags.append(1.0 - alloc.largest_free_box() / free)
+        else:
+            self.frags.append(0.0)
+            self.box_frags.append(0.0)
+
+    def reject(self, chips: int) -> None:
+        """A request for ``chips`` chips found no placement."""
+        self.rejected += 1
+        self.rejected_chips += chips
+        self.asked_chips += chips
+
+    def accept(self, s: Slice, chips: int) -> None:
+        """A request for ``chips`` chips was granted as ``s``."""
+        self.accepted += 1
+        self.asked_chips += chips
+        if s.mode is SliceMode.STITCHED:
+            self.stitched += 1
+            self.hops.append(s.mean_hops)
+
+
 def replay(alloc: TorusAllocator, trace: list[TraceRequest], *, warmup: int,
            frag_every: int, probe_attempts: int) -> PolicyResult:
     """Replay ``trace`` through ``alloc``; metrics over arrivals with index >= ``warmup``,
     fragmentation sampled every ``frag_every``-th measured arrival."""
     started = time.perf_counter()
     tenant_chips = alloc.free_count()
-    departures: list[tuple[float, str]] = []
-    live_chips = 0
-    live_bw = 0.0
-    chips_integral = bw_integral = 0.0
     measure_from = trace[warmup].arrival_s if warmup < len(trace) else trace[-1].arrival_s
-    last_t = measure_from
-    accepted = rejected = rejected_chips = asked_chips = stitched = 0
-    hops: list[float] = []
-    frags: list[float] = []
-    box_frags: list[float] = []
-    bw_of: dict[str, tuple[int, float]] = {}
-
-    def advance(t: float) -> None:
-        nonlocal last_t, chips_integral, bw_integral
-        if t > last_t:
-            chips_integral += live_chips * (t - last_t)
-            bw_integral += live_bw * (t - last_t)
-            last_t = t
-
+    live = _Live(last_t=measure_from)
+    m = _Measured()
     for tr in trace:
-        while departures and departures[0][0] <= tr.arrival_s:
-            t, sid = heapq.heappop(departures)
-            advance(t)
-            alloc.release(sid)
-            n, bw = bw_of.pop(sid)
-            live_chips -= n
-            live_bw -= bw
-        advance(tr.arrival_s)
+        live.release_until(alloc, tr.arrival_s)
+        live.advance(tr.arrival_s)
         measured = tr.index >= warmup
         if measured and (tr.index - warmup) % frag_every == 0:
-            free = alloc.free_count()
-            if free:
-                frags.append(1.0 - alloc.largest_allocatable(probe_attempts) / free)
-                box_frags.append(1.0 - alloc.largest_free_box() / free)
-            else:
-                frags.append(0.0)
-                box_frags.append(0.0)
+            m.sample_fragmentation(alloc, probe_attempts)
         chips = tr.request.shape.volume if tr.request.shape is not None else \
             tr.request.size or 0
         try:
             s = alloc.allocate(tr.request)
         except NoCapacityError:
             if measured:
-                rejected += 1
-                rejected_chips += chips
-                asked_chips += chips
+                m.reject(chips)
             continue
-        heapq.heappush(departures, (tr.arrival_s + tr.hold_s, s.slice_id))
-        bw_of[s.slice_id] = (s.size, s.bandwidth_gbps)
-        live_chips += s.size
-        live_bw += s.bandwidth_gbps
+        live.hold(s, tr.arrival_s + tr.hold_s)
         if measured:
-            accepted += 1
-            asked_chips += chips
-            if s.mode is SliceMode.STITCHED:
-                stitched += 1
-                hops.append(s.mean_hops)
-    advance(max(last_t, trace[-1].arrival_s))
-    span = max(last_t - measure_from, 1e-12)
-    measured_n = accepted + rejected
+            m.accept(s, chips)
+    live.advance(max(live.last_t, trace[-1].arrival_s))
+    span = max(live.last_t - measure_from, 1e-12)
+    measured_n = m.accepted + m.rejected
     return PolicyResult(
         policy=alloc.policy.value,
         requests=measured_n,
-        accepted=accepted,
-        rejected=rejected,
-        rejection_rate=rejected / measured_n if measured_n else 0.0,
-        rejected_chip_rate=rejected_chips / asked_chips if asked_chips else 0.0,
-        fragmentation=float(np.mean(frags)) if frags else 0.0,
-        box_fragmentation=float(np.mean(box_frags)) if box_frags else 0.0,
-        utilization=chips_integral / span / tenant_chips if tenant_chips else 0.0,
-        bandwidth_gbps=bw_integral / span,
-        bandwidth_per_chip_gbps=bw_integral / chips_integral if chips_integral else 0.0,
-        stitched_fraction=stitched / accepted if accepted else 0.0,
-        mean_hops=float(np.mean(hops)) if hops else 0.0,
+        accepted=m.accepted,
+        rejected=m.rejected,
+        rejection_rate=m.rejected / measured_n if measured_n else 0.0,
+        rejected_chip_rate=m.rejected_chips / m.asked_chips if m.asked_chips else 0.0,
+        fragmentation=float(np.mean(m.frags)) if m.frags else 0.0,
+        box_fragmentation=float(np.mean(m.box_frags)) if m.box_frags else 0.0,
+        utilization=live.chip_s / span / tenant_chips if tenant_chips else 0.0,
+        bandwidth_gbps=live.gbps_s / span,
+        bandwidth_per_chip_gbps=live.gbps_s / live.chip_s if live.chip_s else 0.0,
+        stitched_fraction=m.stitched / m.accepted if m.accepted else 0.0,
+        mean_hops=float(np.mean(m.hops)) if m.hops else 0.0,
         wall_s=time.perf_counter() - started,
     )
 
