@@ -517,33 +517,49 @@ class TorusAllocator:
         problems: list[str] = []
         seen: dict[Chip, str] = {}
         fibres: dict[TorusLink, str] = {}
-        fid = self.fabric.chip_id
         for sid, s in self._slices.items():
             problems += [f"{sid}: {p}" for p in verify_slice(self.fabric, s)]
-            for chip in s.chips:
-                if chip in s.failed:
-                    continue
-                if chip in seen:
-                    problems.append(f"chip {chip} in {seen[chip]} and {sid}")
-                seen[chip] = sid
-                state = self._state[fid(chip)]
-                if state is not ChipState.ALLOCATED or self._owner[fid(chip)] != sid:
-                    problems.append(f"{sid}: chip {chip} is {state.value}")
-            for c in s.circuits:
-                if not c.photonic:
-                    continue
-                for link in c.links:
-                    if link in fibres:
-                        problems.append(f"fibre {link} in {fibres[link]} and {sid}")
-                    fibres[link] = sid
-                    for port in link.ports:
-                        owner = self._borrowed.get(port, self._owner[fid(port.home)])
-                        if owner != sid:
-                            problems.append(f"{sid}: port {port} belongs to {owner}")
+            problems += self._chip_problems(sid, s, seen)
+            problems += self._fibre_problems(sid, s, fibres)
         for cid, state in enumerate(self._state):
             chip = self._t.chips[cid]
             if (state is ChipState.FREE) != bool(self._free[chip.x, chip.y, chip.z]):
                 problems.append(f"{state.value} chip {chip} wrong in the free grid")
+        return problems
+
+    def _chip_problems(self, sid: str, s: Slice, seen: dict[Chip, str]) -> list[str]:
+        """``check_invariants`` for the working chips of slice ``sid``: each in no other slice
+        (``seen``: chip -> the slice met first, updated here) and allocated to ``sid``."""
+        problems: list[str] = []
+        fid = self.fabric.chip_id
+        for chip in s.chips:
+            if chip in s.failed:
+                continue
+            if chip in seen:
+                problems.append(f"chip {chip} in {seen[chip]} and {sid}")
+            seen[chip] = sid
+            state = self._state[fid(chip)]
+            if state is not ChipState.ALLOCATED or self._owner[fid(chip)] != sid:
+                problems.append(f"{sid}: chip {chip} is {state.value}")
+        return problems
+
+    def _fibre_problems(self, sid: str, s: Slice, fibres: dict[TorusLink, str]) -> list[str]:
+        """``check_invariants`` for the photonic circuits of slice ``sid``: each fibre in no
+        other slice (``fibres``: fibre -> the slice met first, updated here) and each of its
+        ports owned by, or lent to, ``sid``."""
+        problems: list[str] = []
+        fid = self.fabric.chip_id
+        for c in s.circuits:
+            if not c.photonic:
+                continue
+            for link in c.links:
+                if link in fibres:
+                    problems.append(f"fibre {link} in {fibres[link]} and {sid}")
+                fibres[link] = sid
+                for port in link.ports:
+                    owner = self._borrowed.get(port, self._owner[fid(port.home)])
+                    if owner != sid:
+                        problems.append(f"{sid}: port {port} belongs to {owner}")
         return problems
 
     # --- internals: state ----------------------------------------------------------------------
@@ -1128,21 +1144,7 @@ def verify_slice(fabric: TorusFabric, s: Slice) -> list[str]:
         have[key] = have.get(key, 0) + 1
         lanes[c.a] = lanes.get(c.a, 0) + 1
         lanes[c.b] = lanes.get(c.b, 0) + 1
-        if c.a not in s.chips or c.b not in s.chips:
-            problems.append(f"circuit {c.a}-{c.b} leaves the slice")
-        if not c.photonic:
-            if len(c.links) != 1 or {c.links[0].src, c.links[0].dst} != {c.a, c.b}:
-                problems.append(f"fixed circuit {c.a}-{c.b} is not one torus wire")
-            continue
-        cur = fabric.server_of(c.a)
-        for link in c.links:
-            ends = (fabric.server_of(link.src), fabric.server_of(link.dst))
-            if cur not in ends or ends[0] == ends[1]:
-                problems.append(f"circuit {c.a}-{c.b}: fibre {link} does not leave {cur}")
-                break
-            cur = ends[1] if ends[0] == cur else ends[0]
-        if cur != fabric.server_of(c.b):
-            problems.append(f"circuit {c.a}-{c.b} ends at {cur}, not {fabric.server_of(c.b)}")
+        problems += _circuit_problems(fabric, s, c)
     for chip, n in lanes.items():
         if n > LANES_PER_CHIP:
             problems.append(f"chip {chip} has {n} lanes > {LANES_PER_CHIP}")
@@ -1152,6 +1154,29 @@ def verify_slice(fabric: TorusFabric, s: Slice) -> list[str]:
             live = a not in s.failed and b not in s.failed
             if live and have.get((min(a, b), max(a, b), axis), 0) == 0:
                 problems.append(f"logical link {a}-{b} (axis {axis.name}) has no circuit")
+    return problems
+
+
+def _circuit_problems(fabric: TorusFabric, s: Slice, c: Circuit) -> list[str]:
+    """``verify_slice`` for one circuit ``c`` of ``s``: both chips in the slice; a fixed
+    circuit is one torus wire between them, a photonic one a fibre path from the first chip's
+    server to the second's (each fibre leaving the server the path has reached)."""
+    problems: list[str] = []
+    if c.a not in s.chips or c.b not in s.chips:
+        problems.append(f"circuit {c.a}-{c.b} leaves the slice")
+    if not c.photonic:
+        if len(c.links) != 1 or {c.links[0].src, c.links[0].dst} != {c.a, c.b}:
+            problems.append(f"fixed circuit {c.a}-{c.b} is not one torus wire")
+        return problems
+    cur = fabric.server_of(c.a)
+    for link in c.links:
+        ends = (fabric.server_of(link.src), fabric.server_of(link.dst))
+        if cur not in ends or ends[0] == ends[1]:
+            problems.append(f"circuit {c.a}-{c.b}: fibre {link} does not leave {cur}")
+            break
+        cur = ends[1] if ends[0] == cur else ends[0]
+    if cur != fabric.server_of(c.b):
+        problems.append(f"circuit {c.a}-{c.b} ends at {cur}, not {fabric.server_of(c.b)}")
     return problems
 
 
