@@ -15,8 +15,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import grpc
 import structlog
@@ -25,7 +27,7 @@ from prometheus_client import start_http_server
 
 from lightrail.controller.api.agent_service import AgentServicer
 from lightrail.controller.api.operator_service import OperatorServicer
-from lightrail.controller.config import Config, build_fabric
+from lightrail.controller.config import Config, ControllerSection, build_fabric
 from lightrail.controller.core.advisor import CostAdvisor
 from lightrail.controller.core.coordinator import PhaseCoordinator
 from lightrail.controller.core.costmodel import LinkModel
@@ -41,9 +43,12 @@ from lightrail.controller.store.etcd import EtcdStore
 from lightrail.controller.store.health import EtcdHealthStore
 from lightrail.controller.store.jobs import CorruptJobRecord, EtcdJobRepository
 from lightrail.controller.store.writer import CoalescingWriter
-from lightrail.drivers.base import Driver
+from lightrail.drivers.base import CrossConnect, Driver
 from lightrail.drivers.registry import DriverRegistry
 from lightrail.v1 import agent_pb2_grpc, operator_pb2_grpc
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
 
 log = structlog.get_logger(__name__)
 
@@ -140,123 +145,260 @@ async def _serve(
     stop: asyncio.Event,
     on_started: Callable[[RunningController], None] | None,
 ) -> None:
+    """Serve as the leader until ``stop`` is set or the lease is lost, in the module's start-up
+    order: store the inventory, open the drivers, start the core (``_start_core``), read every
+    switch back, recover the jobs, start failover, serve gRPC then ``/metrics``, call
+    ``on_started``; then the ordered shutdown (``_shut_down``) and, whatever happened, close
+    what was opened (``_close_opened``). Raises ``LeadershipLost`` when fenced."""
     ccfg = cfg.controller
     timeout = ccfg.shutdown_timeout_s
     await store.put_json("inventory", fabric_to_json(fabric))
-    drivers: dict[str, Driver] = {}
-    metrics_server, metrics_thread = None, None
-    server: grpc.aio.Server | None = None
+    opened = _Opened()
     health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
     lost = False
     try:
-        for sid, sw in fabric.switches.items():  # inside the try: a failed open closes the rest
-            drv = registry.create(sw.spec)
-            drivers[sid] = drv
-            await drv.open()
+        # inside the try: a failed open closes the rest
+        await _open_drivers(fabric, registry, opened.drivers)
         async with asyncio.TaskGroup() as tg:
-            writer = CoalescingWriter(store)
-            writer_task = tg.create_task(writer.run(), name="etcd-writer")
-            # A fenced replica sends no device command: a new leader never races it on a switch.
-            reconciler = Reconciler(drivers, may_command=election.is_leader.is_set)
-            reconciler.start(tg)
-            advisor = CostAdvisor(fabric, LinkModel.from_gbps(
-                ccfg.link_gbps, ccfg.link_alpha_us * 1e-6)) if ccfg.reconfigure_or_not else None
-            coordinator = PhaseCoordinator(fabric, default_timeout_s=ccfg.admission_timeout_s,
-                                           provisioning=ccfg.provisioning,
-                                           learn_iterations=ccfg.learn_iterations,
-                                           advisor=advisor)
-            events = EventBus()
-            service = PhaseService(coordinator, reconciler, events, state_writer=writer.put)
-            service.start(tg)
-            alarm_watchers = [
-                tg.create_task(service.watch_alarms(sid, drv.events()), name=f"alarms/{sid}")
-                for sid, drv in drivers.items()
-            ]
-            state = await reconciler.read_back_all()
-            for sid, xcs in state.items():
-                service.refresh_switch(sid, xcs)
-            # A reconfiguration cut short by a crash of the previous leader reads back as made
-            # while its light may still be settling: wait one reconfiguration delay before any
-            # admission can rely on what was read back.
-            await asyncio.sleep(max((sw.reconfiguration_delay_s
-                                     for sw in fabric.switches.values()), default=0.0))
+            core = _start_core(tg, ccfg, fabric, store, election, opened.drivers)
+            state = await _read_back_switches(core, fabric)
             repo = EtcdJobRepository(store)
-            await _recover_jobs(repo, coordinator)
-            for job_id in coordinator.job_ids():
-                coordinator.mark_recovering(job_id, service.now() + ccfg.recovery_grace_s)
-            # Layouts and plans live as long as the daemon: keep the cyclic GC from rescanning
-            # them on every collection (large jobs hold ~100k plan objects).
-            gc.freeze()
-            metrics.JOBS.set(len(coordinator.job_ids()))
+            await _restore_jobs(repo, core, ccfg.recovery_grace_s)
+            health_store = EtcdHealthStore(store, core.writer.put)
+            failover = await _start_failover(tg, core, repo, health_store, ccfg)
 
             def is_leader() -> bool:
                 return election.is_leader.is_set()
 
-            health_store = EtcdHealthStore(store, writer.put)
-            failover = FailoverManager(service, repo, events,
-                                       heartbeat_interval_s=ccfg.heartbeat_interval_s,
-                                       heartbeat_deadline_s=ccfg.heartbeat_deadline_s,
-                                       store=health_store)
-            failover.restore_failed(await health_store.load_failed())
-            failover.start(tg)
-            server = grpc.aio.server()
-            agent_pb2_grpc.add_AgentServiceServicer_to_server(
-                AgentServicer(service, repo, events, is_leader, failover), server)
-            operator_pb2_grpc.add_OperatorServiceServicer_to_server(
-                OperatorServicer(fabric, service, ccfg.replica_id, is_leader, failover), server)
-            health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+            server = opened.server = _grpc_server(fabric, core, repo, failover, is_leader,
+                                                  health_servicer, ccfg.replica_id)
             port = server.add_insecure_port(ccfg.listen)
             host = ccfg.listen.rsplit(":", 1)[0]
             await server.start()
             await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-            mhost, mport = ccfg.metrics_listen.rsplit(":", 1)
-            metrics_server, metrics_thread = start_http_server(
-                int(mport), addr=mhost, registry=metrics.REGISTRY)
-            metrics_url = f"http://{mhost}:{metrics_server.server_port}/metrics"
-            running = RunningController(ccfg.replica_id, f"{host}:{port}", metrics_url, fabric,
-                                        service)
-            log.info("serving", grpc=running.grpc_target, metrics=metrics_url,
-                     jobs=len(coordinator.job_ids()),
+            opened.metrics = _start_metrics(ccfg.metrics_listen)
+            running = RunningController(ccfg.replica_id, f"{host}:{port}", opened.metrics.url,
+                                        fabric, core.service)
+            log.info("serving", grpc=running.grpc_target, metrics=opened.metrics.url,
+                     jobs=len(core.coordinator.job_ids()),
                      cross_connects=sum(len(x) for x in state.values()))
             if on_started is not None:
                 on_started(running)
-            fenced = asyncio.ensure_future(election.fenced.wait())
-            stopped = asyncio.ensure_future(stop.wait())
-            await asyncio.wait({fenced, stopped}, return_when=asyncio.FIRST_COMPLETED)
-            stopped.cancel()
-            fenced.cancel()
-            lost = election.fenced.is_set()
-            await health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
-            service.cancel_all(
-                ErrorCode.NOT_LEADER if lost else ErrorCode.CANCELLED,
-                "controller lost its leader lease" if lost else "controller shutting down",
-            )
-            await server.stop(grace=min(1.0, timeout))
-            for watcher in alarm_watchers:
-                watcher.cancel()
-            await failover.stop(timeout)
-            await service.drain(timeout)
-            await writer.flush(timeout)
-            writer_task.cancel()
-            await reconciler.stop(timeout)
+            lost = await _until_stopped_or_fenced(election, stop)
+            await _shut_down(core, server, failover, health_servicer, lost=lost, timeout_s=timeout)
         # raised outside the TaskGroup, so callers see it, not an ExceptionGroup
         if lost:
             raise LeadershipLost("leader lease not renewed within half its TTL; fenced")
     finally:
-        if server is not None:
-            await _bounded("grpc server stop", server.stop(grace=None), timeout)
-        if metrics_server is not None:
-            ms, mt = metrics_server, metrics_thread
+        await _close_opened(opened, timeout)
 
-            def stop_metrics() -> None:  # blocking calls: run off the event loop
-                ms.shutdown()
-                ms.server_close()
-                if mt is not None:
-                    mt.join(timeout)
 
-            await _bounded("metrics server stop", asyncio.to_thread(stop_metrics), timeout)
-        for sid, drv in drivers.items():
-            await _bounded(f"driver close {sid}", drv.close(), timeout)
+@dataclass(frozen=True, slots=True)
+class _MetricsServer:
+    """The running Prometheus exporter: its WSGI server, the thread serving it, and the URL of
+    its ``/metrics`` page."""
+
+    server: WSGIServer
+    thread: threading.Thread
+    url: str
+
+
+@dataclass(slots=True)
+class _Opened:
+    """What ``_serve`` has opened and must close on the way out, whatever happened: the switch
+    drivers (by switch id, in opening order), the gRPC server once built, the metrics server
+    once started. Mutable on purpose: each step records what it opened before the next runs, so
+    a failed step still closes everything opened before it."""
+
+    drivers: dict[str, Driver] = field(default_factory=dict)
+    server: grpc.aio.Server | None = None
+    metrics: _MetricsServer | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Core:
+    """The leader's running core: the coalescing etcd writer and its task, the reconciler, the
+    coordinator, the event bus, the phase service, and one alarm watcher task per switch."""
+
+    writer: CoalescingWriter
+    writer_task: asyncio.Task[None]
+    reconciler: Reconciler
+    coordinator: PhaseCoordinator
+    events: EventBus
+    service: PhaseService
+    alarm_watchers: list[asyncio.Task[None]]
+
+
+async def _open_drivers(fabric: Fabric, registry: DriverRegistry,
+                        drivers: dict[str, Driver]) -> None:
+    """Create and open each switch's driver in ``fabric`` order, entering it in ``drivers``
+    before opening it (so the caller closes it even when its ``open`` fails). Raises what
+    ``DriverRegistry.create`` or ``Driver.open`` raise."""
+    for sid, sw in fabric.switches.items():
+        drv = registry.create(sw.spec)
+        drivers[sid] = drv
+        await drv.open()
+
+
+def _start_core(
+    tg: asyncio.TaskGroup,
+    ccfg: ControllerSection,
+    fabric: Fabric,
+    store: EtcdStore,
+    election: LeaderElection,
+    drivers: dict[str, Driver],
+) -> _Core:
+    """Build the core and start its tasks in ``tg``: the etcd writer, the reconciler (which
+    commands devices only while this replica leads), the coordinator (with the cost advisor
+    when ``reconfigure_or_not``), the phase service and one alarm watcher per switch."""
+    writer = CoalescingWriter(store)
+    writer_task = tg.create_task(writer.run(), name="etcd-writer")
+    # A fenced replica sends no device command: a new leader never races it on a switch.
+    reconciler = Reconciler(drivers, may_command=election.is_leader.is_set)
+    reconciler.start(tg)
+    advisor = CostAdvisor(fabric, LinkModel.from_gbps(
+        ccfg.link_gbps, ccfg.link_alpha_us * 1e-6)) if ccfg.reconfigure_or_not else None
+    coordinator = PhaseCoordinator(fabric, default_timeout_s=ccfg.admission_timeout_s,
+                                   provisioning=ccfg.provisioning,
+                                   learn_iterations=ccfg.learn_iterations,
+                                   advisor=advisor)
+    events = EventBus()
+    service = PhaseService(coordinator, reconciler, events, state_writer=writer.put)
+    service.start(tg)
+    alarm_watchers = [
+        tg.create_task(service.watch_alarms(sid, drv.events()), name=f"alarms/{sid}")
+        for sid, drv in drivers.items()
+    ]
+    return _Core(writer, writer_task, reconciler, coordinator, events, service, alarm_watchers)
+
+
+async def _read_back_switches(core: _Core, fabric: Fabric) -> dict[str, frozenset[CrossConnect]]:
+    """Read every switch back into the phase service's view (the switches are the truth about
+    cross-connects), then wait the fabric's longest reconfiguration delay. Returns the
+    cross-connects read, by switch id. Raises ``DriverError`` when a switch cannot be read."""
+    state = await core.reconciler.read_back_all()
+    for sid, xcs in state.items():
+        core.service.refresh_switch(sid, xcs)
+    # A reconfiguration cut short by a crash of the previous leader reads back as made
+    # while its light may still be settling: wait one reconfiguration delay before any
+    # admission can rely on what was read back.
+    await asyncio.sleep(max((sw.reconfiguration_delay_s
+                             for sw in fabric.switches.values()), default=0.0))
+    return state
+
+
+async def _restore_jobs(repo: EtcdJobRepository, core: _Core, recovery_grace_s: float) -> None:
+    """Register the jobs stored in etcd and give each ``recovery_grace_s`` seconds to recover;
+    then freeze the GC generations and set the job gauge. Raises ``CorruptJobRecord``."""
+    coordinator = core.coordinator
+    await _recover_jobs(repo, coordinator)
+    for job_id in coordinator.job_ids():
+        coordinator.mark_recovering(job_id, core.service.now() + recovery_grace_s)
+    # Layouts and plans live as long as the daemon: keep the cyclic GC from rescanning
+    # them on every collection (large jobs hold ~100k plan objects).
+    gc.freeze()
+    metrics.JOBS.set(len(coordinator.job_ids()))
+
+
+async def _start_failover(
+    tg: asyncio.TaskGroup,
+    core: _Core,
+    repo: EtcdJobRepository,
+    health_store: EtcdHealthStore,
+    ccfg: ControllerSection,
+) -> FailoverManager:
+    """The failover manager, with the GPUs ``health_store`` holds as failed restored, started
+    in ``tg`` (heartbeat interval and deadline from ``ccfg``)."""
+    failover = FailoverManager(core.service, repo, core.events,
+                               heartbeat_interval_s=ccfg.heartbeat_interval_s,
+                               heartbeat_deadline_s=ccfg.heartbeat_deadline_s,
+                               store=health_store)
+    failover.restore_failed(await health_store.load_failed())
+    failover.start(tg)
+    return failover
+
+
+def _grpc_server(
+    fabric: Fabric,
+    core: _Core,
+    repo: EtcdJobRepository,
+    failover: FailoverManager,
+    is_leader: Callable[[], bool],
+    health_servicer: health.aio.HealthServicer,  # type: ignore[name-defined]
+    replica_id: str,
+) -> grpc.aio.Server:
+    """A gRPC server with the agent, operator and health services; not bound, not started."""
+    server = grpc.aio.server()
+    agent_pb2_grpc.add_AgentServiceServicer_to_server(
+        AgentServicer(core.service, repo, core.events, is_leader, failover), server)
+    operator_pb2_grpc.add_OperatorServiceServicer_to_server(
+        OperatorServicer(fabric, core.service, replica_id, is_leader, failover), server)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    return server
+
+
+def _start_metrics(listen: str) -> _MetricsServer:
+    """Start the Prometheus exporter of ``metrics.REGISTRY`` on ``listen`` (``host:port``; port
+    0 picks a free one)."""
+    mhost, mport = listen.rsplit(":", 1)
+    server, thread = start_http_server(int(mport), addr=mhost, registry=metrics.REGISTRY)
+    return _MetricsServer(server, thread, f"http://{mhost}:{server.server_port}/metrics")
+
+
+async def _until_stopped_or_fenced(election: LeaderElection, stop: asyncio.Event) -> bool:
+    """Wait until ``stop`` is set or ``election`` fences this replica; True when fenced."""
+    fenced = asyncio.ensure_future(election.fenced.wait())
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({fenced, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    fenced.cancel()
+    return election.fenced.is_set()
+
+
+async def _shut_down(
+    core: _Core,
+    server: grpc.aio.Server,
+    failover: FailoverManager,
+    health_servicer: health.aio.HealthServicer,  # type: ignore[name-defined]
+    *,
+    lost: bool,
+    timeout_s: float,
+) -> None:
+    """The ordered shutdown inside the task group: report NOT_SERVING, fail every waiting rank
+    (NOT_LEADER when ``lost``, else CANCELLED), stop gRPC (grace up to 1 s), stop the alarm
+    watchers and failover, drain the phase service, flush the etcd writer, stop the
+    reconciler; each wait at most ``timeout_s``."""
+    await health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+    core.service.cancel_all(
+        ErrorCode.NOT_LEADER if lost else ErrorCode.CANCELLED,
+        "controller lost its leader lease" if lost else "controller shutting down",
+    )
+    await server.stop(grace=min(1.0, timeout_s))
+    for watcher in core.alarm_watchers:
+        watcher.cancel()
+    await failover.stop(timeout_s)
+    await core.service.drain(timeout_s)
+    await core.writer.flush(timeout_s)
+    core.writer_task.cancel()
+    await core.reconciler.stop(timeout_s)
+
+
+async def _close_opened(opened: _Opened, timeout_s: float) -> None:
+    """Close what ``_serve`` opened, each step bounded by ``timeout_s`` and logged, not raised,
+    on failure: the gRPC server, the metrics server (off the event loop), then the drivers."""
+    if opened.server is not None:
+        await _bounded("grpc server stop", opened.server.stop(grace=None), timeout_s)
+    if opened.metrics is not None:
+        ms = opened.metrics
+
+        def stop_metrics() -> None:  # blocking calls: run off the event loop
+            ms.server.shutdown()
+            ms.server.server_close()
+            ms.thread.join(timeout_s)
+
+        await _bounded("metrics server stop", asyncio.to_thread(stop_metrics), timeout_s)
+    for sid, drv in opened.drivers.items():
+        await _bounded(f"driver close {sid}", drv.close(), timeout_s)
 
 
 async def _bounded(what: str, aw: Awaitable[object], timeout_s: float) -> None:
