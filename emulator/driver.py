@@ -7,6 +7,7 @@ naming to translate.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Iterable
 
 import structlog
@@ -25,6 +26,7 @@ from lightrail.drivers.base import (
     PortStatus,
     SwitchSpec,
     check_apply_request,
+    check_read_back,
     minimal_diff,
 )
 from lightrail.drivers.options import DriverContext, DriverFactory, DriverOptions
@@ -96,12 +98,14 @@ class EmulatedDriver:
         the device's state, taken without a device command) and ``target``. Nothing to do
         returns an empty ``ApplyResult`` without a device command. When the device has
         ``max_batch``, breaks then makes go out in chunks of at most that size, each with its
-        own settle. The result is what the device acknowledged, not read back (not
-        ``verified``: a caller that must confirm reads the device back, one command in-process).
+        own settle. Then, where the device reads back (``SwitchCapabilities.readback``), the
+        ports it changed are read back (one command) and checked (``check_read_back``): the
+        result is ``verified``; else it is what the device acknowledged.
 
         Raises ``InvalidPort`` (a port the switch lacks, a target cross-connect using a port
         outside ``ports``, a cross-connect on ``ports`` that also uses a port outside them: it
-        cannot be broken without touching that port), ``CrossConnectConflict`` (``target`` is
+        cannot be broken without touching that port), ``VerificationMismatch`` (the read-back
+        differs: e.g. a silent port), ``CrossConnectConflict`` (``target`` is
         not a partial permutation, or the device rejects the batch), ``PartialApply`` (part of
         it took effect; ``result`` says what), ``DeviceUnreachable``, ``HardwareFault``.
         """
@@ -115,8 +119,15 @@ class EmulatedDriver:
         breaks, makes = list(diff.breaks), list(diff.makes)
         limit = device.capabilities.max_batch
         if limit is None or len(breaks) + len(makes) <= limit:
-            return await device.apply_bulk(breaks, makes)
-        return await self._apply_chunked(device, breaks, makes, limit)
+            result = await device.apply_bulk(breaks, makes)
+        else:
+            result = await self._apply_chunked(device, breaks, makes, limit)
+        if not device.capabilities.readback:
+            return result  # what the device acknowledged; it cannot be read back
+        # Confirm like a real device: read back the ports it changed (not the whole switch).
+        changed = diff.changed_ports()
+        check_read_back(sid, target, changed, await device.get_cross_connects_on(changed))
+        return dataclasses.replace(result, verified=True)
 
     async def _apply_chunked(
         self,

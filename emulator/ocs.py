@@ -151,6 +151,7 @@ class EmulatedOcs:
         self._subscribers: set[AlarmSubscription] = set()
         self._lock = asyncio.Lock()
         self._commands = 0
+        self._writes = 0
         # faults
         self._unreachable = False
         self._rebooting = False
@@ -186,6 +187,11 @@ class EmulatedOcs:
     def command_count(self) -> int:
         """Device commands received, failed ones included."""
         return self._commands
+
+    @property
+    def write_count(self) -> int:
+        """Bulk apply commands received (``apply_bulk``), refused ones included."""
+        return self._writes
 
     def clear_change_log(self) -> None:
         """Forget the recorded changes."""
@@ -314,6 +320,13 @@ class EmulatedOcs:
         await self._enter()
         return frozenset(self._xcs)
 
+    async def get_cross_connects_on(self, ports: Iterable[int]) -> frozenset[CrossConnect]:
+        """The configured cross-connects that use any of ``ports`` (a read-back of those ports,
+        one command). Raises ``DeviceUnreachable``."""
+        await self._enter()
+        by_port = self._by_port
+        return frozenset(xc for p in ports if (xc := by_port.get(p)) is not None)
+
     async def apply_bulk(
         self, breaks: Sequence[CrossConnect], makes: Sequence[CrossConnect]
     ) -> ApplyResult:
@@ -329,6 +342,7 @@ class EmulatedOcs:
         ``PartialApply`` when ``fail_make`` is armed; ``DeviceUnreachable`` while unreachable.
         """
         await self._enter()
+        self._writes += 1
         async with self._lock:
             self._validate(breaks, makes)
             now = self._clock()
@@ -426,14 +440,17 @@ class EmulatedOcs:
             raise DriverError(
                 sid, f"batch of {len(breaks) + len(makes)} exceeds max_batch {limit}"
             )
-        occupied = dict(self._by_port)
+        # The ports' state after the breaks and the makes so far, as an overlay on the port
+        # map (None: freed): O(batch), not O(switch).
+        occupied: dict[int, CrossConnect | None] = {}
+        by_port = self._by_port
         for xc in breaks:
-            if occupied.get(xc.ingress) != xc:
+            if occupied.get(xc.ingress, by_port.get(xc.ingress)) != xc:
                 raise InvalidPort(
                     sid, xc.ingress, f"no cross-connect {xc.ingress}->{xc.egress} to break"
                 )
-            del occupied[xc.ingress]
-            del occupied[xc.egress]
+            occupied[xc.ingress] = None
+            occupied[xc.egress] = None
         for xc in makes:
             if not self._caps.is_ingress(xc.ingress):
                 raise InvalidPort(sid, xc.ingress, "not an ingress port")
@@ -450,7 +467,7 @@ class EmulatedOcs:
                 condition = self._failed.get(port)
                 if condition is not None:
                     raise HardwareFault(sid, f"port {port} failed ({condition})")
-                other = occupied.get(port)
+                other = occupied[port] if port in occupied else by_port.get(port)
                 if other is not None:
                     raise CrossConnectConflict(sid, xc, other)
                 occupied[port] = xc
@@ -469,7 +486,8 @@ class EmulatedOcs:
         is cancelled the mirrors still move: the makes are recorded at ``deadline_s`` and stay
         dark (``_settling``) until the clock reaches it."""
         try:
-            await self._sleep(self._caps.settle_time_s)
+            if self._caps.settle_time_s > 0:  # no loop round trip for an instant switch
+                await self._sleep(self._caps.settle_time_s)
         except BaseException:
             for xc in made:
                 self._changes.append(

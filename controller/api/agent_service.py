@@ -8,7 +8,7 @@ batch. Nothing here touches etcd except RegisterJob/UnregisterJob, which write t
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 
 import grpc
 import structlog
@@ -16,6 +16,7 @@ import structlog
 from lightrail.controller.api.codec import (
     ERROR_METADATA_KEY,
     ERROR_TO_PB,
+    Interner,
     InvalidRequest,
     PhaseKeyDecoder,
     abort_refused,
@@ -27,7 +28,7 @@ from lightrail.controller.api.codec import (
     timeout_from_pb,
 )
 from lightrail.controller.api.replies import fill_reply
-from lightrail.controller.core.decisions import Admit, Reject
+from lightrail.controller.core.decisions import Admit, Admitted, AdmittedBatch, Reject
 from lightrail.controller.core.planner import JobLayout, PlacementError, PlanError
 from lightrail.controller.core.railplan import RailPlanError, plan_step
 from lightrail.controller.domain.errors import DuplicateJob, ErrorCode, ReleaseError, UnknownJob
@@ -37,7 +38,7 @@ from lightrail.controller.domain.parallelism import ParallelismError
 from lightrail.controller.runtime import metrics
 from lightrail.controller.runtime.events import EventBus, SubscriberOverflow
 from lightrail.controller.runtime.failover import FailoverManager, GpuState
-from lightrail.controller.runtime.phase_service import PhaseService
+from lightrail.controller.runtime.phase_service import PerRankSink, PhaseService
 from lightrail.controller.store.jobs import JobRecord, JobRepository
 from lightrail.v1 import agent_pb2, agent_pb2_grpc
 
@@ -53,20 +54,52 @@ _GPU_STATE = {
 
 class _StreamSink:
     """Replies of one PhaseStream, written straight into the batch the writer sends next
-    (no per-reply message copies)."""
+    (no per-reply message copies). Ranks admitted into a phase the stream defined an id for
+    (``DefinePhase``) are answered with one ``AdmitMany`` per phase instance and write; other
+    admissions with one ``Admission`` per rank."""
 
-    __slots__ = ("_batch", "_event")
+    __slots__ = ("_batch", "_decoder", "_event", "_last", "_last_key")
 
-    def __init__(self) -> None:
+    def __init__(self, decoder: PhaseKeyDecoder) -> None:
         self._batch = agent_pb2.PhaseReplyBatch()
         self._event = asyncio.Event()
+        self._decoder = decoder
+        self._last: agent_pb2.AdmitMany | None = None
+        self._last_key: tuple[str, int, int, bool, int] | None = None
 
     def deliver(self, decision: Admit | Reject) -> None:
         fill_reply(self._batch.replies.add(), decision)
+        self._last = None
+        self._event.set()
+
+    def deliver_admitted(self, decision: Admitted, entry: AdmittedBatch) -> None:
+        phase_id = self._decoder.phase_id_of(decision.phase)
+        if phase_id is None:
+            for admit in decision.per_rank():
+                if admit.request_id == entry.request_id and admit.rank in entry.ranks:
+                    fill_reply(self._batch.replies.add(), admit)
+            self._last = None
+            self._event.set()
+            return
+        key = (decision.job_id, phase_id, decision.iteration, decision.noop, decision.steps)
+        many = self._last
+        if many is None or self._last_key != key:
+            many = self._batch.replies.add().admitted_many
+            many.job_id = decision.job_id
+            many.phase_id = phase_id
+            many.iteration = decision.iteration
+            many.noop = decision.noop
+            many.steps = decision.steps
+            many.device_s = decision.device_s
+            self._last = many
+            self._last_key = key
+        many.ranks.extend(entry.ranks)
+        many.request_ids.extend([entry.request_id] * len(entry.ranks))
         self._event.set()
 
     def push(self, reply: agent_pb2.PhaseReply) -> None:
         self._batch.replies.add().CopyFrom(reply)
+        self._last = None
         self._event.set()
 
     def wake(self) -> None:
@@ -80,10 +113,11 @@ class _StreamSink:
         if not self._batch.replies:
             return None
         out, self._batch = self._batch, agent_pb2.PhaseReplyBatch()
+        self._last = None
         return out
 
 
-class _FutureSink:
+class _FutureSink(PerRankSink):
     """The reply to one unary EnterPhase."""
 
     __slots__ = ("future",)
@@ -118,7 +152,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         self._jobs = jobs
         self._events = events
         self._is_leader = is_leader
-        self._decoder = PhaseKeyDecoder()
+        self._interner = Interner()
+        self._decoder = PhaseKeyDecoder(interner=self._interner)
         self._register_lock = asyncio.Lock()
 
     async def _require_leader(self, context: grpc.aio.ServicerContext) -> None:  # type: ignore[type-arg]
@@ -275,10 +310,10 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         request_iterator: AsyncIterator[agent_pb2.PhaseRequestBatch],
         context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
     ) -> AsyncIterator[agent_pb2.PhaseReplyBatch]:
-        sink = _StreamSink()
         metrics.PHASE_STREAMS.inc()
-        # Group ids are defined per stream: one client cannot crowd out another's groups.
-        decoder = PhaseKeyDecoder(max_groups=4096)
+        # Group and phase ids are defined per stream: one client cannot crowd out another's.
+        decoder = PhaseKeyDecoder(max_groups=4096, interner=self._interner)
+        sink = _StreamSink(decoder)
         reader = asyncio.create_task(self._read_stream(request_iterator, sink, decoder),
                                      name="phase-stream-reader")
         reader.add_done_callback(lambda _t: sink.wake())
@@ -301,56 +336,111 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         sink: _StreamSink,
         decoder: PhaseKeyDecoder,
     ) -> None:
-        service = self._service
-        decode = decoder.decode
         async for batch in request_iterator:
             leader = self._is_leader()
             for req in batch.requests:
                 kind = req.WhichOneof("kind")
-                if not leader and kind != "define_group":
+                if kind == "enter_many":  # the hot path first
+                    if leader:
+                        self._enter_many(req.enter_many, sink, decoder)
+                    else:
+                        self._not_leader(req.enter_many.job_id, req.enter_many.ranks,
+                                         req.enter_many.request_id, sink)
+                elif kind == "release_many":
+                    if leader:
+                        self._release_many(req.release_many, sink, decoder)
+                elif kind in ("define_phase", "define_group"):
+                    # definitions bind ids on this stream only: a follower takes them too
+                    self._define(req, kind, sink, decoder)
+                elif not leader:
                     # a follower or fenced replica moves no state: the agent resends everything
                     # to the leader on reconnect
                     if kind == "enter":
                         e = req.enter
-                        sink.deliver(Reject(e.job_id, e.rank, e.request_id, ErrorCode.NOT_LEADER,
-                                            "not the leader"))
-                    continue
-                if kind == "enter":
-                    e = req.enter
-                    try:
-                        phase = decode(e.phase)
-                        timeout_s = timeout_from_pb(e)
-                    except InvalidRequest as exc:
-                        sink.deliver(Reject(e.job_id, e.rank, e.request_id,
-                                            ErrorCode.INVALID_PHASE, str(exc)))
-                        continue
-                    service.enter(e.job_id, e.rank, phase, e.request_id, timeout_s, sink,
-                                  e.iteration, e.nbytes, compute_gap_hint(e.compute_gap_s))
-                elif kind == "release":
-                    r = req.release
-                    try:
-                        service.release(r.job_id, r.rank, decode(r.phase), r.iteration)
-                    except (ReleaseError, InvalidRequest) as exc:
-                        code = exc.code if isinstance(exc, ReleaseError) \
-                            else ErrorCode.INVALID_PHASE
-                        sink.push(agent_pb2.PhaseReply(error=agent_pb2.PhaseError(
-                            job_id=r.job_id, rank=r.rank, request_id=0,
-                            code=ERROR_TO_PB[code], message=f"release: {exc}")))
-                elif kind == "sync_done":
-                    service.synced(req.sync_done.job_id, list(req.sync_done.ranks))
-                elif kind == "define_group":
-                    try:
-                        decoder.define(req.define_group)
-                    except InvalidRequest as exc:
-                        sink.push(agent_pb2.PhaseReply(error=agent_pb2.PhaseError(
-                            request_id=0, code=agent_pb2.INVALID_PHASE, message=str(exc))))
-                elif kind == "held":
-                    h = req.held
-                    try:
-                        service.resume_held(h.job_id, h.rank, decode(h.phase), h.iteration)
-                    except (ReleaseError, InvalidRequest) as exc:
-                        log.warning("held_phase_refused", job=h.job_id, rank=h.rank,
-                                    error=str(exc))
+                        self._not_leader(e.job_id, (e.rank,), e.request_id, sink)
+                else:
+                    self._per_rank(req, kind, sink, decoder)
+
+    @staticmethod
+    def _not_leader(job_id: str, ranks: Iterable[int], request_id: int,
+                    sink: _StreamSink) -> None:
+        for rank in ranks:
+            sink.deliver(Reject(job_id, rank, request_id, ErrorCode.NOT_LEADER, "not the leader"))
+
+    def _enter_many(self, e: agent_pb2.EnterMany, sink: _StreamSink,
+                    decoder: PhaseKeyDecoder) -> None:
+        try:
+            phase = decoder.phase(e.phase_id, "enter_many.phase_id")
+            timeout_s = timeout_from_pb(e)
+        except InvalidRequest as exc:
+            for rank in e.ranks:
+                sink.deliver(Reject(e.job_id, rank, e.request_id, ErrorCode.INVALID_PHASE,
+                                    str(exc)))
+            return
+        self._service.enter_many(e.job_id, e.ranks, phase, e.request_id, timeout_s, sink,
+                                 e.iteration, e.nbytes, compute_gap_hint(e.compute_gap_s))
+
+    def _release_many(self, r: agent_pb2.ReleaseMany, sink: _StreamSink,
+                      decoder: PhaseKeyDecoder) -> None:
+        try:
+            phase = decoder.phase(r.phase_id, "release_many.phase_id")
+        except InvalidRequest as exc:
+            for rank in r.ranks:
+                self._release_refused(sink, r.job_id, rank, ErrorCode.INVALID_PHASE, exc)
+            return
+        for refused in self._service.release_many(r.job_id, r.ranks, phase, r.iteration):
+            self._release_refused(sink, r.job_id, refused.rank, refused.error.code,
+                                  refused.error)
+
+    @staticmethod
+    def _release_refused(sink: _StreamSink, job_id: str, rank: int, code: ErrorCode,
+                         exc: Exception) -> None:
+        sink.push(agent_pb2.PhaseReply(error=agent_pb2.PhaseError(
+            job_id=job_id, rank=rank, request_id=0, code=ERROR_TO_PB[code],
+            message=f"release: {exc}")))
+
+    @staticmethod
+    def _define(req: agent_pb2.PhaseRequest, kind: str, sink: _StreamSink,
+                decoder: PhaseKeyDecoder) -> None:
+        try:
+            if kind == "define_phase":
+                decoder.define_phase(req.define_phase)
+            else:
+                decoder.define(req.define_group)
+        except InvalidRequest as exc:
+            sink.push(agent_pb2.PhaseReply(error=agent_pb2.PhaseError(
+                request_id=0, code=agent_pb2.INVALID_PHASE, message=str(exc))))
+
+    def _per_rank(self, req: agent_pb2.PhaseRequest, kind: str | None, sink: _StreamSink,
+                  decoder: PhaseKeyDecoder) -> None:
+        """The per-rank requests (older agents; resync after a reconnect)."""
+        service = self._service
+        if kind == "enter":
+            e = req.enter
+            try:
+                phase = decoder.decode(e.phase)
+                timeout_s = timeout_from_pb(e)
+            except InvalidRequest as exc:
+                sink.deliver(Reject(e.job_id, e.rank, e.request_id,
+                                    ErrorCode.INVALID_PHASE, str(exc)))
+                return
+            service.enter(e.job_id, e.rank, phase, e.request_id, timeout_s, sink,
+                          e.iteration, e.nbytes, compute_gap_hint(e.compute_gap_s))
+        elif kind == "release":
+            r = req.release
+            try:
+                service.release(r.job_id, r.rank, decoder.decode(r.phase), r.iteration)
+            except (ReleaseError, InvalidRequest) as exc:
+                code = exc.code if isinstance(exc, ReleaseError) else ErrorCode.INVALID_PHASE
+                self._release_refused(sink, r.job_id, r.rank, code, exc)
+        elif kind == "sync_done":
+            service.synced(req.sync_done.job_id, list(req.sync_done.ranks))
+        elif kind == "held":
+            h = req.held
+            try:
+                service.resume_held(h.job_id, h.rank, decoder.decode(h.phase), h.iteration)
+            except (ReleaseError, InvalidRequest) as exc:
+                log.warning("held_phase_refused", job=h.job_id, rank=h.rank, error=str(exc))
 
     async def EnterPhase(  # noqa: N802
         self,
@@ -377,6 +467,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             # no ghost holds circuits that nobody will release.
             self._service.cancel(request.job_id, request.rank, request.request_id, sink)
             raise
+        finally:
+            self._service.detach(sink)
         if isinstance(decision, Reject):
             await abort_refused(context, decision.code, decision.message)
         assert isinstance(decision, Admit)

@@ -49,7 +49,7 @@ def check_timeout(timeout_s: float, field: str = "timeout_s") -> float:
     return timeout_s
 
 
-def timeout_from_pb(request: agent_pb2.EnterPhaseRequest) -> float | None:
+def timeout_from_pb(request: agent_pb2.EnterPhaseRequest | agent_pb2.EnterMany) -> float | None:
     """An EnterPhase's admission timeout, s, checked (``check_timeout``); None when the
     request gives none (the optional ``timeout_s`` is absent: the controller's default).
     Raises ``InvalidRequest``."""
@@ -131,18 +131,51 @@ EVENT_TO_PB: dict[JobEventKind, agent_pb2.JobEventKind.ValueType] = {
 
 
 _MAX_GROUPS = 65536
+MAX_PHASE_ID = 65535
+"""The largest ``DefinePhase.phase_id`` (a stream defines at most 65536 phases)."""
+
+
+class Interner:
+    """Process-wide canonical ``ProcessGroup`` and ``PhaseKey`` objects: equal keys decoded on
+    any stream are the same object, so the coordinator's dictionary lookups compare by
+    identity instead of comparing rank tuples. Bounded (``max_entries`` of each); beyond it
+    keys are used as decoded (correct, only slower)."""
+
+    def __init__(self, max_entries: int = _MAX_GROUPS) -> None:
+        self._max = max_entries
+        self.groups: dict[tuple[int, ...], ProcessGroup] = {}
+        self._phases: dict[PhaseKey, PhaseKey] = {}
+
+    def phase(self, key: PhaseKey) -> PhaseKey:
+        """The canonical object equal to ``key``."""
+        got = self._phases.get(key)
+        if got is not None:
+            return got
+        if len(self._phases) < self._max:
+            self._phases[key] = key
+        return key
+
+    @property
+    def max_entries(self) -> int:
+        """The bound on each table."""
+        return self._max
 
 
 class PhaseKeyDecoder:
-    """Decodes ``PhaseKey`` messages, interning process groups: a job has few distinct groups,
-    so the hot path neither sorts nor hashes a rank list per call. Groups arrive by rank list
-    or by ``group_id`` after a ``DefineGroup``; the id is a hash of the ranks, checked on
-    definition, so one table serves every stream."""
+    """Decodes ``PhaseKey`` messages of one stream (or of the unary calls), interning process
+    groups and phase keys in ``interner`` (shared by every stream of a server): a job has few
+    distinct groups, so the hot path neither sorts nor hashes a rank list per call. Groups
+    arrive by rank list or by ``group_id`` after a ``DefineGroup``; the id is a hash of the
+    ranks, checked on definition. Phases arrive by ``phase_id`` after a ``DefinePhase``
+    (``phase``); ``phase_id_of`` maps back for the replies."""
 
-    def __init__(self, max_groups: int = _MAX_GROUPS) -> None:
+    def __init__(self, max_groups: int = _MAX_GROUPS, interner: Interner | None = None) -> None:
         self._max = max_groups
-        self._groups: dict[tuple[int, ...], ProcessGroup] = {}
+        self._interner = interner or Interner(max_groups)
+        self._groups = self._interner.groups
         self._by_id: dict[int, ProcessGroup] = {}
+        self._phases: dict[int, PhaseKey] = {}
+        self._phase_ids: dict[PhaseKey, int] = {}
 
     def _group(self, raw: tuple[int, ...], field: str) -> ProcessGroup:
         group = self._groups.get(raw)
@@ -154,7 +187,7 @@ class PhaseKeyDecoder:
             if max(raw) >= MAX_WORLD_SIZE:
                 raise InvalidRequest(f"{field}: rank {max(raw)} >= {MAX_WORLD_SIZE}")
             group = ProcessGroup.of(raw)
-            if len(self._groups) < self._max:
+            if len(self._groups) < self._interner.max_entries:
                 self._groups[raw] = group
         return group
 
@@ -171,6 +204,33 @@ class PhaseKeyDecoder:
                                  "groups; send the rank list instead")
         self._by_id[pb.group_id] = group
 
+    def define_phase(self, pb: agent_pb2.DefinePhase) -> None:
+        """Bind ``pb.phase_id`` (<= ``MAX_PHASE_ID``) to ``pb.phase`` for this stream (a new
+        binding replaces an old one). Raises ``InvalidRequest`` naming the field."""
+        if pb.phase_id > MAX_PHASE_ID:
+            raise InvalidRequest(f"define_phase.phase_id: {pb.phase_id} > {MAX_PHASE_ID}")
+        if not pb.HasField("phase"):
+            raise InvalidRequest("define_phase.phase: missing")
+        phase = self.decode(pb.phase, "define_phase.phase")
+        old = self._phases.get(pb.phase_id)
+        if old is not None and self._phase_ids.get(old) == pb.phase_id:
+            del self._phase_ids[old]
+        self._phases[pb.phase_id] = phase
+        self._phase_ids[phase] = pb.phase_id
+
+    def phase(self, phase_id: int, field: str = "phase_id") -> PhaseKey:
+        """The phase bound to ``phase_id`` on this stream. Raises ``InvalidRequest`` naming
+        ``field`` when it is not defined."""
+        phase = self._phases.get(phase_id)
+        if phase is None:
+            raise InvalidRequest(f"{field}: unknown phase id {phase_id} (send DefinePhase "
+                                 "first on this stream)")
+        return phase
+
+    def phase_id_of(self, phase: PhaseKey) -> int | None:
+        """The id this stream defined for ``phase`` (the latest), or None."""
+        return self._phase_ids.get(phase)
+
     def decode(self, pb: agent_pb2.PhaseKey, field: str = "phase") -> PhaseKey:
         """Raises ``InvalidRequest`` naming ``field`` for an empty group, an undefined group id
         or an unknown collective."""
@@ -184,7 +244,7 @@ class PhaseKeyDecoder:
         coll = COLLECTIVE_FROM_PB.get(pb.collective)
         if coll is None:
             raise InvalidRequest(f"{field}.collective: unspecified or unknown ({pb.collective})")
-        return PhaseKey(group, coll, pb.seq, pb.step)
+        return self._interner.phase(PhaseKey(group, coll, pb.seq, pb.step))
 
 
 def phase_key_to_pb(phase: PhaseKey, *, by_id: bool = False) -> agent_pb2.PhaseKey:

@@ -30,26 +30,60 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from lightrail.controller.core import rewiring
-from lightrail.controller.core.decisions import Admit, Advisor, Decided, Decision, Reject
+from lightrail.controller.core.decisions import (
+    Admitted,
+    AdmittedBatch,
+    Advisor,
+    Decided,
+    Decision,
+    Reject,
+)
 from lightrail.controller.core.planner import JobLayout, PlanError
 from lightrail.controller.core.provisioning import Provisioner
 from lightrail.controller.core.records import (
+    EnterBatch,
     Hint,
     Instance,
     JobRecord,
     JobStats,
     RankState,
     Recovery,
-    Waiter,
+    waiting_ranks,
 )
-from lightrail.controller.core.scheduling import blocking_reason, claimed_by_older, schedule
+from lightrail.controller.core.scheduling import (
+    behind,
+    blocking_reason,
+    claimed_by_older,
+    schedule,
+)
 from lightrail.controller.core.state import CoordinatorState
 from lightrail.controller.domain.errors import ErrorCode, ReleaseError, UnknownJob
 from lightrail.controller.domain.fabric import Fabric
 from lightrail.controller.domain.model import PhaseKey, RankPlacement
 from lightrail.drivers.base import CrossConnect
+
+
+@dataclass(frozen=True, slots=True)
+class RefusedRelease:
+    """A rank of a ``release_many`` batch that did not hold the phase, and why."""
+
+    rank: int
+    error: ReleaseError
+
+
+def _not_held(rank: int, state: RankState, inst: Instance | None, phase: PhaseKey,
+              iteration: int | None) -> ReleaseError:
+    """The error for releasing a phase ``rank`` does not hold."""
+    return ReleaseError(
+        ErrorCode.INVALID_PHASE,
+        f"rank {rank} does not hold phase {phase}"
+        + (f" of iteration {iteration}" if iteration is not None else "")
+        + (f" (it {'waits for' if state is RankState.WAITING else 'holds'} "
+           f"{inst.phase} of iteration {inst.iteration})" if inst is not None else ""),
+    )
 
 
 class PhaseCoordinator:
@@ -238,54 +272,71 @@ class PhaseCoordinator:
         iteration: int = 0,
         nbytes: int = 0,
         compute_gap_s: float = 0.0,
+        route: int = 0,
     ) -> list[Decision]:
-        """A rank asks to enter ``phase`` of training step ``iteration``. Returns the decisions
-        this causes (an ``Admit`` or ``Reject`` for this rank at once, or ``Reconfigure`` and
-        later decisions). ``timeout_s``: how long it waits at most, s (None: the
-        coordinator's ``default_timeout_s``). ``nbytes`` and ``compute_gap_s`` are the caller's
-        hints for reconfigure-or-not (bytes of the collective, compute time before it, s;
-        0 = unknown).
+        """One rank asks to enter ``phase``: ``enter_many`` with one rank."""
+        return self.enter_many(job_id, (rank,), phase, request_id, now, timeout_s, iteration,
+                               nbytes, compute_gap_s, route)
 
-        Cost: O(1) for every rank after the first of a phase instance; the first pays O(plan)
-        to check the circuits. Fairness: a phase whose circuits are there still waits when an
-        older waiting phase claims any of its ports, so a repeating phase cannot starve a
-        reconfiguration its peers are blocked on."""
+    def enter_many(
+        self,
+        job_id: str,
+        ranks: Sequence[int],
+        phase: PhaseKey,
+        request_id: int,
+        now: float,
+        timeout_s: float | None = None,
+        iteration: int = 0,
+        nbytes: int = 0,
+        compute_gap_s: float = 0.0,
+        route: int = 0,
+    ) -> list[Decision]:
+        """``ranks`` ask together (one batch, one ``request_id``) to enter ``phase`` of training
+        step ``iteration``. Returns the decisions this causes: an ``Admitted`` for the batch at
+        once, a ``Reject`` per refused rank, or ``Reconfigure`` and later decisions.
+        ``timeout_s``: how long the batch waits at most, s (None: the coordinator's
+        ``default_timeout_s``). ``nbytes`` and ``compute_gap_s`` are the caller's hints for
+        reconfigure-or-not (bytes of the collective, compute time before it, s; 0 = unknown).
+        ``route``: the caller's opaque id of where the answers go; decisions carry it back.
+
+        Cost: one plan and instance lookup per batch and a few attribute writes per rank; the
+        first batch of an instance pays O(plan) to check the circuits. Fairness: a phase whose
+        circuits are there still waits when an older waiting phase claims any of its ports, so
+        a repeating phase cannot starve a reconfiguration its peers are blocked on; liveness:
+        it waits while a rank of its group still works on an older training step
+        (``scheduling.behind``), so it never holds circuits that rank's older phase needs."""
         s = self._s
         job = s.jobs.get(job_id)
         if job is None:
-            return [Reject(job_id, rank, request_id, ErrorCode.UNKNOWN_JOB,
-                           f"job_id: unknown job {job_id!r}")]
-        if not 0 <= rank < len(job.ranks):
-            return [Reject(job_id, rank, request_id, ErrorCode.INVALID_RANK,
-                           f"rank: {rank} out of range 0..{len(job.ranks) - 1}")]
-        if not phase.group.contains(rank):
-            return [Reject(job_id, rank, request_id, ErrorCode.INVALID_PHASE,
-                           f"phase.group_ranks: rank {rank} is not in group {phase.group.ranks}")]
-        rs = job.ranks[rank]
-        if rs.state is not RankState.IDLE and rs.instance is not None \
-                and rs.instance.phase == phase and rs.instance.iteration == iteration:
-            # The same request again, after the agent's stream broke: re-attach, never twice.
-            if rs.state is RankState.HOLDING:
-                rs.request_id = request_id  # a later cancel of this request may release it
-                return [Admit(job_id, rank, request_id, phase, True, 0.0,
-                              steps=s.steps(job, phase))]
-            w0 = rs.instance.waiters[rank]
-            w0.request_id = request_id
-            rs.request_id = request_id
-            s.push_deadline(w0.deadline_s, job_id, rank, request_id)
-            return []
-        if rs.state is not RankState.IDLE:
-            held = rs.instance.phase if rs.instance is not None else None
-            what = "holds" if rs.state is RankState.HOLDING else "waits for"
-            return [Reject(job_id, rank, request_id, ErrorCode.RANK_BUSY,
-                           f"rank {rank} {what} phase {held}; release it first")]
+            return [Reject(job_id, r, request_id, ErrorCode.UNKNOWN_JOB,
+                           f"job_id: unknown job {job_id!r}", route) for r in ranks]
+        out: list[Decision] = []
+        slots = job.ranks
+        world = len(slots)
+        group = phase.group
+        fresh: list[int] = []
+        for r in ranks:
+            if not 0 <= r < world:
+                out.append(Reject(job_id, r, request_id, ErrorCode.INVALID_RANK,
+                                  f"rank: {r} out of range 0..{world - 1}", route))
+            elif not group.contains(r):
+                out.append(Reject(job_id, r, request_id, ErrorCode.INVALID_PHASE,
+                                  f"phase.group_ranks: rank {r} is not in group {group.ranks}",
+                                  route))
+            elif slots[r].state is RankState.IDLE:
+                fresh.append(r)
+            else:
+                self._enter_busy(job, r, phase, iteration, request_id, route, fresh, out)
+        if not fresh:
+            return out
         try:
             plan = s.plan(job, phase)
         except PlanError as exc:
-            return [Reject(job_id, rank, request_id, ErrorCode.INVALID_PHASE, str(exc))]
+            out.extend(Reject(job_id, r, request_id, ErrorCode.INVALID_PHASE, str(exc), route)
+                       for r in fresh)
+            return out
         ikey = (phase, iteration)
         inst = job.instances.get(ikey)
-        out: list[Decision] = []
         if inst is None:
             inst = Instance(job_id, phase, iteration, plan)
             job.instances[ikey] = inst
@@ -299,30 +350,67 @@ class PhaseCoordinator:
                     out.append(Decided(job_id, phase, advice.decision, False))
                     if advice.stay_plan is not None:
                         inst.plan = plan = advice.stay_plan  # run on the circuits there
-        if inst.op_id is None and not inst.waiters and (
+        advanced = False
+        note = s.note_entered
+        for r in fresh:
+            if note(job, slots[r], iteration):
+                advanced = True
+        timeout = self.default_timeout_s if timeout_s is None else timeout_s
+        batch = EnterBatch(tuple(fresh), request_id, now, now + timeout, route, len(fresh))
+        inst.batches.append(batch)
+        inst.waiting += len(fresh)
+        waiting = RankState.WAITING
+        for r in fresh:
+            rs = slots[r]
+            rs.state = waiting
+            rs.instance = inst
+            rs.request_id = request_id
+            rs.batch = batch
+        if inst.op_id is None and inst.waiting == len(fresh) and (
             (inst.holders and inst.verified)
-            or (s.views.ready(plan) and not claimed_by_older(s, plan))
+            or (s.views.ready(plan) and not behind(s, job, inst)
+                and not claimed_by_older(s, plan))
         ):
             # Held instances cannot change under their holders: join them without a check.
-            s.admit_rank(job, rs, rank, inst)
-            rs.request_id = request_id
-            job.admitted_noop += 1
-            out.append(Admit(job_id, rank, request_id, phase, True, 0.0,
-                             steps=s.steps(job, phase)))
+            admitted = s.admit_waiting(job, inst, now, True, 0.0)
+            if admitted is not None:
+                out.append(admitted)
+            if advanced:
+                out.extend(schedule(s, now))
             return out
-        timeout = self.default_timeout_s if timeout_s is None else timeout_s
-        w = Waiter(rank, request_id, now, now + timeout)
-        inst.waiters[rank] = w
-        rs.state = RankState.WAITING
-        rs.instance = inst
-        rs.request_id = request_id
-        s.push_deadline(w.deadline_s, job_id, rank, request_id)
-        if inst.queued:
-            return out  # the instance waits already; one more rank changes nothing
-        inst.queued = True
-        s.queue.append(inst)
+        s.push_deadline(job_id, batch)
+        if inst.queued and not advanced and not inst.held_back:
+            return out  # the instance waits already; more ranks change nothing
+        if not inst.queued:
+            inst.queued = True
+            s.queue.append(inst)
         out.extend(schedule(s, now))
         return out
+
+    def _enter_busy(
+        self, job: JobRecord, rank: int, phase: PhaseKey, iteration: int, request_id: int,
+        route: int, fresh: list[int], out: list[Decision],
+    ) -> None:
+        """``rank`` is not idle: the same request again after the agent's stream broke
+        re-attaches (a held phase is answered at once, a waiting rank moves to the new batch
+        and route, appended to ``fresh``); anything else is ``RANK_BUSY``."""
+        s = self._s
+        rs = job.ranks[rank]
+        inst = rs.instance
+        if inst is not None and inst.phase == phase and inst.iteration == iteration:
+            if rs.state is RankState.HOLDING:
+                rs.request_id = request_id  # a later cancel of this request may release it
+                out.append(Admitted(job.layout.job_id, phase, iteration, True, 0.0, 0.0,
+                                    s.steps(job, phase),
+                                    (AdmittedBatch(route, request_id, (rank,), 0.0),)))
+                return
+            s.withdraw(job, rank)
+            fresh.append(rank)
+            return
+        held = inst.phase if inst is not None else None
+        what = "holds" if rs.state is RankState.HOLDING else "waits for"
+        out.append(Reject(job.layout.job_id, rank, request_id, ErrorCode.RANK_BUSY,
+                          f"rank {rank} {what} phase {held}; release it first", route))
 
     def cancel(self, job_id: str, rank: int, request_id: int, now: float) -> list[Decision]:
         """The caller of EnterPhase ``request_id`` went away (cancelled RPC, dead process):
@@ -337,16 +425,26 @@ class PhaseCoordinator:
         if inst is None or rs.request_id != request_id:
             return []
         if rs.state is RankState.WAITING:
-            inst.waiters.pop(rank, None)
-            rs.state = RankState.IDLE
-            rs.instance = None
-            if not inst.waiters and inst.op_id is None:
+            s.withdraw(job, rank)
+            if not inst.waiting and inst.op_id is None:
+                inst.batches.clear()
                 s.dequeue(inst)
                 s.maybe_drop(job, inst)
             return schedule(s, now)
         if rs.state is RankState.HOLDING:
             return self.release(job_id, rank, inst.phase, now)
         return []
+
+    def waiting(self) -> list[Reject]:
+        """Every waiting rank as a ``Reject`` template (job, rank, request id, route; code
+        ``CANCELLED``) so the shell can answer them all, e.g. at shutdown."""
+        out: list[Reject] = []
+        for job_id, job in self._s.jobs.items():
+            for inst in job.instances.values():
+                for b, ranks in waiting_ranks(inst, job.ranks):
+                    out.extend(Reject(job_id, r, b.request_id, ErrorCode.CANCELLED, "", b.route)
+                               for r in ranks)
+        return out
 
     def resume_held(
         self, job_id: str, rank: int, phase: PhaseKey, iteration: int = 0
@@ -381,6 +479,7 @@ class PhaseCoordinator:
         if not s.views.ready(plan):
             inst.verified = False  # held, but not on confirmed circuits: nobody joins it
         s.add_holder(inst, rank)
+        s.note_entered(job, rs, iteration)
         rs.state = RankState.HOLDING
         rs.instance = inst
 
@@ -389,35 +488,63 @@ class PhaseCoordinator:
     ) -> list[Decision]:
         """A rank leaves ``phase`` (of ``iteration``, when given). Raises ``ReleaseError`` when
         it does not hold it."""
+        out, refused = self.release_many(job_id, (rank,), phase, now, iteration)
+        if refused:
+            raise refused[0].error
+        return out
+
+    def release_many(
+        self, job_id: str, ranks: Sequence[int], phase: PhaseKey, now: float,
+        iteration: int | None = None,
+    ) -> tuple[list[Decision], list[RefusedRelease]]:
+        """``ranks`` leave ``phase`` (of ``iteration``, when given) together. Returns the
+        decisions this causes (the last holder's release lets waiting phases switch and the
+        predicted next phase be provisioned: once per batch) and a ``RefusedRelease`` for each
+        rank that does not hold the phase (the others are released)."""
         s = self._s
         job = s.jobs.get(job_id)
         if job is None:
-            raise ReleaseError(ErrorCode.UNKNOWN_JOB, f"job_id: unknown job {job_id!r}")
-        if not 0 <= rank < len(job.ranks):
-            raise ReleaseError(ErrorCode.INVALID_RANK,
-                               f"rank: {rank} out of range 0..{len(job.ranks) - 1}")
-        rs = job.ranks[rank]
-        inst = rs.instance
-        if rs.state is not RankState.HOLDING or inst is None or inst.phase != phase or (
-                iteration is not None and inst.iteration != iteration):
-            raise ReleaseError(
-                ErrorCode.INVALID_PHASE,
-                f"rank {rank} does not hold phase {phase}"
-                + (f" of iteration {iteration}" if iteration is not None else "")
-                + (f" (it {'waits for' if rs.state is RankState.WAITING else 'holds'} "
-                   f"{inst.phase} of iteration {inst.iteration})" if inst is not None else ""),
-            )
-        rs.state = RankState.IDLE
-        rs.instance = None
-        if s.remove_holder(inst, rank):
-            return []  # others still hold the phase: nothing was freed
-        s.maybe_drop(job, inst)
-        out = schedule(s, now)
+            err = ReleaseError(ErrorCode.UNKNOWN_JOB, f"job_id: unknown job {job_id!r}")
+            return [], [RefusedRelease(r, err) for r in ranks]
+        slots = job.ranks
+        world = len(slots)
+        refused: list[RefusedRelease] = []
+        freed: list[Instance] = []
+        last: Instance | None = None
+        idle = RankState.IDLE
+        holding = RankState.HOLDING
+        for r in ranks:
+            if not 0 <= r < world:
+                refused.append(RefusedRelease(r, ReleaseError(
+                    ErrorCode.INVALID_RANK, f"rank: {r} out of range 0..{world - 1}")))
+                continue
+            rs = slots[r]
+            inst = rs.instance
+            if rs.state is not holding or inst is None or (inst is not last and (
+                    inst.phase != phase
+                    or (iteration is not None and inst.iteration != iteration))):
+                refused.append(RefusedRelease(r, _not_held(r, rs.state, inst, phase,
+                                                            iteration)))
+                continue
+            last = inst
+            rs.state = idle
+            rs.instance = None
+            holders = inst.holders
+            holders.discard(r)
+            if not holders:
+                freed.append(inst)
+        out: list[Decision] = []
+        if not freed:
+            return out, refused  # others still hold the phase: nothing was freed
+        for inst in freed:
+            s.views.unhold(inst.plan)
+            s.maybe_drop(job, inst)
+        out.extend(schedule(s, now))
         if self.provisioning:
             nxt = self._prov.predicted_after(job, phase)
             if nxt is not None:
                 out.extend(self._prov.provision(job, nxt))
-        return out
+        return out, refused
 
     def reconfigured(
         self,
@@ -458,19 +585,15 @@ class PhaseCoordinator:
             inst.verified = True
             if job is not None:
                 job.reconfigurations += 1
-                steps = s.steps(job, inst.phase)
-                for w in inst.waiters.values():
-                    s.admit_rank(job, job.ranks[w.rank], w.rank, inst)
-                    out.append(Admit(inst.job_id, w.rank, w.request_id, inst.phase, False,
-                                     now - w.arrived_s, device_s, steps=steps))
+                admitted = s.admit_waiting(job, inst, now, False, device_s)
+                if admitted is not None:
+                    out.append(admitted)
         elif job is not None:
-            for w in inst.waiters.values():
-                job.ranks[w.rank].state = RankState.IDLE
-                job.ranks[w.rank].instance = None
-                out.append(Reject(inst.job_id, w.rank, w.request_id,
-                                  ErrorCode.DEVICE_FAILURE,
-                                  f"reconfiguration for phase {inst.phase} failed: {error}"))
-        inst.waiters.clear()
+            out.extend(s.refuse_waiting(
+                job, inst, ErrorCode.DEVICE_FAILURE,
+                f"reconfiguration for phase {inst.phase} failed: {error}"))
+        inst.batches.clear()
+        inst.waiting = 0
         s.dequeue(inst)
         if job is not None:
             s.maybe_drop(job, inst)
@@ -505,23 +628,21 @@ class PhaseCoordinator:
             if not s.waiter_live(d):
                 continue
             job = s.jobs[d.job_id]
-            rs = job.ranks[d.rank]
-            inst = rs.instance
+            b = d.batch
+            inst = next((job.ranks[r].instance for r in b.ranks
+                         if job.ranks[r].batch is b), None)
             assert inst is not None
             reason = blocking_reason(s, inst)
-            w = inst.waiters.pop(d.rank)
-            rs.state = RankState.IDLE
-            rs.instance = None
-            out.append(Reject(d.job_id, d.rank, d.request_id, ErrorCode.DEADLINE_EXCEEDED,
-                              f"circuits for phase {inst.phase} not confirmed within "
-                              f"{w.deadline_s - w.arrived_s:.3f} s: {reason}"))
-            if not inst.waiters and inst.op_id is None:
+            out.extend(s.refuse_waiting(
+                job, inst, ErrorCode.DEADLINE_EXCEEDED,
+                f"circuits for phase {inst.phase} not confirmed within "
+                f"{b.deadline_s - b.arrived_s:.3f} s: {reason}", b))
+            if not inst.waiting and inst.op_id is None:
                 s.dequeue(inst)
                 s.maybe_drop(job, inst)
         if out or ended:
             out.extend(schedule(s, now))
         return out
-
 
 def confirmed_snapshot(coordinator: PhaseCoordinator) -> Mapping[str, frozenset[CrossConnect]]:
     """Every switch's confirmed cross-connects, for status displays."""

@@ -2,7 +2,8 @@
 returns them, the async shell (``lightrail.controller.runtime.phase_service``) carries them out.
 
 A decision carries everything the shell needs to act on it, so the shell never calls back into
-the coordinator to complete one (an ``Admit`` says how many all-to-all steps its phase takes).
+the coordinator to complete one (an ``Admitted`` says how many all-to-all steps its phase
+takes and where each answer goes).
 """
 
 from __future__ import annotations
@@ -35,10 +36,11 @@ class Advisor(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Admit:
-    """Admit ``rank`` into ``phase``. ``noop``: the circuits were already there.
-    ``waited_s``: from the rank's enter to this decision, in seconds; ``device_s``: how long the
-    switches took to confirm the reconfiguration that admitted it (0 for a no-op).
-    ``steps``: how many sub-phases the rank steps through (the all-to-all shift permutations of
+    """One rank's view of an admission (``Admitted.per_rank``): ``rank`` enters ``phase``.
+    ``noop``: the circuits were already there. ``waited_s``: from the rank's enter to the
+    admission, in seconds; ``device_s``: how long the switches took to confirm the
+    reconfiguration that admitted it (0 for a no-op). ``steps``: how many sub-phases the rank
+    steps through (the all-to-all shift permutations of
     ``lightrail.controller.core.planner.all_to_all_steps``; 1 for every other collective), >= 1.
     """
 
@@ -53,14 +55,58 @@ class Admit:
 
 
 @dataclass(frozen=True, slots=True)
+class AdmittedBatch:
+    """The ranks of one ``EnterBatch`` admitted together: where the answer goes (``route``,
+    the shell's opaque id), the batch's request id, its ranks and when they asked (s)."""
+
+    route: int
+    request_id: int
+    ranks: tuple[int, ...]
+    arrived_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """Ranks admitted into one phase instance (``phase`` of training step ``iteration``)
+    together, at ``at_s`` (s), batch by batch (``entries``, in arrival order). ``noop``: the
+    circuits were already there; ``device_s``: how long the switches took to confirm the
+    reconfiguration that admitted them (0 for a no-op); ``steps`` as in ``Admit``. One
+    decision per instance and event, whatever the number of ranks: the shell answers each
+    route once and records metrics once."""
+
+    job_id: str
+    phase: PhaseKey
+    iteration: int
+    noop: bool
+    at_s: float
+    device_s: float
+    steps: int
+    entries: tuple[AdmittedBatch, ...]
+
+    @property
+    def rank_count(self) -> int:
+        """How many ranks were admitted."""
+        return sum(len(e.ranks) for e in self.entries)
+
+    def per_rank(self) -> list[Admit]:
+        """One ``Admit`` per rank, in arrival order."""
+        return [Admit(self.job_id, r, e.request_id, self.phase, self.noop,
+                      self.at_s - e.arrived_s, self.device_s, steps=self.steps)
+                for e in self.entries for r in e.ranks]
+
+
+@dataclass(frozen=True, slots=True)
 class Reject:
-    """Refuse an EnterPhase with an explicit reason."""
+    """Refuse an EnterPhase with an explicit reason. ``route``: the shell's id of where the
+    answer goes (the route of the refused request's batch; for a request refused at once,
+    the route it came with)."""
 
     job_id: str
     rank: int
     request_id: int
     code: ErrorCode
     message: str
+    route: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,4 +146,16 @@ class Rewire:
     targets: tuple[SwitchTarget, ...]
 
 
-Decision = Admit | Reject | Reconfigure | Decided | Rewire
+Decision = Admitted | Reject | Reconfigure | Decided | Rewire
+
+
+def per_rank(decisions: list[Decision]) -> list[Decision | Admit]:
+    """``decisions`` with every ``Admitted`` expanded into its per-rank ``Admit`` views (for
+    callers that answer rank by rank, and for tests)."""
+    out: list[Decision | Admit] = []
+    for d in decisions:
+        if isinstance(d, Admitted):
+            out.extend(d.per_rank())
+        else:
+            out.append(d)
+    return out

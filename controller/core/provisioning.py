@@ -141,7 +141,7 @@ class Provisioner:
         if plan.empty or views.ready(plan):
             return []
         for inst in job.instances.values():
-            if inst.phase == phase and (inst.waiters or inst.op_id is not None):
+            if inst.phase == phase and (inst.waiting or inst.op_id is not None):
                 return []  # its ranks are already asking: the normal path serves them
         out: list[Decision] = []
         hint = job.hints.get(phase)
@@ -184,7 +184,7 @@ class Provisioner:
         """True when a queued phase with waiting ranks and no op yet needs one of
         ``op_ports`` (switch id -> ports): provisioning must not overtake it."""
         for q in self._s.queue:
-            if q.op_id is None and q.waiters:
+            if q.op_id is None and q.waiting:
                 for qt in q.plan.targets:
                     mine = op_ports.get(qt.switch_id)
                     if mine is not None and not mine.isdisjoint(qt.ports):

@@ -20,41 +20,74 @@ class RankState(enum.Enum):
     HOLDING = 2
 
 
-@dataclass(slots=True)
-class Waiter:
-    """A rank waiting to enter a phase instance; times in seconds of the coordinator's clock."""
+@dataclass(slots=True, eq=False)
+class EnterBatch:
+    """Ranks that asked to enter one phase instance together (one EnterMany of a stream, or
+    one EnterPhase): one request id, one arrival and one deadline for all of them (seconds of
+    the coordinator's clock). ``route`` is opaque to the core: the shell's id of the stream or
+    call that gets the answer. ``waiting``: how many of ``ranks`` still wait in this batch (a
+    rank that withdrew or re-attached elsewhere no longer has ``RankSlot.batch`` pointing
+    here)."""
 
-    rank: int
+    ranks: tuple[int, ...]
     request_id: int
     arrived_s: float
     deadline_s: float
+    route: int
+    waiting: int
 
 
 @dataclass(slots=True, eq=False)
 class Instance:
-    """One phase of one training step of one job: its waiting and holding ranks (the holders
-    hold every cross-connect of ``plan`` together) and the reconfiguration it waits on."""
+    """One phase of one training step of one job: its waiting ranks, in batches in arrival
+    order, its holders (they hold every cross-connect of ``plan`` together) and the
+    reconfiguration it waits on. State is per instance and per batch, not per rank: admitting
+    an instance is one pass over its batches."""
 
     job_id: str
     phase: PhaseKey
     iteration: int
     plan: Plan
-    waiters: dict[int, Waiter] = field(default_factory=dict)
+    batches: list[EnterBatch] = field(default_factory=list)
+    waiting: int = 0
+    """Ranks waiting in ``batches``."""
     holders: set[int] = field(default_factory=set)
     op_id: int | None = None
     queued: bool = False
     verified: bool = True
     """False for an instance re-created from holds reported after a restart whose circuits
     were not found on the switches: nobody joins it without a switch first."""
+    held_back: bool = False
+    """True while a rank of the phase's group still works on an older training step
+    (``scheduling.behind``): the instance neither switches nor claims ports until it is not."""
 
 
 @dataclass(slots=True, eq=False)
 class RankSlot:
-    """One rank of a job: its state, the instance it waits for or holds, its request id."""
+    """One rank of a job: its state, the instance it waits for or holds, its request id, the
+    batch it waits in, and the last training step it entered (None before its first enter;
+    ``scheduling.behind`` reads it)."""
 
     state: RankState = RankState.IDLE
     instance: Instance | None = None
     request_id: int = 0
+    batch: EnterBatch | None = None
+    iteration: int | None = None
+
+
+def waiting_ranks(
+    inst: Instance, slots: list[RankSlot]
+) -> list[tuple[EnterBatch, tuple[int, ...]]]:
+    """Each batch of ``inst`` with waiting ranks, and those ranks (``slots``: the job's)."""
+    out: list[tuple[EnterBatch, tuple[int, ...]]] = []
+    for b in inst.batches:
+        if not b.waiting:
+            continue
+        if b.waiting == len(b.ranks):
+            out.append((b, b.ranks))
+        else:
+            out.append((b, tuple(r for r in b.ranks if slots[r].batch is b)))
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +140,9 @@ class JobRecord:
     hits: int = 0
     late: int = 0
     misses: int = 0
+    entered: dict[int, int] = field(default_factory=dict)
+    """Training step -> how many ranks entered it last (ranks that never entered are not
+    counted): tells at once that no rank is behind a step (``scheduling.behind``)."""
 
 
 @dataclass(slots=True)
@@ -134,15 +170,14 @@ class Op:
 
 @dataclass(frozen=True, slots=True, order=True)
 class Deadline:
-    """A waiting rank's deadline, an entry of the coordinator's heap: ordered by ``at_s`` (s),
+    """A waiting batch's deadline, an entry of the coordinator's heap: ordered by ``at_s`` (s),
     then ``seq`` (push order, unique), so equal deadlines expire first in, first out. An entry
-    whose rank no longer waits with ``request_id`` is stale and skipped."""
+    whose batch has no waiting rank any more is stale and skipped."""
 
     at_s: float
     seq: int
     job_id: str = field(compare=False)
-    rank: int = field(compare=False)
-    request_id: int = field(compare=False)
+    batch: EnterBatch = field(compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,7 @@ migrating the job (LUMION, Morphlux; DESIGN.md "Failover"). Pure: acts on a
 
 from __future__ import annotations
 
-from lightrail.controller.core.decisions import Decision, Reject, Rewire
+from lightrail.controller.core.decisions import Decision, Rewire
 from lightrail.controller.core.planner import Plan, SwitchTarget, layout_job
 from lightrail.controller.core.provisioning import Provisioner
 from lightrail.controller.core.records import JobRecord, Op, RankState
@@ -116,12 +116,7 @@ def _restart(state: CoordinatorState, job: JobRecord, rank: int, message: str) -
     job_id = job.layout.job_id
     out: list[Decision] = []
     for inst in job.instances.values():
-        for w in inst.waiters.values():
-            out.append(Reject(job_id, w.rank, w.request_id, ErrorCode.PLACEMENT_CHANGED,
-                              message))
-            job.ranks[w.rank].state = RankState.IDLE
-            job.ranks[w.rank].instance = None
-        inst.waiters.clear()
+        out.extend(state.refuse_waiting(job, inst, ErrorCode.PLACEMENT_CHANGED, message))
         if rank in inst.holders:
             state.remove_holder(inst, rank)
     state.queue = [i for i in state.queue if i.job_id != job_id]

@@ -9,7 +9,7 @@ protocol").
 
 from __future__ import annotations
 
-from lightrail.controller.core.decisions import Admit, Decision, Reconfigure
+from lightrail.controller.core.decisions import Decision, Reconfigure
 from lightrail.controller.core.planner import Plan, SwitchTarget
 from lightrail.controller.core.records import Instance, JobRecord, Op
 from lightrail.controller.core.state import CoordinatorState
@@ -35,10 +35,14 @@ def schedule(
             for t in inst.plan.targets:
                 claimed.setdefault(t.switch_id, set()).update(t.ports)
             continue
-        if not inst.waiters:
+        if not inst.waiting:
             state.dequeue(inst)
             state.maybe_drop(job, inst)
             continue
+        if behind(state, job, inst):
+            inst.held_back = True  # it neither switches nor claims ports (liveness)
+            continue
+        inst.held_back = False
         if state.views.ready(inst.plan) and not any(
             not t.ports.isdisjoint(claimed.get(t.switch_id, ())) for t in inst.plan.targets
         ):
@@ -64,19 +68,33 @@ def _admit_waiters(
     """Admit every waiting rank of ``inst`` (its circuits are there) and take it off the
     queue. ``now``, ``switched_s`` as for ``schedule``: with no switch just completed the
     admissions are no-ops (counted in ``job.admitted_noop``)."""
-    out: list[Decision] = []
-    switched = switched_s is not None
-    device_s = 0.0 if switched_s is None else switched_s
-    steps = state.steps(job, inst.phase)
-    for w in inst.waiters.values():
-        state.admit_rank(job, job.ranks[w.rank], w.rank, inst)
-        if not switched:
-            job.admitted_noop += 1
-        out.append(Admit(inst.job_id, w.rank, w.request_id, inst.phase,
-                         not switched, now - w.arrived_s, device_s, steps=steps))
-    inst.waiters.clear()
+    admitted = state.admit_waiting(job, inst, now, switched_s is None,
+                                   0.0 if switched_s is None else switched_s)
     state.dequeue(inst)
-    return out
+    return [] if admitted is None else [admitted]
+
+
+def behind(state: CoordinatorState, job: JobRecord, inst: Instance) -> bool:
+    """True while a rank of ``inst``'s group still works on an older training step than
+    ``inst``'s (the last step it entered is older): the instance
+    must not take circuits yet, because that rank may need them for its older phase first
+    and cannot reach this one before (the liveness rule: a phase of step i+1 never holds the
+    circuits a waiting or coming phase of step i needs; ranks that never entered any phase
+    do not count). The collective cannot complete without that rank anyway, so waiting
+    costs the job nothing. O(1) when no rank of the job is behind the step; else O(group)."""
+    counts = job.entered
+    step = inst.iteration
+    if not counts or min(counts) >= step:
+        return False
+    slots = job.ranks
+    group = inst.phase.group
+    if group.size == len(slots):
+        return True  # every rank is in the group and some rank is on an older step
+    for r in group.ranks:
+        it = slots[r].iteration
+        if it is not None and it < step:
+            return True
+    return False
 
 
 def _claim_ports(
@@ -115,7 +133,7 @@ def claimed_by_older(state: CoordinatorState, plan: Plan) -> bool:
     """True when a waiting (not yet switching) phase needs one of ``plan``'s ports or must
     break a cross-connect ``plan`` would hold."""
     for q in state.queue:
-        if q.op_id is not None or not q.waiters:
+        if q.op_id is not None or not q.waiting or q.held_back:
             continue
         for qt in q.plan.targets:
             for t in plan.targets:
@@ -138,6 +156,12 @@ def blocking_reason(state: CoordinatorState, inst: Instance) -> str:
                 f"{sorted(rec.unsynced)[:8]} have not resynced")
     if inst.op_id is not None:
         return "the switches have not confirmed the reconfiguration yet"
+    job = state.jobs.get(inst.job_id)
+    if job is not None and behind(state, job, inst):
+        late = [r for r in inst.phase.group.ranks
+                if (it := job.ranks[r].iteration) is not None and it < inst.iteration]
+        return (f"ranks {late[:8]} of the group are still on an older training step than "
+                f"{inst.iteration}")
     held_by: set[str] = set()
     for t in inst.plan.targets:
         for xc in state.views.conflicts(t):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Sequence
 
-from lightrail.controller.core.decisions import Decision, Reject
+from lightrail.controller.core.decisions import Admitted, AdmittedBatch, Decision, Reject
 from lightrail.controller.core.planner import (
     JobLayout,
     Plan,
@@ -21,12 +21,14 @@ from lightrail.controller.core.planner import (
 )
 from lightrail.controller.core.records import (
     Deadline,
+    EnterBatch,
     Instance,
     JobRecord,
     Op,
     RankSlot,
     RankState,
     Recovery,
+    waiting_ranks,
 )
 from lightrail.controller.core.switch_views import SwitchViews
 from lightrail.controller.domain.errors import DuplicateJob, ErrorCode, UnknownJob
@@ -97,11 +99,7 @@ class CoordinatorState:
             raise UnknownJob(job_id)
         out: list[Decision] = []
         for inst in job.instances.values():
-            for w in inst.waiters.values():
-                out.append(
-                    Reject(job_id, w.rank, w.request_id, ErrorCode.CANCELLED, "job unregistered")
-                )
-            inst.waiters.clear()
+            out.extend(self.refuse_waiting(job, inst, ErrorCode.CANCELLED, "job unregistered"))
             if inst.holders:
                 self.views.unhold(inst.plan)
             inst.holders.clear()
@@ -145,19 +143,86 @@ class CoordinatorState:
 
     # --- waiting ranks ----------------------------------------------------------------------
 
-    def push_deadline(self, at_s: float, job_id: str, rank: int, request_id: int) -> None:
-        """Arm the deadline of ``rank`` waiting with ``request_id``."""
+    def push_deadline(self, job_id: str, batch: EnterBatch) -> None:
+        """Arm the deadline of a waiting ``batch`` of ``job_id``."""
         self._deadline_seq += 1
-        heapq.heappush(self.deadlines, Deadline(at_s, self._deadline_seq, job_id, rank,
-                                                request_id))
+        heapq.heappush(self.deadlines, Deadline(batch.deadline_s, self._deadline_seq, job_id,
+                                                batch))
 
     def waiter_live(self, d: Deadline) -> bool:
-        """True while the rank of ``d`` still waits with ``d``'s request."""
-        job = self.jobs.get(d.job_id)
-        if job is None:
-            return False
-        rs = job.ranks[d.rank]
-        return rs.state is RankState.WAITING and rs.request_id == d.request_id
+        """True while some rank of ``d``'s batch still waits in it."""
+        return d.batch.waiting > 0 and d.job_id in self.jobs
+
+    def withdraw(self, job: JobRecord, rank: int) -> Instance | None:
+        """Take a waiting ``rank`` out of its batch and instance (it is IDLE afterwards);
+        returns the instance it waited for (None when it did not wait)."""
+        rs = job.ranks[rank]
+        inst = rs.instance
+        if rs.state is not RankState.WAITING or inst is None:
+            return None
+        if rs.batch is not None:
+            rs.batch.waiting -= 1
+        inst.waiting -= 1
+        rs.state = RankState.IDLE
+        rs.instance = None
+        rs.batch = None
+        return inst
+
+    def refuse_waiting(
+        self, job: JobRecord, inst: Instance, code: ErrorCode, message: str,
+        batch: EnterBatch | None = None,
+    ) -> list[Decision]:
+        """Refuse every rank waiting in ``inst`` (only those of ``batch``, when given) with
+        ``code``; they are IDLE afterwards."""
+        out: list[Decision] = []
+        job_id = inst.job_id
+        slots = job.ranks
+        for b, ranks in waiting_ranks(inst, slots):
+            if batch is not None and b is not batch:
+                continue
+            for r in ranks:
+                rs = slots[r]
+                rs.state = RankState.IDLE
+                rs.instance = None
+                rs.batch = None
+                out.append(Reject(job_id, r, b.request_id, code, message, b.route))
+            inst.waiting -= len(ranks)
+            b.waiting = 0
+        inst.batches = [b for b in inst.batches if b.waiting]
+        return out
+
+    def admit_waiting(
+        self, job: JobRecord, inst: Instance, now: float, noop: bool, device_s: float
+    ) -> Admitted | None:
+        """Admit every rank waiting in ``inst`` (they hold it afterwards); one decision for the
+        whole instance, None when nobody waited."""
+        if not inst.waiting:
+            inst.batches.clear()
+            return None
+        slots = job.ranks
+        entries: list[AdmittedBatch] = []
+        count = 0
+        if not inst.holders:
+            self.views.hold(inst.plan)
+        holders = inst.holders
+        holding = RankState.HOLDING
+        for b, ranks in waiting_ranks(inst, slots):
+            for r in ranks:
+                rs = slots[r]
+                rs.state = holding
+                rs.batch = None
+            holders.update(ranks)
+            count += len(ranks)
+            b.waiting = 0
+            entries.append(AdmittedBatch(b.route, b.request_id, ranks, b.arrived_s))
+        inst.batches.clear()
+        inst.waiting = 0
+        job.admitted += count
+        if noop:
+            job.admitted_noop += count
+        job.last_phase = inst.phase
+        return Admitted(inst.job_id, inst.phase, inst.iteration, noop, now, device_s,
+                        self.steps(job, inst.phase), tuple(entries))
 
     def dequeue(self, inst: Instance) -> None:
         """Take ``inst`` off the waiting queue, if it is on it."""
@@ -182,15 +247,24 @@ class CoordinatorState:
         self.views.unhold(inst.plan)
         return False
 
-    def admit_rank(self, job: JobRecord, rs: RankSlot, rank: int, inst: Instance) -> None:
-        """``rank`` (slot ``rs``) now holds ``inst``."""
-        self.add_holder(inst, rank)
-        rs.state = RankState.HOLDING
-        rs.instance = inst
-        job.admitted += 1
-        job.last_phase = inst.phase
+    def note_entered(self, job: JobRecord, rs: RankSlot, iteration: int) -> bool:
+        """``rs`` enters a phase of training step ``iteration``; returns True when that moves
+        the rank to a later step (a phase held back for it may go on now)."""
+        old = rs.iteration
+        if old == iteration:
+            return False
+        counts = job.entered
+        if old is not None:
+            n = counts[old] - 1
+            if n:
+                counts[old] = n
+            else:
+                del counts[old]
+        counts[iteration] = counts.get(iteration, 0) + 1
+        rs.iteration = iteration
+        return old is not None and iteration > old
 
     def maybe_drop(self, job: JobRecord, inst: Instance) -> None:
         """Forget ``inst`` once nobody waits for, holds or switches it."""
-        if not inst.holders and not inst.waiters and inst.op_id is None and not inst.queued:
+        if not inst.holders and not inst.waiting and inst.op_id is None and not inst.queued:
             job.instances.pop((inst.phase, inst.iteration), None)

@@ -88,6 +88,15 @@ class PhaseKey:
     collective: Collective
     seq: int = 0
     step: int = 0
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Hot path: phase keys key the coordinator's dictionaries; hash the fields once.
+        object.__setattr__(self, "_hash", hash((self.group, self.collective.value, self.seq,
+                                                self.step)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def __str__(self) -> str:
         ranks = ",".join(map(str, self.group.ranks))

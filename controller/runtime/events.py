@@ -27,6 +27,12 @@ class EventBus:
         self._max = max_backlog
         self._subs: dict[str | None, set[asyncio.Queue[object]]] = {}
 
+    def wants(self, job_id: str) -> bool:
+        """True when some subscriber would receive an event of ``job_id``: callers on the hot
+        path build events only then."""
+        subs = self._subs
+        return bool(subs.get(job_id) or subs.get(None))
+
     def publish(self, event: JobEvent) -> None:
         """Deliver ``event`` to the job's subscribers and the all-jobs subscribers."""
         for key in (event.job_id, None):

@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import structlog
-from prometheus_client import Histogram
+from prometheus_client import Counter, Histogram
 
-from lightrail.controller.core.coordinator import PhaseCoordinator
+from lightrail.controller.core.coordinator import PhaseCoordinator, RefusedRelease
 from lightrail.controller.core.decisions import (
     Admit,
+    Admitted,
+    AdmittedBatch,
     Decided,
     Decision,
     Reconfigure,
@@ -40,10 +42,30 @@ READ_BACK_BACKOFF = Backoff(initial_s=0.05, max_s=2.0)
 
 
 class ReplySink(Protocol):
-    """Where the answer to one EnterPhase goes (a PhaseStream, a unary call's future).
-    ``deliver`` must not block. An ``Admit`` carries all the reply needs (``steps``)."""
+    """Where answers go (a PhaseStream, a unary call's future). Neither method may block.
+    ``deliver_admitted``: the ranks of one batch (``entry``) admitted together into one phase
+    instance; ``deliver``: a refusal (or, from ``PerRankSink``, one rank's admission)."""
 
     def deliver(self, decision: Admit | Reject) -> None: ...
+
+    def deliver_admitted(self, decision: Admitted, entry: AdmittedBatch) -> None: ...
+
+
+class PerRankSink:
+    """A base for sinks that answer rank by rank: an admitted batch arrives as one ``Admit``
+    per rank through ``deliver``."""
+
+    __slots__ = ()
+
+    def deliver(self, decision: Admit | Reject) -> None:
+        raise NotImplementedError
+
+    def deliver_admitted(self, decision: Admitted, entry: AdmittedBatch) -> None:
+        waited_s = decision.at_s - entry.arrived_s
+        for r in entry.ranks:
+            self.deliver(Admit(decision.job_id, r, entry.request_id, decision.phase,
+                               decision.noop, waited_s, decision.device_s,
+                               steps=decision.steps))
 
 
 class ReconcileResult(Protocol):
@@ -55,7 +77,8 @@ class ReconcilerLike(Protocol):
     """What the shell needs of ``lightrail.controller.runtime.reconciler.Reconciler``."""
 
     async def reconcile(
-        self, switch_id: str, ports: frozenset[int], target: frozenset[CrossConnect]
+        self, switch_id: str, ports: frozenset[int], target: frozenset[CrossConnect],
+        *, inline: bool = False,
     ) -> ReconcileResult: ...
 
     async def read_back(self, switch_id: str) -> frozenset[CrossConnect]: ...
@@ -102,12 +125,17 @@ class PhaseService:
         self._reconciler = reconciler
         self._events = events
         self._write = state_writer
-        self._sinks: dict[tuple[str, int], ReplySink] = {}
+        self._routes: dict[int, ReplySink] = {}
+        """Route id (carried by the coordinator's decisions) -> where its answers go."""
+        self._route_of: dict[ReplySink, int] = {}
+        self._next_route = 1
         self._tg: asyncio.TaskGroup | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._admit_hist: dict[tuple[str, str], Histogram] = {}
+        self._admit_count: dict[tuple[str, bool], Counter] = {}
+        self._stall: dict[str, Counter] = {}
         self._inflight: set[asyncio.Task[None]] = set()
         self._reading_back: set[str] = set()
         self._settled = asyncio.Event()
@@ -150,6 +178,16 @@ class PhaseService:
 
     # --- requests ---------------------------------------------------------------------------
 
+    def route(self, sink: ReplySink) -> int:
+        """The route id of ``sink`` (allocated on first use; ``detach`` frees it)."""
+        rid = self._route_of.get(sink)
+        if rid is None:
+            rid = self._next_route
+            self._next_route += 1
+            self._route_of[sink] = rid
+            self._routes[rid] = sink
+        return rid
+
     def enter(
         self,
         job_id: str,
@@ -162,39 +200,33 @@ class PhaseService:
         nbytes: int = 0,
         compute_gap_s: float = 0.0,
     ) -> None:
-        """Ask for admission; the answer goes to ``sink`` (maybe before this returns).
-        ``timeout_s``: how long the rank waits at most, s (None: the coordinator's default).
+        """Ask for admission of one rank; ``enter_many`` with one rank."""
+        self._dispatch(self.coordinator.enter_many(
+            job_id, (rank,), phase, request_id, self.now(), timeout_s, iteration, nbytes,
+            compute_gap_s, self.route(sink)))
 
-        An immediate answer to this very request goes straight to ``sink``; only a request
-        that waits replaces the rank's reply route, so a refused duplicate can never steal
-        the route of the rank's pending request."""
-        decisions = self.coordinator.enter(job_id, rank, phase, request_id, self.now(),
-                                           timeout_s, iteration, nbytes, compute_gap_s)
-        answered = False
-        rest: list[Decision] = []
-        for d in decisions:
-            if (isinstance(d, (Admit, Reject)) and d.job_id == job_id and d.rank == rank
-                    and d.request_id == request_id):
-                answered = True
-                if isinstance(d, Admit):
-                    self._sinks[(job_id, rank)] = sink
-                    self._on_admit(d)
-                else:
-                    metrics.PHASE_ERRORS.labels(d.job_id, d.code.value).inc()
-                    sink.deliver(d)
-            else:
-                rest.append(d)
-        if not answered:
-            self._sinks[(job_id, rank)] = sink  # it waits: admissions come later
-        if rest:
-            self._dispatch(rest)
-        else:
-            self._arm_timer()  # the rank may wait: its deadline may be the nearest
+    def enter_many(
+        self,
+        job_id: str,
+        ranks: Sequence[int],
+        phase: PhaseKey,
+        request_id: int,
+        timeout_s: float | None,
+        sink: ReplySink,
+        iteration: int = 0,
+        nbytes: int = 0,
+        compute_gap_s: float = 0.0,
+    ) -> None:
+        """Ask for admission of ``ranks`` together (one batch, one request id); the answers go
+        to ``sink`` (maybe before this returns). ``timeout_s``: how long the ranks wait at
+        most, s (None: the coordinator's default). Each answer goes to the route of the batch
+        it answers, so a refused duplicate never steals the route of a pending request."""
+        self._dispatch(self.coordinator.enter_many(
+            job_id, ranks, phase, request_id, self.now(), timeout_s, iteration, nbytes,
+            compute_gap_s, self.route(sink)))
 
     def cancel(self, job_id: str, rank: int, request_id: int, sink: ReplySink) -> None:
         """The caller of ``request_id`` went away: withdraw its wait or ghost hold."""
-        if self._sinks.get((job_id, rank)) is sink:
-            del self._sinks[(job_id, rank)]
         decisions = self.coordinator.cancel(job_id, rank, request_id, self.now())
         if decisions:
             self._dispatch(decisions)
@@ -206,6 +238,17 @@ class PhaseService:
         decisions = self.coordinator.release(job_id, rank, phase, self.now(), iteration)
         if decisions:
             self._dispatch(decisions)
+
+    def release_many(
+        self, job_id: str, ranks: Sequence[int], phase: PhaseKey, iteration: int | None = None
+    ) -> list[RefusedRelease]:
+        """``ranks`` leave a phase together; returns the ranks that did not hold it (the
+        others are released)."""
+        decisions, refused = self.coordinator.release_many(job_id, ranks, phase, self.now(),
+                                                           iteration)
+        if decisions:
+            self._dispatch(decisions)
+        return refused
 
     def resume_held(self, job_id: str, rank: int, phase: PhaseKey, iteration: int = 0) -> None:
         """Record that a rank still holds ``phase`` (after a reconnect). Raises
@@ -219,9 +262,11 @@ class PhaseService:
             self._dispatch(decisions)
 
     def detach(self, sink: ReplySink) -> None:
-        """Forget ``sink`` (its stream closed); its ranks may re-attach from a new stream."""
-        for key in [k for k, s in self._sinks.items() if s is sink]:
-            del self._sinks[key]
+        """Forget ``sink`` (its stream or call ended): answers to its route are dropped; its
+        ranks may re-attach from a new stream."""
+        rid = self._route_of.pop(sink, None)
+        if rid is not None:
+            del self._routes[rid]
 
     def unregister_job(self, job_id: str) -> None:
         """Remove a job; waiting ranks get CANCELLED. Raises ``UnknownJob``."""
@@ -230,30 +275,31 @@ class PhaseService:
     def refresh_switch(self, switch_id: str, cross_connects: frozenset[CrossConnect]) -> None:
         """Replace the coordinator's view of a switch with a read-back."""
         self.coordinator.set_confirmed(switch_id, cross_connects)
-        metrics.CIRCUITS.labels(switch_id).set(len(cross_connects))
         self._dispatch(self.coordinator.schedule(self.now()))
         self._settled.set()
 
     def cancel_all(self, code: ErrorCode, message: str) -> None:
         """Answer every pending EnterPhase with ``code`` (shutdown, loss of leadership)."""
-        for (job_id, rank), sink in list(self._sinks.items()):
-            # the waiting request's own id: an agent matches answers by it
-            request_id = self.coordinator.waiting_request(job_id, rank) or 0
-            sink.deliver(Reject(job_id, rank, request_id, code, message))
-        self._sinks.clear()
+        for w in self.coordinator.waiting():
+            sink = self._routes.get(w.route)
+            if sink is not None:  # the waiting request's own id: an agent matches answers by it
+                sink.deliver(Reject(w.job_id, w.rank, w.request_id, code, message, w.route))
+        self._routes.clear()
+        self._route_of.clear()
 
     # --- decisions --------------------------------------------------------------------------
 
     def _dispatch(self, decisions: list[Decision]) -> None:
         for d in decisions:
-            if isinstance(d, Admit):
-                self._on_admit(d)
+            if isinstance(d, Admitted):
+                self._on_admitted(d)
             elif isinstance(d, Reject):
-                sink = self._sinks.pop((d.job_id, d.rank), None)
+                sink = self._routes.get(d.route)
                 metrics.PHASE_ERRORS.labels(d.job_id, d.code.value).inc()
                 if sink is not None:
                     sink.deliver(d)
-                if d.code is ErrorCode.DEADLINE_EXCEEDED or d.code is ErrorCode.DEVICE_FAILURE:
+                if (d.code is ErrorCode.DEADLINE_EXCEEDED or d.code is ErrorCode.DEVICE_FAILURE
+                        ) and self._events.wants(d.job_id):
                     self._events.publish(JobEvent(d.job_id, JobEventKind.PHASE_ERROR, d.message,
                                                   fields={"rank": str(d.rank),
                                                           "code": d.code.value}))
@@ -269,6 +315,8 @@ class PhaseService:
         dec = d.decision
         outcome = "switch" if dec.switch else "stay"
         metrics.RECONFIGURE_DECISIONS.labels(d.job_id, outcome).inc()
+        if not self._events.wants(d.job_id):
+            return
         self._events.publish(JobEvent(
             d.job_id, JobEventKind.DECISION, f"phase {d.phase}: {dec.reason}",
             fields={
@@ -281,19 +329,40 @@ class PhaseService:
                 "delta_exposed_s": f"{dec.delta_exposed_s:.9f}",
             }))
 
-    def _on_admit(self, d: Admit) -> None:
-        key = (d.job_id, d.phase.collective.value)
+    def _on_admitted(self, d: Admitted) -> None:
+        """Record one phase instance's admission once (latency from the last of its ranks'
+        enters, stall rank-seconds, admitted ranks) and answer each batch on its route."""
+        job_id = d.job_id
+        key = (job_id, d.phase.collective.value)
         hist = self._admit_hist.get(key)
         if hist is None:
-            hist = metrics.PHASE_ADMISSION_SECONDS.labels(*key)
-            self._admit_hist[key] = hist
-        hist.observe(d.waited_s)
-        if d.waited_s > 0:
-            metrics.STALL_SECONDS.labels(d.job_id).inc(d.waited_s)
-        metrics.PHASE_ADMISSIONS.labels(d.job_id, "noop" if d.noop else "switched").inc()
-        sink = self._sinks.pop((d.job_id, d.rank), None)
-        if sink is not None:
-            sink.deliver(d)
+            hist = self._admit_hist[key] = metrics.PHASE_ADMISSION_SECONDS.labels(*key)
+        entries = d.entries
+        at_s = d.at_s
+        count = 0
+        stall_s = 0.0
+        last_s = 0.0
+        routes = self._routes
+        for e in entries:
+            n = len(e.ranks)
+            count += n
+            stall_s += n * (at_s - e.arrived_s)
+            last_s = max(last_s, e.arrived_s)
+            sink = routes.get(e.route)
+            if sink is not None:
+                sink.deliver_admitted(d, e)
+        hist.observe(max(0.0, at_s - last_s) if entries else 0.0)
+        if stall_s > 0:
+            stall = self._stall.get(job_id)
+            if stall is None:
+                stall = self._stall[job_id] = metrics.STALL_SECONDS.labels(job_id)
+            stall.inc(stall_s)
+        ckey = (job_id, d.noop)
+        counter = self._admit_count.get(ckey)
+        if counter is None:
+            counter = self._admit_count[ckey] = metrics.PHASE_ADMISSIONS.labels(
+                job_id, "noop" if d.noop else "switched")
+        counter.inc(count)
 
     # --- failover -----------------------------------------------------------------------------
 
@@ -360,8 +429,6 @@ class PhaseService:
         device_s = self.now() - t0
         self._dispatch(self.coordinator.reconfigured(rw.op_id, self.now(), None, device_s))
         self._settled.set()
-        metrics.CIRCUITS.labels(target.switch_id).set(
-            len(self.coordinator.confirmed(target.switch_id)))
         if fut is not None and not fut.done():
             fut.set_result(device_s)
 
@@ -373,13 +440,23 @@ class PhaseService:
 
     async def _reconfigure(self, rec: Reconfigure) -> None:
         t0 = self.now()
-        results = await asyncio.gather(
-            *(
-                self._reconciler.reconcile(t.switch_id, t.ports, t.cross_connects)
-                for t in rec.targets
-            ),
-            return_exceptions=True,
-        )
+        results: list[ReconcileResult | BaseException]
+        if len(rec.targets) == 1:  # no gather: it would wrap the one call in another task
+            (t,) = rec.targets
+            try:
+                results = [await self._reconciler.reconcile(t.switch_id, t.ports,
+                                                            t.cross_connects, inline=True)]
+            except (DriverError, ReconcilerStopped) as exc:
+                results = [exc]
+        else:
+            results = list(await asyncio.gather(
+                *(
+                    self._reconciler.reconcile(t.switch_id, t.ports, t.cross_connects,
+                                               inline=True)
+                    for t in rec.targets
+                ),
+                return_exceptions=True,
+            ))
         device_s = self.now() - t0
         failed: dict[str, DriverError] = {}  # switch id -> why it failed
         stopping = False
@@ -399,8 +476,6 @@ class PhaseService:
             for switch_id in failed:
                 self._start_read_back(switch_id)
         switches = tuple(t.switch_id for t in rec.targets)
-        for switch_id in switches:
-            metrics.CIRCUITS.labels(switch_id).set(len(self.coordinator.confirmed(switch_id)))
         try:
             stats = self.coordinator.stats(rec.job_id)
         except UnknownJob:
@@ -412,6 +487,13 @@ class PhaseService:
         done = ReconfigurationDone(rec.job_id, rec.phase, switches, device_s, error)
         for listener in self.listeners:
             listener(done)
+        if self._events.wants(rec.job_id):
+            self._publish_reconfigured(rec, switches, device_s, error)
+        if self._write is not None and error is None:
+            self._dirty_plans[rec.job_id] = rec
+
+    def _publish_reconfigured(self, rec: Reconfigure, switches: tuple[str, ...],
+                              device_s: float, error: str | None) -> None:
         self._events.publish(
             JobEvent(
                 rec.job_id,
@@ -423,8 +505,6 @@ class PhaseService:
                         "provisioning": str(rec.provisioning).lower()},
             )
         )
-        if self._write is not None and error is None:
-            self._dirty_plans[rec.job_id] = rec
 
     def _start_read_back(self, switch_id: str) -> None:
         """Read a switch back after a failed apply, retrying with backoff until it answers:

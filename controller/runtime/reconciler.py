@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import structlog
@@ -152,6 +152,7 @@ class _Worker:
         "caps",
         "circuits",
         "driver",
+        "idle",
         "index",
         "log",
         "makes",
@@ -170,8 +171,11 @@ class _Worker:
         self.queue: asyncio.Queue[_Request | None] = asyncio.Queue()
         self.task: asyncio.Task[None] | None = None
         self.busy = False
+        self.idle = asyncio.Event()
+        """Set when a request served inline (``Reconciler.reconcile``) ends."""
         self.caps: SwitchCapabilities | None = None
-        self.view: frozenset[CrossConnect] = frozenset()
+        self.view: set[CrossConnect] = set()
+        """The confirmed cross-connects (``Reconciler.confirmed`` hands out copies)."""
         self.index: dict[int, CrossConnect] = {}
         self.stale = True
         self.reconfigurations = metrics.RECONFIGURATIONS.labels(switch_id)
@@ -181,7 +185,7 @@ class _Worker:
         self.circuits = metrics.CIRCUITS.labels(switch_id)
 
     def set_view(self, xcs: frozenset[CrossConnect]) -> None:
-        self.view = xcs
+        self.view = set(xcs)
         index: dict[int, CrossConnect] = {}
         for xc in xcs:
             index[xc.ingress] = xc
@@ -189,6 +193,23 @@ class _Worker:
         self.index = index
         self.stale = False
         self.circuits.set(len(xcs))
+
+    def update_view(self, removed: Iterable[CrossConnect], added: Iterable[CrossConnect]) -> None:
+        """The device confirmed ``removed`` broken and ``added`` made: O(changes), not a
+        rebuild of the whole view."""
+        view = self.view
+        index = self.index
+        for xc in removed:
+            view.discard(xc)
+            if index.get(xc.ingress) == xc:
+                del index[xc.ingress]
+            if index.get(xc.egress) == xc:
+                del index[xc.egress]
+        for xc in added:
+            view.add(xc)
+            index[xc.ingress] = xc
+            index[xc.egress] = xc
+        self.circuits.set(len(view))
 
     def satisfied(self, ports: frozenset[int], target: frozenset[CrossConnect]) -> bool:
         """True when the view holds exactly ``target`` on ``ports``, for a ``target`` that lies
@@ -326,7 +347,8 @@ class Reconciler:
     # --- requests ------------------------------------------------------------------------------
 
     async def reconcile(
-        self, switch_id: str, ports: frozenset[int], target: frozenset[CrossConnect]
+        self, switch_id: str, ports: frozenset[int], target: frozenset[CrossConnect],
+        *, inline: bool = False,
     ) -> ReconcileOutcome:
         """Make the cross-connects of ``switch_id`` on ``ports`` exactly ``target``; cross-
         connects on other ports are never touched.
@@ -335,7 +357,10 @@ class Reconciler:
         order) and returns once the device confirmed: applied and, where the device reads back,
         read back equal to ``target`` on ``ports``. Returns ``NOOP`` at once, without a device
         command, when the worker is idle and its confirmed view already holds ``target``.
-        Cancelling the caller does not cancel a device command already issued.
+        Cancelling the caller does not cancel a device command already issued. With
+        ``inline``, a request that finds the worker idle runs in the caller's task instead
+        (no queue, future or task switch: the hot path); cancelling the caller then interrupts
+        the device command, and the switch is read back before its next request.
 
         Raises ``UnknownSwitch``; ``InvalidPort`` when a target cross-connect uses a port
         outside ``ports`` or a port does not exist; ``ReconcilerStopped`` when not running;
@@ -346,16 +371,29 @@ class Reconciler:
         if self._lifecycle is not _Lifecycle.RUNNING:
             raise ReconcilerStopped(f"reconciler is {self._lifecycle.value}")
         _check_request(switch_id, worker.caps, ports, target)
-        if (
-            not worker.busy
-            and not worker.stale
-            and worker.queue.empty()
-            and worker.satisfied(ports, target)
-        ):
-            return NOOP
+        if not worker.busy and worker.queue.empty():
+            if not worker.stale and worker.satisfied(ports, target):
+                return NOOP
+            if inline:
+                return await self._reconcile_inline(worker, ports, target)
         future: asyncio.Future[ReconcileOutcome] = asyncio.get_running_loop().create_future()
         worker.queue.put_nowait(_ReconcileRequest(ports, target, future))
         return await future
+
+    async def _reconcile_inline(
+        self, worker: _Worker, ports: frozenset[int], target: frozenset[CrossConnect]
+    ) -> ReconcileOutcome:
+        """Serve a request in the caller's task while the worker is idle (``reconcile``
+        with ``inline``); the worker waits for it before its next request."""
+        worker.busy = True
+        try:
+            return await self._reconcile_now(worker, ports, target)
+        except asyncio.CancelledError:
+            worker.stale = True  # interrupted mid-command: read the device back first
+            raise
+        finally:
+            worker.busy = False
+            worker.idle.set()
 
     async def read_back(self, switch_id: str) -> frozenset[CrossConnect]:
         """Read every cross-connect of ``switch_id`` from the device and make it the confirmed
@@ -397,7 +435,7 @@ class Reconciler:
     def confirmed(self, switch_id: str) -> frozenset[CrossConnect]:
         """The last confirmed cross-connects of ``switch_id`` (empty before the first read-back;
         possibly stale after an error until the next read-back). Raises ``UnknownSwitch``."""
-        return self._worker(switch_id).view
+        return frozenset(self._worker(switch_id).view)
 
     def needs_read_back(self, switch_id: str) -> bool:
         """True until the view of ``switch_id`` is confirmed, and again after an error or
@@ -418,6 +456,9 @@ class Reconciler:
                 request = await queue.get()
                 if request is None:
                     return
+                while worker.busy:  # a request served inline in its caller's task
+                    worker.idle.clear()
+                    await worker.idle.wait()
                 if request.future.done():  # the caller gave up while queued
                     continue
                 worker.busy = True
@@ -518,7 +559,7 @@ class Reconciler:
         confirmed_s = self._clock()
         device_s = confirmed_s - started_s
         worker.apply_seconds.observe(device_s)
-        worker.log.info(
+        worker.log.debug(
             "reconfigured",
             removed=len(removed), added=len(added), device_s=device_s, attempts=failures + 1,
         )
@@ -552,8 +593,7 @@ class Reconciler:
         self._count(worker, result)
         caps = worker.caps
         if result.verified or caps is None or not caps.readback:
-            view = (worker.view - frozenset(result.removed)) | frozenset(result.added)
-            worker.set_view(view)
+            worker.update_view(result.removed, result.added)
             if worker.satisfied(ports, target) or not result.verified:
                 return
             worker.log.warning("verified apply does not add up to the target; reading back")

@@ -198,8 +198,8 @@ async def _emulated(
         device=device,
         restart=restart,
         gate=gate,
-        writes=lambda: device.command_count,
-        # drivers/emulated.py: one bulk command (no max_batch), none when nothing differs
+        writes=lambda: device.write_count,
+        # emulator/driver.py: one bulk command (no max_batch), none when nothing differs
         expected_writes=lambda breaks, makes: int(breaks + makes > 0),
         rerouted=_no_reroutes,
         subscribe=_plain_events(driver),

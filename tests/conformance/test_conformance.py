@@ -110,8 +110,8 @@ async def test_apply_and_read_back(harness: Harness) -> None:
     moved = frozenset({xc(1, 10), xc(2, 11), xc(5, 13)})
     result = await h.driver.apply(moved, PORTS)
     # every wire driver reads back the ports it changed; the in-process one does not
-    verified = h.name != "emulated"
-    assert result == ApplyResult(removed=(xc(2, 9),), added=(xc(2, 11),), verified=verified)
+    # every driver reads back the ports it changed
+    assert result == ApplyResult(removed=(xc(2, 9),), added=(xc(2, 11),), verified=True)
     assert h.writes() - writes == h.expected_writes(1, 1)
     assert await read_back(h) == moved
     records = records_since(h, start)
@@ -482,17 +482,13 @@ async def test_a_make_the_device_did_not_do_shows_in_read_back_or_power(harness:
     h = harness
     h.device.drop_makes_silently(3)  # acknowledged, never takes effect
     target = frozenset({xc(1, 10), xc(3, 11)})
-    if h.name in ("tl1", "restconf"):
-        # drivers/tl1.py and drivers/restconf.py verify every apply by a read-back
+    if h.name in ("tl1", "restconf", "emulated"):
+        # drivers/tl1, drivers/restconf and emulator/driver.py verify every apply by a
+        # read-back of the ports it changed; EmulatedOcs.drop_makes_silently: "only a
+        # read-back shows it"
         with pytest.raises(VerificationMismatch) as info:
             await h.driver.apply(target, PORTS)
         assert info.value.missing == (xc(3, 11),) and info.value.unexpected == ()
-        assert await read_back(h) == {xc(1, 10)}
-    elif h.name == "emulated":
-        # drivers/emulated.py: apply reports what the device acknowledged and does not read
-        # back; EmulatedOcs.drop_makes_silently: "only a read-back shows it"
-        result = await h.driver.apply(target, PORTS)
-        assert set(result.added) == target
         assert await read_back(h) == {xc(1, 10)}
     else:
         # emulator/mzi_server.py, drop_makes_silently: "the heaters are right but the path

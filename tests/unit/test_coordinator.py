@@ -7,12 +7,13 @@ from collections.abc import Iterable
 import pytest
 
 from lightrail.controller.core.coordinator import PhaseCoordinator
-from lightrail.controller.core.decisions import Admit, Decision, Reconfigure, Reject
+from lightrail.controller.core.decisions import Admit, Reconfigure, Reject
 from lightrail.controller.core.planner import PlacementError
 from lightrail.controller.domain.errors import DuplicateJob, ErrorCode, ReleaseError
 from lightrail.controller.domain.fabric import rail_fabric
 from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup, RankPlacement
 from lightrail.drivers.base import CrossConnect
+from tests.per_rank import PerRankCoordinator, PerRankDecision
 
 N = 4
 WORLD = list(range(8))
@@ -25,24 +26,28 @@ def place(n: int = 8, first_host: int = 0) -> list[RankPlacement]:
 
 
 @pytest.fixture
-def coord() -> PhaseCoordinator:
-    c = PhaseCoordinator(rail_fabric("t", 4, 2, delay_s=0.01), default_timeout_s=5.0)
+def coord() -> PerRankCoordinator:
+    c = PerRankCoordinator(
+        PhaseCoordinator(rail_fabric("t", 4, 2, delay_s=0.01), default_timeout_s=5.0)
+    )
     c.register_job("job", "tenant", place())
     return c
 
 
-def only(decisions: list[Decision], kind: type) -> list[Decision]:
+def only(decisions: list[PerRankDecision], kind: type) -> list[PerRankDecision]:
     return [d for d in decisions if isinstance(d, kind)]
 
 
-def enter_all(c: PhaseCoordinator, ph: PhaseKey, ranks: list[int], now: float) -> list[Decision]:
-    out: list[Decision] = []
+def enter_all(
+    c: PerRankCoordinator, ph: PhaseKey, ranks: list[int], now: float
+) -> list[PerRankDecision]:
+    out: list[PerRankDecision] = []
     for r in ranks:
         out += c.enter("job", r, ph, request_id=100 + r, now=now)
     return out
 
 
-def test_first_phase_reconfigures_then_admits_everyone(coord: PhaseCoordinator) -> None:
+def test_first_phase_reconfigures_then_admits_everyone(coord: PerRankCoordinator) -> None:
     out = enter_all(coord, RING, WORLD, now=1.0)
     recs = only(out, Reconfigure)
     assert len(recs) == 1 and not only(out, Admit)
@@ -55,7 +60,7 @@ def test_first_phase_reconfigures_then_admits_everyone(coord: PhaseCoordinator) 
     assert isinstance(a, Admit) and not a.noop and a.waited_s == pytest.approx(0.5)
 
 
-def test_noop_admission_when_circuits_match(coord: PhaseCoordinator) -> None:
+def test_noop_admission_when_circuits_match(coord: PerRankCoordinator) -> None:
     rec = only(enter_all(coord, RING, WORLD, 0.0), Reconfigure)[0]
     assert isinstance(rec, Reconfigure)
     coord.reconfigured(rec.op_id, 0.1)
@@ -66,7 +71,7 @@ def test_noop_admission_when_circuits_match(coord: PhaseCoordinator) -> None:
     assert out == [Admit("job", 0, 7, again, True, 0.0, steps=1)]
 
 
-def test_admit_carries_the_all_to_all_step_count(coord: PhaseCoordinator) -> None:
+def test_admit_carries_the_all_to_all_step_count(coord: PerRankCoordinator) -> None:
     """The shell answers the rank from the Admit alone: it says how many shift permutations
     the all-to-all takes (4 hosts per rail: 3), on a switched and on a no-op admission."""
     a2a = PhaseKey(ProcessGroup.of(WORLD), Collective.ALL_TO_ALL)
@@ -82,7 +87,7 @@ def test_admit_carries_the_all_to_all_step_count(coord: PhaseCoordinator) -> Non
 
 
 def test_no_switch_while_a_rank_holds_a_conflicting_cross_connect(
-    coord: PhaseCoordinator,
+    coord: PerRankCoordinator,
 ) -> None:
     rec = only(enter_all(coord, RING, WORLD, 0.0), Reconfigure)[0]
     assert isinstance(rec, Reconfigure)
@@ -108,7 +113,7 @@ def test_no_switch_while_a_rank_holds_a_conflicting_cross_connect(
     assert sorted(d.rank for d in adm if isinstance(d, Admit)) == [0, 2]
 
 
-def test_timeout_is_an_explicit_error_naming_the_holders(coord: PhaseCoordinator) -> None:
+def test_timeout_is_an_explicit_error_naming_the_holders(coord: PerRankCoordinator) -> None:
     rec = only(enter_all(coord, RING, WORLD, 0.0), Reconfigure)[0]
     assert isinstance(rec, Reconfigure)
     coord.reconfigured(rec.op_id, 0.1)
@@ -127,7 +132,7 @@ def test_timeout_is_an_explicit_error_naming_the_holders(coord: PhaseCoordinator
     assert coord.enter("job", 0, PP01, 11, 3.1, timeout_s=2.0) == []
 
 
-def test_an_enter_without_a_timeout_waits_the_default(coord: PhaseCoordinator) -> None:
+def test_an_enter_without_a_timeout_waits_the_default(coord: PerRankCoordinator) -> None:
     """``timeout_s`` None is the coordinator's default (5 s here); any value given is used
     as it is, however small (no 0 standing in for "default")."""
     rec = only(enter_all(coord, RING, WORLD, 0.0), Reconfigure)[0]
@@ -141,7 +146,7 @@ def test_an_enter_without_a_timeout_waits_the_default(coord: PhaseCoordinator) -
     assert coord.next_deadline() == pytest.approx(1.001)
 
 
-def test_device_failure_rejects_waiters_and_drops_the_view(coord: PhaseCoordinator) -> None:
+def test_device_failure_rejects_waiters_and_drops_the_view(coord: PerRankCoordinator) -> None:
     rec = only(enter_all(coord, RING, [0, 1], 0.0), Reconfigure)[0]
     assert isinstance(rec, Reconfigure)
     out = coord.reconfigured(rec.op_id, 0.1, error="port 3 failed")
@@ -150,7 +155,7 @@ def test_device_failure_rejects_waiters_and_drops_the_view(coord: PhaseCoordinat
     assert coord.confirmed("ocs-rail0") == frozenset()
 
 
-def test_validation_errors(coord: PhaseCoordinator) -> None:
+def test_validation_errors(coord: PerRankCoordinator) -> None:
     (r,) = coord.enter("nope", 0, RING, 1, 0.0)
     assert isinstance(r, Reject) and r.code is ErrorCode.UNKNOWN_JOB
     (r,) = coord.enter("job", 9, RING, 1, 0.0)
@@ -166,7 +171,7 @@ def test_validation_errors(coord: PhaseCoordinator) -> None:
 
 
 def test_duplicate_and_overlapping_registration_leave_state_unchanged(
-    coord: PhaseCoordinator,
+    coord: PerRankCoordinator,
 ) -> None:
     with pytest.raises(DuplicateJob):
         coord.register_job("job", "t", place(2, first_host=2))
@@ -177,7 +182,7 @@ def test_duplicate_and_overlapping_registration_leave_state_unchanged(
 
 
 def test_jobs_on_disjoint_ports_never_touch_each_other() -> None:
-    c = PhaseCoordinator(rail_fabric("t", 4, 2, delay_s=0.0))
+    c = PerRankCoordinator(PhaseCoordinator(rail_fabric("t", 4, 2, delay_s=0.0)))
     c.register_job("a", "t1", place(4, first_host=0))  # host0, host1
     c.register_job("b", "t2", place(4, first_host=2))  # host2, host3
     ring_a = PhaseKey(ProcessGroup.of([0, 1, 2, 3]), Collective.ALL_REDUCE)
@@ -191,14 +196,14 @@ def test_jobs_on_disjoint_ports_never_touch_each_other() -> None:
     assert c.owner_of_port("ocs-rail0", 1) == "a" and c.owner_of_port("ocs-rail0", 3) == "b"
 
 
-def test_unregister_cancels_waiters_and_frees_gpus(coord: PhaseCoordinator) -> None:
+def test_unregister_cancels_waiters_and_frees_gpus(coord: PerRankCoordinator) -> None:
     coord.enter("job", 0, RING, 5, 0.0)
     out = coord.unregister_job("job")
     assert out == [Reject("job", 0, 5, ErrorCode.CANCELLED, "job unregistered")]
     coord.register_job("again", "t", place())
 
 
-def test_older_waiting_phase_keeps_its_ports(coord: PhaseCoordinator) -> None:
+def test_older_waiting_phase_keeps_its_ports(coord: PerRankCoordinator) -> None:
     """FIFO: a later phase on overlapping ports does not jump the queue."""
     rec = only(enter_all(coord, RING, WORLD, 0.0), Reconfigure)[0]
     assert isinstance(rec, Reconfigure)
@@ -209,14 +214,14 @@ def test_older_waiting_phase_keeps_its_ports(coord: PhaseCoordinator) -> None:
     pp23 = PhaseKey(ProcessGroup.of([2, 4]), Collective.SEND_RECV)  # host1 <-> host2
     coord.release("job", 4, RING, 0.3)
     assert coord.enter("job", 4, pp23, 4, 0.3) == []
-    out: list[Decision] = []
+    out: list[PerRankDecision] = []
     for r in [1, 3, 5, 6, 7]:
         out += coord.release("job", r, RING, 0.4)
     recs = [d for d in out if isinstance(d, Reconfigure)]
     assert [d.phase for d in recs] == [PP01]
 
 
-def test_repeated_enter_reattaches_instead_of_failing(coord: PhaseCoordinator) -> None:
+def test_repeated_enter_reattaches_instead_of_failing(coord: PerRankCoordinator) -> None:
     """An agent whose stream broke sends its pending EnterPhase again with a new request id."""
     rec = only(coord.enter("job", 0, RING, 1, 0.0), Reconfigure)[0]
     assert isinstance(rec, Reconfigure)
@@ -230,7 +235,7 @@ def test_repeated_enter_reattaches_instead_of_failing(coord: PhaseCoordinator) -
 
 
 def test_repeating_phase_does_not_starve_a_waiting_reconfiguration(
-    coord: PhaseCoordinator,
+    coord: PerRankCoordinator,
 ) -> None:
     """Ranks outside a PP pair loop back into the next iteration's ring while the pair waits
     for the ring's circuits: they must queue behind the pair, or the pair never switches and
@@ -241,7 +246,7 @@ def test_repeating_phase_does_not_starve_a_waiting_reconfiguration(
     for r in (0, 2):
         coord.release("job", r, RING, 0.2)
         assert coord.enter("job", r, PP01, r, 0.2) == []
-    out: list[Decision] = []
+    out: list[PerRankDecision] = []
     for r in (1, 3, 4, 5, 6):
         out += coord.release("job", r, RING, 0.3)
         out += coord.enter("job", r, RING, 50 + r, 0.3, iteration=1)
@@ -251,7 +256,7 @@ def test_repeating_phase_does_not_starve_a_waiting_reconfiguration(
     assert [d.phase for d in recs if isinstance(d, Reconfigure)] == [PP01]
 
 
-def test_holds_are_counted_per_instance(coord: PhaseCoordinator) -> None:
+def test_holds_are_counted_per_instance(coord: PerRankCoordinator) -> None:
     rec = only(enter_all(coord, RING, WORLD, 0.0), Reconfigure)[0]
     assert isinstance(rec, Reconfigure)
     coord.reconfigured(rec.op_id, 0.1)
@@ -266,7 +271,7 @@ def test_holds_are_counted_per_instance(coord: PhaseCoordinator) -> None:
     assert len(only(out, Reconfigure)) == 1
 
 
-def test_recovered_job_switches_nothing_until_its_ranks_resync(coord: PhaseCoordinator) -> None:
+def test_recovered_job_switches_nothing_until_its_ranks_resync(coord: PerRankCoordinator) -> None:
     """After a restart, a rank whose agent has not reconnected may still hold circuits the
     new controller cannot see: switching waits for every rank's SyncDone or the grace period."""
     coord.mark_recovering("job", until_s=10.0)
@@ -278,7 +283,7 @@ def test_recovered_job_switches_nothing_until_its_ranks_resync(coord: PhaseCoord
     assert len(only(out, Reconfigure)) == 1 and not coord.recovering("job")
 
 
-def test_recovery_grace_period_ends(coord: PhaseCoordinator) -> None:
+def test_recovery_grace_period_ends(coord: PerRankCoordinator) -> None:
     coord.mark_recovering("job", until_s=1.0)
     assert coord.enter("job", 0, PP01, 1, 0.0, timeout_s=30.0) == []
     assert coord.next_deadline() == pytest.approx(1.0)
@@ -286,12 +291,12 @@ def test_recovery_grace_period_ends(coord: PhaseCoordinator) -> None:
     assert len(only(out, Reconfigure)) == 1 and not coord.recovering("job")
 
 
-def run_boundary(c: PhaseCoordinator, it: int, now: float) -> tuple[float, list[Decision]]:
+def run_boundary(c: PerRankCoordinator, it: int, now: float) -> tuple[float, list[PerRankDecision]]:
     """One DP ring then one PP pair (host0 <-> host1 on rail 0), every rank releasing at once;
     reconfigurations are confirmed right away. Returns the clock and every decision."""
-    seen: list[Decision] = []
+    seen: list[PerRankDecision] = []
 
-    def settle(ds: list[Decision]) -> None:
+    def settle(ds: list[PerRankDecision]) -> None:
         for d in ds:
             seen.append(d)
             if isinstance(d, Reconfigure):
@@ -308,7 +313,9 @@ def run_boundary(c: PhaseCoordinator, it: int, now: float) -> tuple[float, list[
 
 
 def test_provisioning_learns_the_schedule_and_switches_ahead() -> None:
-    c = PhaseCoordinator(rail_fabric("t", 4, 2, delay_s=0.01), learn_iterations=2)
+    c = PerRankCoordinator(
+        PhaseCoordinator(rail_fabric("t", 4, 2, delay_s=0.01), learn_iterations=2)
+    )
     c.register_job("job", "t", place())
     now, _ = run_boundary(c, 0, 0.0)  # first sighting of each transition: on demand
     learning = c.stats("job")
@@ -330,7 +337,7 @@ def test_provisioning_learns_the_schedule_and_switches_ahead() -> None:
 
 
 def enter_switching(
-    c: PhaseCoordinator, phase: PhaseKey, ranks: Iterable[int], request_base: int, now: float,
+    c: PerRankCoordinator, phase: PhaseKey, ranks: Iterable[int], request_base: int, now: float,
     iteration: int,
 ) -> None:
     """Each of ``ranks`` enters ``phase`` (request id ``request_base + rank``); every
@@ -342,17 +349,19 @@ def enter_switching(
 
 
 def release_each(
-    c: PhaseCoordinator, phase: PhaseKey, ranks: Iterable[int], now: float
-) -> list[Decision]:
+    c: PerRankCoordinator, phase: PhaseKey, ranks: Iterable[int], now: float
+) -> list[PerRankDecision]:
     """Each of ``ranks`` releases ``phase``; returns the decisions, in order."""
-    out: list[Decision] = []
+    out: list[PerRankDecision] = []
     for r in ranks:
         out += c.release("job", r, phase, now)
     return out
 
 
 def test_deviation_resets_the_prediction() -> None:
-    c = PhaseCoordinator(rail_fabric("t", 4, 2, delay_s=0.01), learn_iterations=2)
+    c = PerRankCoordinator(
+        PhaseCoordinator(rail_fabric("t", 4, 2, delay_s=0.01), learn_iterations=2)
+    )
     c.register_job("job", "t", place())
     now = 0.0
     for it in range(3):
@@ -377,7 +386,7 @@ def test_deviation_resets_the_prediction() -> None:
 
 
 def test_declared_schedule_skips_learning() -> None:
-    c = PhaseCoordinator(rail_fabric("t", 4, 2, delay_s=0.01))
+    c = PerRankCoordinator(PhaseCoordinator(rail_fabric("t", 4, 2, delay_s=0.01)))
     c.register_job("job", "t", place(), declared_phases=[RING, PP01])
     _, seen = run_boundary(c, 0, 0.0)
     assert [d.phase for d in seen if isinstance(d, Reconfigure) and d.provisioning] == [
@@ -388,7 +397,7 @@ def phase_of(ranks: list[int], coll: Collective = Collective.ALL_REDUCE) -> Phas
     return PhaseKey(ProcessGroup.of(ranks), coll)
 
 
-def test_failed_apply_never_exposes_a_held_cross_connect(coord: PhaseCoordinator) -> None:
+def test_failed_apply_never_exposes_a_held_cross_connect(coord: PerRankCoordinator) -> None:
     """Review finding: a failure on one switch used to drop the whole op's ports from the
     view, hiding a cross-connect another rank still held from the hold checks."""
     p = phase_of([0, 2, 4])  # ring host0 -> host1 -> host2 on rail 0 only
@@ -421,7 +430,7 @@ def test_failed_apply_never_exposes_a_held_cross_connect(coord: PhaseCoordinator
 
 
 def test_resumed_hold_on_missing_circuits_admits_nobody_blindly(
-    coord: PhaseCoordinator,
+    coord: PerRankCoordinator,
 ) -> None:
     """Review finding: after a restart a reported hold on circuits the switches do not have
     must not let peers join without a switch."""
@@ -438,7 +447,7 @@ def test_resumed_hold_on_missing_circuits_admits_nobody_blindly(
         coord.resume_held("job", 3, PP01)
 
 
-def test_cancel_withdraws_a_waiter_or_a_ghost_hold(coord: PhaseCoordinator) -> None:
+def test_cancel_withdraws_a_waiter_or_a_ghost_hold(coord: PerRankCoordinator) -> None:
     rec = only(enter_all(coord, RING, WORLD, 0.0), Reconfigure)[0]
     assert isinstance(rec, Reconfigure)
     coord.reconfigured(rec.op_id, 0.1)
@@ -455,7 +464,7 @@ def test_cancel_withdraws_a_waiter_or_a_ghost_hold(coord: PhaseCoordinator) -> N
     assert coord.waiting_request("job", 0) == 78
 
 
-def test_release_checks_the_iteration(coord: PhaseCoordinator) -> None:
+def test_release_checks_the_iteration(coord: PerRankCoordinator) -> None:
     rec = only(coord.enter("job", 0, PP01, 1, 0.0, iteration=5), Reconfigure)[0]
     assert isinstance(rec, Reconfigure)
     coord.reconfigured(rec.op_id, 0.1)
@@ -464,13 +473,15 @@ def test_release_checks_the_iteration(coord: PhaseCoordinator) -> None:
     coord.release("job", 0, PP01, 0.2, iteration=5)
 
 
-def ron_coordinator(delay_s: float) -> PhaseCoordinator:
+def ron_coordinator(delay_s: float) -> PerRankCoordinator:
     """Rail 0 carries the ring host0 -> host2 -> host1 -> host0 (the reverse of what an
     all-reduce over ranks 0, 2, 4 plans: host0 -> host1 -> host2 -> host0)."""
     from lightrail.controller.core.advisor import CostAdvisor
 
     fabric = rail_fabric("t", 4, 2, delay_s=delay_s)
-    c = PhaseCoordinator(fabric, advisor=CostAdvisor(fabric), provisioning=False)
+    c = PerRankCoordinator(
+        PhaseCoordinator(fabric, advisor=CostAdvisor(fabric), provisioning=False)
+    )
     c.register_job("job", "t", place())
     c.set_confirmed("ocs-rail0", [CrossConnect(1, N + 3), CrossConnect(3, N + 2),
                                   CrossConnect(2, N + 1)])
@@ -521,14 +532,19 @@ def test_no_hint_means_no_decision_and_a_switch() -> None:
 
 
 def test_deadlines_order_by_time_then_arrival_never_by_job() -> None:
-    from lightrail.controller.core.records import Deadline
+    from lightrail.controller.core.records import Deadline, EnterBatch
 
-    heap = [Deadline(2.0, 1, "a", 0, 1), Deadline(1.0, 3, "z", 5, 9), Deadline(1.0, 2, "zz", 1, 2)]
+    def batch(rank: int, request_id: int) -> EnterBatch:
+        return EnterBatch((rank,), request_id, 0.0, 1.0, 0, 1)
+
+    heap = [Deadline(2.0, 1, "a", batch(0, 1)), Deadline(1.0, 3, "z", batch(5, 9)),
+            Deadline(1.0, 2, "zz", batch(1, 2))]
     assert [(d.at_s, d.seq) for d in sorted(heap)] == [(1.0, 2), (1.0, 3), (2.0, 1)]
-    assert Deadline(1.0, 1, "a", 0, 1) == Deadline(1.0, 1, "b", 7, 8)  # job/rank not compared
+    # job and batch are not compared
+    assert Deadline(1.0, 1, "a", batch(0, 1)) == Deadline(1.0, 1, "b", batch(7, 8))
 
 
-def test_a_phase_admitted_behind_an_instant_switch_is_no_noop(coord: PhaseCoordinator) -> None:
+def test_a_phase_admitted_behind_an_instant_switch_is_no_noop(coord: PerRankCoordinator) -> None:
     """A switch confirmed in 0.0 s (a clock's resolution) still switched: a phase that waited
     for it is admitted as switched, not as a no-op (no 0 standing in for "no switch")."""
     rec = only(coord.enter("job", 0, RING, 1, 0.0), Reconfigure)[0]

@@ -24,6 +24,7 @@ from lightrail.drivers.base import (
     SwitchCapabilities,
     SwitchKind,
     SwitchSpec,
+    VerificationMismatch,
 )
 from lightrail.drivers.options import DriverConfigError
 from lightrail.drivers.registry import DriverRegistry
@@ -344,7 +345,8 @@ async def test_slow_device_adds_delay() -> None:
     driver = await opened(devices)
     ocs.set_extra_delay(0.5)
     await driver.apply(frozenset({xc(1, 9)}), frozenset({1, 9}))
-    assert t.sleeps == [0.5, DELAY_S]
+    # the apply (delay, settle), then the read-back of the changed ports (delay)
+    assert t.sleeps == [0.5, DELAY_S, 0.5]
     assert ocs.change_log == [ChangeRecord(0.5 + DELAY_S, "ocs-a", ChangeAction.MAKE, xc(1, 9))]
 
 
@@ -394,13 +396,27 @@ async def test_partial_apply_reports_what_did_and_did_not_apply() -> None:
 
 
 async def test_silent_make_only_shows_on_read_back() -> None:
+    """The device acknowledges a make it did not do; the driver's read-back of the ports it
+    changed catches it (as TL1's and RESTCONF's do)."""
     devices, ocs = world(ManualTime())
     driver = await opened(devices)
     ocs.drop_makes_silently(10)
-    result = await driver.apply(frozenset({xc(1, 9), xc(2, 10)}), frozenset({1, 2, 9, 10}))
-    assert set(result.added) == {xc(1, 9), xc(2, 10)}  # acknowledged ...
-    assert await driver.get_cross_connects() == {xc(1, 9)}  # ... but not made
+    with pytest.raises(VerificationMismatch) as info:
+        await driver.apply(frozenset({xc(1, 9), xc(2, 10)}), frozenset({1, 2, 9, 10}))
+    assert info.value.missing == (xc(2, 10),) and info.value.unexpected == ()
+    assert await driver.get_cross_connects() == {xc(1, 9)}  # acknowledged, but not made
     assert [r.cross_connect for r in ocs.change_log] == [xc(1, 9)]
+
+
+async def test_apply_reads_back_only_the_ports_it_changed() -> None:
+    devices, ocs = world(ManualTime(), initial=frozenset({xc(1, 9), xc(3, 11)}))
+    driver = await opened(devices)
+    before = ocs.command_count
+    result = await driver.apply(frozenset({xc(1, 10)}), frozenset({1, 9, 10}),
+                                current=frozenset({xc(1, 9)}))
+    assert result.verified and result.removed == (xc(1, 9),) and result.added == (xc(1, 10),)
+    assert ocs.command_count - before == 2  # one bulk apply, one read of ports 1, 9, 10
+    assert ocs.write_count == 1
 
 
 async def next_alarm(alarms: AsyncIterator[DeviceAlarm]) -> DeviceAlarm:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 
 from lightrail.controller.core.coordinator import PhaseCoordinator
-from lightrail.controller.core.decisions import Admit, Decision, Reconfigure, Reject, Rewire
+from lightrail.controller.core.decisions import Admit, Reconfigure, Reject, Rewire
 from lightrail.controller.core.spares import NoSpare, pick_spare
 from lightrail.controller.domain.errors import ErrorCode, FailoverError
 from lightrail.controller.domain.fabric import rail_fabric
 from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup, RankPlacement
 from lightrail.drivers.base import CrossConnect
+from tests.per_rank import PerRankCoordinator, PerRankDecision
 
 # 4 job hosts + 1 spare host (host4), 2 GPUs each; N = 5 ports per side
 FABRIC = rail_fabric("t", 4, 2, delay_s=0.0, spares=1)
@@ -23,10 +24,10 @@ def xc(src: int, dst: int) -> CrossConnect:
     return CrossConnect(src + 1, N + dst + 1)
 
 
-def running() -> PhaseCoordinator:
-    c = PhaseCoordinator(FABRIC)
+def running() -> PerRankCoordinator:
+    c = PerRankCoordinator(PhaseCoordinator(FABRIC))
     c.register_job("job", "t", PLACE)
-    out: list[Decision] = []
+    out: list[PerRankDecision] = []
     for r in range(8):
         out += c.enter("job", r, RING, r, 0.0)
     for d in out:
@@ -93,9 +94,9 @@ def test_failover_refuses_a_spare_on_the_wrong_switch_or_in_use() -> None:
 
 def test_two_failures_at_once_in_one_job() -> None:
     fabric = rail_fabric("t", 4, 2, delay_s=0.0, spares=2)
-    c = PhaseCoordinator(fabric)
+    c = PerRankCoordinator(PhaseCoordinator(fabric))
     c.register_job("job", "t", PLACE)
-    out: list[Decision] = [d for r in range(8) for d in c.enter("job", r, RING, r, 0.0)]
+    out: list[PerRankDecision] = [d for r in range(8) for d in c.enter("job", r, RING, r, 0.0)]
     for d in out:
         if isinstance(d, Reconfigure):
             c.reconfigured(d.op_id, 0.1)
@@ -113,7 +114,7 @@ def test_two_failures_at_once_in_one_job() -> None:
 def test_failure_during_a_reconfiguration_waits_for_it() -> None:
     from lightrail.controller.domain.errors import FailoverBusy
 
-    c = PhaseCoordinator(FABRIC)
+    c = PerRankCoordinator(PhaseCoordinator(FABRIC))
     c.register_job("job", "t", PLACE)
     out = [d for r in range(8) for d in c.enter("job", r, RING, r, 0.0)]
     rec = [d for d in out if isinstance(d, Reconfigure)]
@@ -129,7 +130,7 @@ def test_failure_during_a_reconfiguration_waits_for_it() -> None:
 def test_failover_keeps_live_ranks_holds() -> None:
     """Review finding: a failover used to drop every hold of the job, so a new phase could
     break circuits live ranks were still using."""
-    c = PhaseCoordinator(FABRIC)
+    c = PerRankCoordinator(PhaseCoordinator(FABRIC))
     c.register_job("job", "t", PLACE)
     x = PhaseKey(ProcessGroup.of([2, 4]), Collective.SEND_RECV)  # host1 <-> host2, rail 0
     for d in c.enter("job", 2, x, 1, 0.0) + c.enter("job", 4, x, 2, 0.0):

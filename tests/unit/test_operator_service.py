@@ -22,7 +22,8 @@ class NoDevices:
     """A reconciler no test here reaches (nothing is switched)."""
 
     async def reconcile(
-        self, switch_id: str, ports: frozenset[int], target: frozenset[CrossConnect]
+        self, switch_id: str, ports: frozenset[int], target: frozenset[CrossConnect],
+        *, inline: bool = False,
     ) -> Outcome:
         raise AssertionError("no reconfiguration expected")
 

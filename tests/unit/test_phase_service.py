@@ -11,14 +11,14 @@ from lightrail.controller.domain.errors import ErrorCode
 from lightrail.controller.domain.fabric import rail_fabric
 from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup, RankPlacement
 from lightrail.controller.runtime.events import EventBus
-from lightrail.controller.runtime.phase_service import PhaseService
+from lightrail.controller.runtime.phase_service import PerRankSink, PhaseService
 from lightrail.drivers.base import CrossConnect
 
 P = PhaseKey(ProcessGroup.of([0, 2]), Collective.ALL_REDUCE)
 Q = PhaseKey(ProcessGroup.of([0, 4]), Collective.ALL_REDUCE)
 
 
-class Sink:
+class Sink(PerRankSink):
     def __init__(self) -> None:
         self.got: list[Admit | Reject] = []
         self.event = asyncio.Event()
@@ -40,7 +40,8 @@ class GatedReconciler:
         self.started = asyncio.Event()
 
     async def reconcile(
-        self, switch_id: str, ports: frozenset[int], target: frozenset[CrossConnect]
+        self, switch_id: str, ports: frozenset[int], target: frozenset[CrossConnect],
+        *, inline: bool = False,
     ) -> Outcome:
         self.started.set()
         await self.gate.wait()

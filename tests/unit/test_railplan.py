@@ -34,6 +34,7 @@ from lightrail.controller.domain.parallelism import (
     RankOrder,
 )
 from lightrail.drivers.base import CrossConnect, SwitchCapabilities, SwitchKind
+from tests.per_rank import PerRankCoordinator
 
 FABRIC = rail_fabric("t", 4, 2, delay_s=0)
 HOSTS = [f"host{i}" for i in range(4)]
@@ -244,7 +245,7 @@ def test_declared_schedule_registers_with_the_coordinator() -> None:
     spec = ParallelismSpec(tp=2, pp=2, dp_replicate=2)
     placements = contiguous_placement(HOSTS, 2, 8)
     plan = plan_step(layout_job(FABRIC, "j", placements), spec)
-    coord = PhaseCoordinator(FABRIC)
+    coord = PerRankCoordinator(PhaseCoordinator(FABRIC))
     coord.register_job("j", "t", placements, plan.phases())
     assert coord.declared_phases("j") == plan.phases()
 

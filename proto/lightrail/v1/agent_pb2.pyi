@@ -574,6 +574,119 @@ class SyncDone(_message.Message):
 Global___SyncDone: _TypeAlias = SyncDone  # noqa: Y015
 
 @_typing.final
+class DefinePhase(_message.Message):
+    """Binds phase_id (a small integer chosen by the sender, < 65536) to a phase key for the rest
+    of this stream (resent after a reconnect). EnterMany / ReleaseMany / AdmitMany name phases
+    by it: the hot path carries no rank lists of groups at all.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PHASE_ID_FIELD_NUMBER: _builtins.int
+    PHASE_FIELD_NUMBER: _builtins.int
+    phase_id: _builtins.int
+    @_builtins.property
+    def phase(self) -> Global___PhaseKey: ...
+    def __init__(
+        self,
+        *,
+        phase_id: _builtins.int = ...,
+        phase: Global___PhaseKey | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["phase", b"phase"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["phase", b"phase", "phase_id", b"phase_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DefinePhase: _TypeAlias = DefinePhase  # noqa: Y015
+
+@_typing.final
+class EnterMany(_message.Message):
+    """The batched hot path: every listed rank of this stream asks to enter one phase instance
+    (phase_id of training step iteration) with one request id. The controller answers with one
+    AdmitMany per stream and phase instance (ranks admitted together) or a PhaseError per rank.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    PHASE_ID_FIELD_NUMBER: _builtins.int
+    ITERATION_FIELD_NUMBER: _builtins.int
+    RANKS_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    NBYTES_FIELD_NUMBER: _builtins.int
+    COMPUTE_GAP_S_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    phase_id: _builtins.int
+    iteration: _builtins.int
+    request_id: _builtins.int
+    """Chosen by the caller, echoed in the AdmitMany; unique per (job, rank) among pending
+    requests.
+    """
+    timeout_s: _builtins.float
+    """As EnterPhaseRequest.timeout_s / nbytes / compute_gap_s."""
+    nbytes: _builtins.int
+    compute_gap_s: _builtins.float
+    @_builtins.property
+    def ranks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        phase_id: _builtins.int = ...,
+        iteration: _builtins.int = ...,
+        ranks: _abc.Iterable[_builtins.int] | None = ...,
+        request_id: _builtins.int = ...,
+        timeout_s: _builtins.float | None = ...,
+        nbytes: _builtins.int = ...,
+        compute_gap_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_timeout_s", b"_timeout_s", "timeout_s", b"timeout_s"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_timeout_s", b"_timeout_s", "compute_gap_s", b"compute_gap_s", "iteration", b"iteration", "job_id", b"job_id", "nbytes", b"nbytes", "phase_id", b"phase_id", "ranks", b"ranks", "request_id", b"request_id", "timeout_s", b"timeout_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__timeout_s: _TypeAlias = _typing.Literal["timeout_s"]  # noqa: Y015
+    _WhichOneofArgType__timeout_s: _TypeAlias = _typing.Literal["_timeout_s", b"_timeout_s"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__timeout_s) -> _WhichOneofReturnType__timeout_s | None: ...
+
+Global___EnterMany: _TypeAlias = EnterMany  # noqa: Y015
+
+@_typing.final
+class ReleaseMany(_message.Message):
+    """The listed ranks leave phase_id of training step iteration. A release of one phase and the
+    enter of the next that come together travel in the same PhaseRequestBatch, release first.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    PHASE_ID_FIELD_NUMBER: _builtins.int
+    ITERATION_FIELD_NUMBER: _builtins.int
+    RANKS_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    phase_id: _builtins.int
+    iteration: _builtins.int
+    @_builtins.property
+    def ranks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        phase_id: _builtins.int = ...,
+        iteration: _builtins.int = ...,
+        ranks: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["iteration", b"iteration", "job_id", b"job_id", "phase_id", b"phase_id", "ranks", b"ranks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseMany: _TypeAlias = ReleaseMany  # noqa: Y015
+
+@_typing.final
 class PhaseRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -582,6 +695,9 @@ class PhaseRequest(_message.Message):
     HELD_FIELD_NUMBER: _builtins.int
     DEFINE_GROUP_FIELD_NUMBER: _builtins.int
     SYNC_DONE_FIELD_NUMBER: _builtins.int
+    DEFINE_PHASE_FIELD_NUMBER: _builtins.int
+    ENTER_MANY_FIELD_NUMBER: _builtins.int
+    RELEASE_MANY_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def enter(self) -> Global___EnterPhaseRequest: ...
     @_builtins.property
@@ -592,6 +708,12 @@ class PhaseRequest(_message.Message):
     def define_group(self) -> Global___DefineGroup: ...
     @_builtins.property
     def sync_done(self) -> Global___SyncDone: ...
+    @_builtins.property
+    def define_phase(self) -> Global___DefinePhase: ...
+    @_builtins.property
+    def enter_many(self) -> Global___EnterMany: ...
+    @_builtins.property
+    def release_many(self) -> Global___ReleaseMany: ...
     def __init__(
         self,
         *,
@@ -600,12 +722,15 @@ class PhaseRequest(_message.Message):
         held: Global___HeldPhase | None = ...,
         define_group: Global___DefineGroup | None = ...,
         sync_done: Global___SyncDone | None = ...,
+        define_phase: Global___DefinePhase | None = ...,
+        enter_many: Global___EnterMany | None = ...,
+        release_many: Global___ReleaseMany | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["define_group", b"define_group", "enter", b"enter", "held", b"held", "kind", b"kind", "release", b"release", "sync_done", b"sync_done"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["define_group", b"define_group", "define_phase", b"define_phase", "enter", b"enter", "enter_many", b"enter_many", "held", b"held", "kind", b"kind", "release", b"release", "release_many", b"release_many", "sync_done", b"sync_done"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["define_group", b"define_group", "enter", b"enter", "held", b"held", "kind", b"kind", "release", b"release", "sync_done", b"sync_done"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["define_group", b"define_group", "define_phase", b"define_phase", "enter", b"enter", "enter_many", b"enter_many", "held", b"held", "kind", b"kind", "release", b"release", "release_many", b"release_many", "sync_done", b"sync_done"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["enter", "release", "held", "define_group", "sync_done"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["enter", "release", "held", "define_group", "sync_done", "define_phase", "enter_many", "release_many"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -706,26 +831,76 @@ class PhaseError(_message.Message):
 Global___PhaseError: _TypeAlias = PhaseError  # noqa: Y015
 
 @_typing.final
+class AdmitMany(_message.Message):
+    """Ranks of one stream admitted into one phase instance together (the answer to EnterMany):
+    ranks[i] was admitted with its request request_ids[i]. noop, steps, device_s as in Admission.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    PHASE_ID_FIELD_NUMBER: _builtins.int
+    ITERATION_FIELD_NUMBER: _builtins.int
+    RANKS_FIELD_NUMBER: _builtins.int
+    REQUEST_IDS_FIELD_NUMBER: _builtins.int
+    NOOP_FIELD_NUMBER: _builtins.int
+    STEPS_FIELD_NUMBER: _builtins.int
+    DEVICE_S_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    phase_id: _builtins.int
+    iteration: _builtins.int
+    noop: _builtins.bool
+    steps: _builtins.int
+    device_s: _builtins.float
+    @_builtins.property
+    def ranks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def request_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        phase_id: _builtins.int = ...,
+        iteration: _builtins.int = ...,
+        ranks: _abc.Iterable[_builtins.int] | None = ...,
+        request_ids: _abc.Iterable[_builtins.int] | None = ...,
+        noop: _builtins.bool = ...,
+        steps: _builtins.int = ...,
+        device_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["device_s", b"device_s", "iteration", b"iteration", "job_id", b"job_id", "noop", b"noop", "phase_id", b"phase_id", "ranks", b"ranks", "request_ids", b"request_ids", "steps", b"steps"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdmitMany: _TypeAlias = AdmitMany  # noqa: Y015
+
+@_typing.final
 class PhaseReply(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ADMITTED_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    ADMITTED_MANY_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def admitted(self) -> Global___Admission: ...
     @_builtins.property
     def error(self) -> Global___PhaseError: ...
+    @_builtins.property
+    def admitted_many(self) -> Global___AdmitMany: ...
     def __init__(
         self,
         *,
         admitted: Global___Admission | None = ...,
         error: Global___PhaseError | None = ...,
+        admitted_many: Global___AdmitMany | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["admitted", b"admitted", "error", b"error", "kind", b"kind"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["admitted", b"admitted", "admitted_many", b"admitted_many", "error", b"error", "kind", b"kind"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["admitted", b"admitted", "error", b"error", "kind", b"kind"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admitted", b"admitted", "admitted_many", b"admitted_many", "error", b"error", "kind", b"kind"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["admitted", "error"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["admitted", "error", "admitted_many"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
