@@ -1,16 +1,19 @@
 """Hot-path benchmark of the phase protocol (DESIGN.md "Phase protocol"): EnterPhase -> admission.
 
-Run: ``.venv/bin/python bench/hot_path.py [--quick] [--n 8 64] [--delay-ms 0] [--transport
-unary agent8] [--json]``. A script, not a test (pytest does not collect ``bench/``).
+Run: ``.venv/bin/python bench/hot_path.py [--quick] [--n 8 64 256 2048] [--repeat 3]
+[--transport batch32 unary agent8 agent32] [--delay-ms 0] [--json]`` (``make bench``: the
+defaults). A script, not a test (pytest does not collect ``bench/``).
 
 Method (after the way the Opus artifact's C++ controller was measured)
 -----------------------------------------------------------------------
 * The controller runs as a SEPARATE PROCESS (``lightrail controller --config FILE``) against a
-  private etcd (``lightrail.controller.store.etcd_server.EmbeddedEtcd``); this process is only the
-  load generator
-  (uvloop). On a 2-core machine an in-process load generator would take the controller's CPU.
-  One etcd + controller per (N, delay) pair; the transports of that pair run one after the
-  other, each as its own registered job (unregistered afterwards).
+  private etcd (``lightrail.controller.store.etcd_server.EmbeddedEtcd``); this process is only
+  the load generator (uvloop). With two or more cores the controller is pinned to the first
+  core and this process and etcd to the second (``--no-pin`` to leave them free), so the two
+  sides never take turns on one core; the report says which core each got. One etcd +
+  controller per (N, delay, run); runs are interleaved (run 1 of every cell, then run 2, ...)
+  and each cell is summarised by its median and range: this machine's speed swings by tens of
+  percent.
 * Fabric ``rail: {hosts: N, gpus_per_host: 1}``: ONE rank per emulated host, all on GPU 0, so
   every rank's NIC lands on the single rail-0 OCS (N x N ports). With the usual 8 GPUs per host,
   N=8 would be one host and no phase would need a circuit; here every phase reconfigures rail 0.
@@ -21,45 +24,37 @@ Method (after the way the Opus artifact's C++ controller was measured)
      two hosts on rail 0 that are not ring neighbours, so the pair breaks 4 ring cross-connects
      and makes 2, and the next ring restores them. Every phase therefore reconfigures rail 0:
      2 reconfigurations per boundary (checked: the "recfg/b" column).
-  Each rank: EnterPhase, wait until every rank of the phase is admitted (a barrier, like a real
-  collective: ``agents/replay.py`` ``_barrier``), ReleasePhase, next phase. No compute gap.
-  Ranks outside the pair skip phase 2 but do not enter the next ring before both pair ranks are
-  admitted (the pipeline dependency of a real step). Without that dependency the controller can
-  deadlock, see "Known controller hazard" below.
+  Each rank: enter, wait until every rank of the phase is admitted (a barrier, like a real
+  collective), release, next phase. No compute gap. Ranks outside the pair go on to the next
+  ring at once; the coordinator holds that ring back while ranks 0 and P are still on the
+  older step (``lightrail.controller.core.scheduling.behind``), so no artificial pipeline
+  dependency is needed any more (``--pair-dependency`` restores it for the per-rank
+  transports).
 * Iteration number = boundary index b; every phase has ``seq`` 0.
-* Transports: ``unary`` = one ``lightrail.agents.client.ControllerClient`` (own gRPC channel) per
-rank,
-  unary EnterPhase / ReleasePhase (release awaited before the next enter); ``agent8`` = one
-  ``lightrail.agents.host.agent.HostAgent`` (one PhaseStream) per 8 consecutive ranks; ``agent32``
-  = one
-  per 32 ranks (for N=8 that is one stream of 8 ranks, the same as ``agent8``). The ranks of
-  one agent sit on distinct emulated hosts: what is measured is the agent's batching of 8 / 32
-  ranks onto one stream, as a host agent (or a rack relay) would.
+* Transports: ``batch32`` (default) = the batched wire, one PhaseStream per 32 ranks with
+  ``EnterMany`` / ``ReleaseMany`` up and ``AdmitMany`` down, driven by a lean generator (one
+  writer coroutine, one reader per stream, ranks as integer lists: ``bench/lean_load.py``);
+  ``unary`` = one ``lightrail.agents.client.ControllerClient`` (own gRPC channel) per rank;
+  ``agent8`` / ``agent32`` = one ``lightrail.agents.host.agent.HostAgent`` (per-rank messages
+  on one PhaseStream) per 8 / 32 ranks, a task per rank.
 
 What is counted
 ---------------
 * Admission latency, per phase instance (one phase of one boundary): for every rank of the
-  phase, (its admission time) - (the time the LAST rank of that phase sent its EnterPhase),
-  floored at 0 (a rank may be admitted before the last one asks: the circuits were already
-  being provisioned). p50 / p99 over all ranks of all measured phase instances (ring and pair),
+  phase, (its admission time) - (the time the LAST rank of that phase sent its enter),
+  floored at 0. p50 / p99 over all ranks of all measured phase instances (ring and pair),
   in ms. It includes the reconfiguration delay delta when the controller has to wait for it.
 * ``boundaries``: measured boundaries (warm-up boundaries excluded). ``boundaries/s`` =
-  boundaries / window, window = from the first EnterPhase of the first measured boundary to the
-  last ReleasePhase of the last one. ``phases/s`` = 2 x boundaries/s (phase instances).
+  boundaries / window, window = from the first enter of the first measured boundary to the
+  last release of the last one. ``phases/s`` = 2 x boundaries/s (phase instances).
 * CPU: controller (and etcd) process CPU time from ``/proc/PID/stat`` and this process's
-  ``time.process_time()`` over the whole cell (warm-up included), as % of one core.
+  ``time.process_time()``: as % of one core over the cell, and per measured boundary in µs
+  (and per rank-boundary: divided by N) for the batch cells.
 
 Reference: the Opus artifact's C++ controller, measured this way on a 2-core machine at delay 0:
 N=8 p99 0.48 ms, 1255 phases/s; N=64 p99 1.21 ms, 572/s; N=256 p99 3.67 ms, 214/s. Since it
 is not stated whether its "phases" are phase instances or ring+pair boundaries, the comparison
-is printed both strictly (our boundaries/s against its phases/s) and leniently (our phases/s).
-
-Known controller hazard (why the pair dependency exists): ``PhaseCoordinator.enter`` admits a
-rank at once (no-op) when its phase's circuits are confirmed and not being switched, even if an
-older phase waits to reconfigure those ports (the "claimed by an earlier waiting phase" check is
-only in ``_schedule``). A rank that skips the pair and re-enters the ring while the pair waits
-holds the ring and sits in the ring's barrier waiting for ranks 0 and P, which wait for the pair
--> deadlock until the admission timeout. ``--no-pair-dependency`` reproduces it.
+is strict: our boundaries/s against its phases/s (the phases/s ratio is printed too).
 """
 
 from __future__ import annotations
@@ -83,6 +78,7 @@ from typing import Any, Protocol
 import grpc
 import uvloop
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from lean_load import LeanLoad, LoadError, pair_peer
 
 from lightrail.agents.client import ControllerClient
 from lightrail.agents.errors import Admission
@@ -94,10 +90,12 @@ from lightrail.controller.store.etcd_server import EmbeddedEtcd
 REPO = Path(__file__).resolve().parents[1]
 LIGHTRAIL = REPO / ".venv" / "bin" / "lightrail"
 
-TRANSPORTS = ("unary", "agent8", "agent32")
-RANKS_PER_AGENT = {"agent8": 8, "agent32": 32}
-DEFAULT_NS = (8, 64, 256)
-DEFAULT_DELAYS_MS = (0.0, 10.0)
+TRANSPORTS = ("batch32", "unary", "agent8", "agent32")
+RANKS_PER_AGENT = {"agent8": 8, "agent32": 32, "batch32": 32}
+DEFAULT_TRANSPORTS = ("batch32",)
+DEFAULT_NS = (8, 64, 256, 2048)
+DEFAULT_DELAYS_MS = (0.0,)
+DEFAULT_REPEAT = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,8 +119,9 @@ class Counts:
     measured: int
 
 
-FULL_COUNTS = {8: Counts(20, 200), 64: Counts(10, 100), 256: Counts(5, 40)}
-QUICK_COUNTS = {8: Counts(5, 40), 64: Counts(3, 20), 256: Counts(2, 8)}
+FULL_COUNTS = {8: Counts(20, 400), 64: Counts(10, 200), 256: Counts(5, 100),
+               2048: Counts(3, 30)}
+QUICK_COUNTS = {8: Counts(5, 60), 64: Counts(3, 40), 256: Counts(2, 20), 2048: Counts(2, 6)}
 
 
 def counts_for(n: int, quick: bool) -> Counts:
@@ -134,11 +133,6 @@ def counts_for(n: int, quick: bool) -> Counts:
     return table[max(table)]
 
 
-def pair_peer(n: int) -> int:
-    """The PP pair's second rank: 8 (host 8 on rail 0), or N/2 when N < 16."""
-    return 8 if n >= 16 else n // 2
-
-
 @dataclass(slots=True)
 class CellResult:
     """One cell of the matrix. Times in ms, rates per second, CPU in % of one core."""
@@ -147,6 +141,7 @@ class CellResult:
     n: int
     delay_ms: float
     ranks_per_stream: int
+    repeat: int = 0
     boundaries: int = 0
     p50_ms: float = 0.0
     p99_ms: float = 0.0
@@ -159,7 +154,15 @@ class CellResult:
     controller_cpu_pct: float = 0.0
     etcd_cpu_pct: float = 0.0
     generator_cpu_pct: float = 0.0
+    controller_us_per_boundary: float = 0.0
+    """Controller CPU over the measured boundaries, per boundary, µs."""
+    generator_us_per_boundary: float = 0.0
     error: str | None = None
+
+    @property
+    def controller_us_per_rank_boundary(self) -> float:
+        """Controller CPU per rank and boundary, µs."""
+        return self.controller_us_per_boundary / self.n
 
 
 # --- processes ------------------------------------------------------------------------------
@@ -197,7 +200,9 @@ def etcd_pid(etcd: EmbeddedEtcd) -> int | None:
 class ControllerProcess:
     """``lightrail controller`` as a child process, with its log in ``workdir``."""
 
-    def __init__(self, workdir: Path, etcd_endpoint: str, n: int, delay_ms: float) -> None:
+    def __init__(self, workdir: Path, etcd_endpoint: str, n: int, delay_ms: float,
+                 cpu: int | None = None) -> None:
+        self.cpu = cpu
         self.port = free_port()
         self.target = f"127.0.0.1:{self.port}"
         self.config_path = workdir / "controller.yaml"
@@ -231,9 +236,11 @@ class ControllerProcess:
         """Start it and poll the gRPC health check until SERVING (each probe bounded to 1 s,
         all by ``timeout_s``). Raises RuntimeError with the log tail."""
         with self.log_path.open("ab") as log_file:
+            cpu = self.cpu
             self.proc = await asyncio.create_subprocess_exec(
                 str(LIGHTRAIL), "controller", "--config", str(self.config_path),
                 stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file,
+                preexec_fn=None if cpu is None else lambda: os.sched_setaffinity(0, {cpu}),
             )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
@@ -508,7 +515,8 @@ class Generator:
 
 @dataclass(frozen=True, slots=True)
 class Options:
-    """Command-line choices."""
+    """Command-line choices. ``cpus``: (controller core, generator core), or None when not
+    pinned."""
 
     ns: tuple[int, ...]
     delays_ms: tuple[float, ...]
@@ -518,6 +526,10 @@ class Options:
     pair_dependency: bool
     max_measured_s: float
     cell_timeout_s: float
+    repeat: int
+    cpus: tuple[int, int] | None
+    measured: int | None = None
+    """Measured boundaries per cell instead of the table's (profiling)."""
 
 
 def log(msg: str) -> None:
@@ -525,14 +537,93 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+@dataclass(slots=True)
+class _CpuMark:
+    """CPU seconds of the controller, etcd and this process at one moment."""
+
+    controller_s: float
+    etcd_s: float
+    generator_s: float
+    wall_s: float
+
+
+def _mark(ctrl: ControllerProcess, etcd: EmbeddedEtcd) -> _CpuMark:
+    return _CpuMark(proc_cpu_s(ctrl.pid), proc_cpu_s(etcd_pid(etcd)), time.process_time(),
+                    time.perf_counter())
+
+
+async def run_lean_cell(
+    ctrl: ControllerProcess, etcd: EmbeddedEtcd, transport: str, n: int, delay_ms: float,
+    opts: Options, repeat: int,
+) -> CellResult:
+    """One batched (EnterMany) cell: ``bench/lean_load.py``."""
+    per_stream = min(RANKS_PER_AGENT[transport], n)
+    result = CellResult(transport, n, delay_ms, per_stream, repeat)
+    job_id = f"bench-{transport}-n{n}-r{repeat}"
+    admin = ControllerClient(ctrl.target, retry_budget_s=5.0)
+    counts = counts_for(n, opts.quick)
+    if opts.measured is not None:
+        counts = Counts(counts.warmup, opts.measured)
+    load = LeanLoad(ctrl.target, job_id, n, per_stream, counts.warmup, counts.measured,
+                    opts.max_measured_s)
+    marks: list[_CpuMark] = []
+    load.on_measured = lambda: marks.append(_mark(ctrl, etcd))
+    try:
+        await admin.register_job(job_id, [RankPlacement(r, f"host{r}", 0) for r in range(n)],
+                                 tenant="bench")
+        try:
+            start = _mark(ctrl, etcd)
+            await load.run(opts.cell_timeout_s)
+            end = _mark(ctrl, etcd)
+        finally:
+            with contextlib.suppress(Exception):
+                await admin.unregister_job(job_id)
+        wall = end.wall_s - start.wall_s
+        result.wall_s = wall
+        result.controller_cpu_pct = (end.controller_s - start.controller_s) / wall * 100
+        result.etcd_cpu_pct = (end.etcd_s - start.etcd_s) / wall * 100
+        result.generator_cpu_pct = (end.generator_s - start.generator_s) / wall * 100
+        bs = load.measured()
+        if marks and bs:
+            m = marks[0]
+            result.controller_us_per_boundary = (end.controller_s - m.controller_s) / len(bs) * 1e6
+            result.generator_us_per_boundary = (end.generator_s - m.generator_s) / len(bs) * 1e6
+        lat: list[float] = []
+        switched = 0
+        device: list[float] = []
+        for b in bs:
+            for inst in (load.ring[b], load.pairs[b]):
+                lat.extend(inst.latencies_ms())
+                if inst.switched:
+                    switched += 1
+                    device.append(inst.device_s * 1e3)
+        window = load.window_s()
+        if bs and lat:
+            result.boundaries = len(bs)
+            result.p50_ms = percentile(lat, 0.50)
+            result.p99_ms = percentile(lat, 0.99)
+            result.max_ms = max(lat)
+            result.boundaries_per_s = len(bs) / window if window > 0 else 0.0
+            result.phases_per_s = 2 * result.boundaries_per_s
+            result.reconfigurations_per_boundary = switched / len(bs)
+            result.device_ms = sum(device) / len(device) if device else 0.0
+    except (LoadError, OSError, RuntimeError, grpc.aio.AioRpcError) as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        await admin.close()
+    return result
+
+
 async def run_cell(
     ctrl: ControllerProcess, etcd: EmbeddedEtcd, transport: str, n: int, delay_ms: float,
-    opts: Options,
+    opts: Options, repeat: int,
 ) -> CellResult:
     """One (transport, N, delay) cell on a running controller."""
+    if transport.startswith("batch"):
+        return await run_lean_cell(ctrl, etcd, transport, n, delay_ms, opts, repeat)
     per_stream = 1 if transport == "unary" else min(RANKS_PER_AGENT[transport], n)
-    result = CellResult(transport, n, delay_ms, per_stream)
-    job_id = f"bench-{transport}-n{n}"
+    result = CellResult(transport, n, delay_ms, per_stream, repeat)
+    job_id = f"bench-{transport}-n{n}-r{repeat}"
     admin = ControllerClient(ctrl.target, retry_budget_s=5.0)
     placements = [RankPlacement(r, host=f"host{r}", gpu=0) for r in range(n)]
     timeout_s = 30.0
@@ -554,9 +645,14 @@ async def run_cell(
             finally:
                 wall = time.perf_counter() - w0
                 result.wall_s = wall
-                result.controller_cpu_pct = (proc_cpu_s(ctrl.pid) - c0) / wall * 100
+                ctrl_s = proc_cpu_s(ctrl.pid) - c0
+                result.controller_cpu_pct = ctrl_s / wall * 100
                 result.etcd_cpu_pct = (proc_cpu_s(etcd_pid(etcd)) - e0) / wall * 100
-                result.generator_cpu_pct = (time.process_time() - g0) / wall * 100
+                gen_s = time.process_time() - g0
+                result.generator_cpu_pct = gen_s / wall * 100
+                total = max(1, gen.stop_at)  # warm-up included: no mark between
+                result.controller_us_per_boundary = ctrl_s / total * 1e6
+                result.generator_us_per_boundary = gen_s / total * 1e6
             gen.summarize(result)
         finally:
             await t.close()
@@ -569,35 +665,35 @@ async def run_cell(
     return result
 
 
-async def run_group(n: int, delay_ms: float, opts: Options) -> list[CellResult]:
+async def run_group(n: int, delay_ms: float, opts: Options, repeat: int) -> list[CellResult]:
     """Start etcd + controller for (N, delay), run every transport, stop both."""
     results: list[CellResult] = []
     async with EmbeddedEtcd(name="bench") as etcd:
         with tempfile.TemporaryDirectory(prefix="lightrail-bench-") as tmp:
-            ctrl = ControllerProcess(Path(tmp), etcd.endpoint, n, delay_ms)
+            ctrl = ControllerProcess(Path(tmp), etcd.endpoint, n, delay_ms,
+                                     opts.cpus[0] if opts.cpus else None)
             try:
                 t0 = time.perf_counter()
                 await ctrl.start()
-                log(f"N={n} delay={delay_ms:g} ms: controller pid {ctrl.pid} up in "
-                    f"{time.perf_counter() - t0:.2f} s")
+                log(f"run {repeat + 1}/{opts.repeat} N={n} delay={delay_ms:g} ms: controller "
+                    f"pid {ctrl.pid} up in {time.perf_counter() - t0:.2f} s")
                 for transport in opts.transports:
                     if ctrl.proc is None or ctrl.proc.returncode is not None:
-                        results.append(CellResult(transport, n, delay_ms, 0,
+                        results.append(CellResult(transport, n, delay_ms, 0, repeat,
                                                   error="controller died: " + ctrl.log_tail()))
                         continue
-                    res = await run_cell(ctrl, etcd, transport, n, delay_ms, opts)
+                    res = await run_cell(ctrl, etcd, transport, n, delay_ms, opts, repeat)
                     results.append(res)
                     if res.error:
                         log(f"  {transport}: ERROR {res.error}")
                     else:
                         log(f"  {transport}: {res.boundaries} boundaries, p50 "
                             f"{res.p50_ms:.3f} ms, p99 {res.p99_ms:.3f} ms, "
-                            f"{res.boundaries_per_s:.1f} boundaries/s "
-                            f"(ctrl cpu {res.controller_cpu_pct:.0f}%, gen cpu "
-                            f"{res.generator_cpu_pct:.0f}%)")
+                            f"{res.boundaries_per_s:.1f} boundaries/s, ctrl "
+                            f"{res.controller_us_per_boundary:.0f} us/boundary")
             except RuntimeError as exc:
                 for transport in opts.transports[len(results):]:
-                    results.append(CellResult(transport, n, delay_ms, 0, error=str(exc)))
+                    results.append(CellResult(transport, n, delay_ms, 0, repeat, error=str(exc)))
             finally:
                 code = await ctrl.stop()
                 if code not in (0, None):
@@ -605,56 +701,125 @@ async def run_group(n: int, delay_ms: float, opts: Options) -> list[CellResult]:
     return results
 
 
+@dataclass(frozen=True, slots=True)
+class Spread:
+    """Median and range of one figure over a cell's runs."""
+
+    median: float
+    low: float
+    high: float
+
+    @staticmethod
+    def of(values: Sequence[float]) -> Spread:
+        s = sorted(values)
+        k = len(s)
+        med = s[k // 2] if k % 2 else (s[k // 2 - 1] + s[k // 2]) / 2
+        return Spread(med, s[0], s[-1])
+
+    def show(self, fmt: str) -> str:
+        return f"{self.median:{fmt}} [{self.low:{fmt}}-{self.high:{fmt}}]"
+
+
+@dataclass(frozen=True, slots=True)
+class CellSummary:
+    """A cell's runs: medians and spreads."""
+
+    transport: str
+    n: int
+    delay_ms: float
+    runs: int
+    failed: int
+    p50_ms: Spread
+    p99_ms: Spread
+    boundaries_per_s: Spread
+    phases_per_s: Spread
+    controller_us_per_boundary: Spread
+    controller_us_per_rank_boundary: Spread
+    generator_us_per_boundary: Spread
+    reconfigurations_per_boundary: Spread
+
+
+def summarize(results: Sequence[CellResult]) -> list[CellSummary]:
+    """One summary per (transport, N, delay), in first-seen order."""
+    keys: list[tuple[str, int, float]] = []
+    for r in results:
+        key = (r.transport, r.n, r.delay_ms)
+        if key not in keys:
+            keys.append(key)
+    out: list[CellSummary] = []
+    for t, n, d in keys:
+        runs = [r for r in results if (r.transport, r.n, r.delay_ms) == (t, n, d)]
+        ok = [r for r in runs if not r.error]
+        if not ok:
+            continue
+        out.append(CellSummary(
+            t, n, d, len(runs), len(runs) - len(ok),
+            Spread.of([r.p50_ms for r in ok]), Spread.of([r.p99_ms for r in ok]),
+            Spread.of([r.boundaries_per_s for r in ok]), Spread.of([r.phases_per_s for r in ok]),
+            Spread.of([r.controller_us_per_boundary for r in ok]),
+            Spread.of([r.controller_us_per_rank_boundary for r in ok]),
+            Spread.of([r.generator_us_per_boundary for r in ok]),
+            Spread.of([r.reconfigurations_per_boundary for r in ok])))
+    return out
+
+
 def print_table(results: Sequence[CellResult], opts: Options, elapsed_s: float) -> None:
-    """The human-readable report."""
-    head = (f"{'transport':<9} {'ranks/str':>9} {'N':>4} {'delay ms':>8} {'boundaries':>10} "
-            f"{'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'boundaries/s':>12} {'phases/s':>9} "
-            f"{'recfg/b':>7} {'dev ms':>6} {'ctrl cpu':>8} {'gen cpu':>7} {'etcd cpu':>8}")
+    """The human-readable report: every run, then each cell's medians against the C++
+    reference."""
+    head = (f"{'transport':<9} {'run':>3} {'N':>5} {'delay':>5} {'bounds':>6} "
+            f"{'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'bound/s':>8} {'phases/s':>8} "
+            f"{'recfg/b':>7} {'ctrl us/b':>9} {'us/rank-b':>9} {'gen us/b':>8} "
+            f"{'ctrl%':>5} {'gen%':>5} {'etcd%':>5}")
     print(head)
     print("-" * len(head))
     for r in results:
         if r.error:
-            print(f"{r.transport:<9} {r.ranks_per_stream:>9} {r.n:>4} {r.delay_ms:>8g}  "
+            print(f"{r.transport:<9} {r.repeat + 1:>3} {r.n:>5} {r.delay_ms:>5g}  "
                   f"ERROR: {r.error[:300]}")
             continue
-        print(f"{r.transport:<9} {r.ranks_per_stream:>9} {r.n:>4} {r.delay_ms:>8g} "
-              f"{r.boundaries:>10} {r.p50_ms:>8.3f} {r.p99_ms:>8.3f} {r.max_ms:>8.3f} "
-              f"{r.boundaries_per_s:>12.1f} {r.phases_per_s:>9.1f} "
-              f"{r.reconfigurations_per_boundary:>7.2f} {r.device_ms:>6.2f} "
-              f"{r.controller_cpu_pct:>7.0f}% {r.generator_cpu_pct:>6.0f}% "
-              f"{r.etcd_cpu_pct:>7.0f}%")
+        print(f"{r.transport:<9} {r.repeat + 1:>3} {r.n:>5} {r.delay_ms:>5g} {r.boundaries:>6} "
+              f"{r.p50_ms:>8.3f} {r.p99_ms:>8.3f} {r.max_ms:>8.3f} {r.boundaries_per_s:>8.1f} "
+              f"{r.phases_per_s:>8.1f} {r.reconfigurations_per_boundary:>7.2f} "
+              f"{r.controller_us_per_boundary:>9.0f} {r.controller_us_per_rank_boundary:>9.2f} "
+              f"{r.generator_us_per_boundary:>8.0f} {r.controller_cpu_pct:>4.0f}% "
+              f"{r.generator_cpu_pct:>4.0f}% {r.etcd_cpu_pct:>4.0f}%")
+    print()
+    refs = {ref.n: ref for ref in REFERENCE}
+    print("Medians [min-max] over the runs of each cell; C++ = the Opus artifact's controller "
+          "(delay 0), ratio = Lightrail / C++ (p99: < 1 is better; rate: > 1 is better):")
+    for c in summarize(results):
+        print(f"{c.transport} N={c.n} delay={c.delay_ms:g} ms ({c.runs - c.failed}/{c.runs} "
+              f"runs): p50 {c.p50_ms.show('.3f')} ms, p99 {c.p99_ms.show('.3f')} ms, "
+              f"{c.boundaries_per_s.show('.0f')} boundaries/s = {c.phases_per_s.show('.0f')} "
+              f"phases/s, recfg/b {c.reconfigurations_per_boundary.median:.2f}")
+        print(f"    controller CPU {c.controller_us_per_boundary.show('.0f')} us per boundary = "
+              f"{c.controller_us_per_rank_boundary.show('.2f')} us per rank-boundary; "
+              f"generator {c.generator_us_per_boundary.show('.0f')} us per boundary")
+        ref = refs.get(c.n)
+        if ref is None or c.delay_ms != 0:
+            continue
+        p99_ok = c.p99_ms.median <= ref.p99_ms
+        strict = c.boundaries_per_s.median >= ref.phases_per_s
+        verdict = "BEATS" if p99_ok and strict else "does NOT beat"
+        print(f"    C++: p99 {ref.p99_ms:.2f} ms, {ref.phases_per_s:.0f} phases/s -> p99 ratio "
+              f"{c.p99_ms.median / ref.p99_ms:.2f}, boundaries/s vs its phases/s "
+              f"{c.boundaries_per_s.median / ref.phases_per_s:.2f} (strict), phases/s ratio "
+              f"{c.phases_per_s.median / ref.phases_per_s:.2f} -> {verdict} the C++ controller "
+              "(strict)")
     print()
     print("boundary = one ALL_REDUCE ring over all N ranks + one SEND_RECV pair "
           "{0, 8} ({0, 4} for N=8); every phase reconfigures rail 0 (recfg/b = "
           "reconfigurations per boundary, 2 expected).")
-    print("latency = each rank's admission - the last rank's EnterPhase send, per phase "
-          "instance; includes delta. One rank per emulated host (rail: hosts=N, "
-          "gpus_per_host=1); agentK = K ranks batched on one HostAgent PhaseStream.")
-    print("cpu = % of one core over the cell (warm-up included); the machine has "
-          f"{os.cpu_count()} cores. dev ms = mean device_s reported in admissions (the "
-          "switches' confirmation time of the reconfiguration that admitted the rank).")
-    print()
-    print("Reference: Opus artifact C++ controller, same method, 2-core machine, delay 0:")
-    for ref in REFERENCE:
-        print(f"  N={ref.n:<4} p99 {ref.p99_ms:.2f} ms, {ref.phases_per_s:.0f} phases/s")
-    print()
-    for ref in REFERENCE:
-        cands = [r for r in results if r.n == ref.n and r.delay_ms == 0 and not r.error]
-        if not cands:
-            continue
-        best = max(cands, key=lambda r: r.boundaries_per_s)
-        p99_ok = best.p99_ms <= ref.p99_ms
-        strict = best.boundaries_per_s >= ref.phases_per_s
-        lenient = best.phases_per_s >= ref.phases_per_s
-        verdict = "BEATS" if p99_ok and strict else (
-            "beats only if its phases/s are phase instances" if p99_ok and lenient
-            else "does NOT beat")
-        print(f"N={ref.n}: best Lightrail transport {best.transport}: p99 {best.p99_ms:.2f} ms "
-              f"({'<=' if p99_ok else '>'} {ref.p99_ms}), {best.boundaries_per_s:.0f} "
-              f"boundaries/s = {best.phases_per_s:.0f} phases/s (vs {ref.phases_per_s:.0f}) "
-              f"-> {verdict} the C++ controller")
-    print()
-    print(f"matrix took {elapsed_s:.1f} s ({'quick' if opts.quick else 'full'} counts)")
+    print("latency = each rank's admission - the last rank's enter send, per phase instance; "
+          "includes delta. One rank per emulated host (rail: hosts=N, gpus_per_host=1). "
+          "batch32 = EnterMany/AdmitMany streams of 32 ranks (bench/lean_load.py); agentK = K "
+          "ranks on one HostAgent PhaseStream (per-rank messages); unary = a channel per rank.")
+    pinned = (f"controller on core {opts.cpus[0]}, generator and etcd on core {opts.cpus[1]}"
+              if opts.cpus else "not pinned")
+    print(f"cpu: {pinned} ({os.cpu_count()} cores). ctrl us/b = controller CPU per measured "
+          "boundary (agent/unary cells: over the whole cell, warm-up included).")
+    print(f"matrix took {elapsed_s:.1f} s ({'quick' if opts.quick else 'full'} counts, "
+          f"{opts.repeat} interleaved runs per cell)")
 
 
 class _LeakFilter:
@@ -677,15 +842,21 @@ class _LeakFilter:
 
 
 async def amain(opts: Options) -> int:
-    """Run the matrix; 0 when every cell succeeded, 1 otherwise."""
+    """Run the matrix, runs interleaved (run 1 of every cell, then run 2, ...); 0 when every
+    cell succeeded, 1 otherwise."""
     configure_logging("warning", "console")
     leaks = _LeakFilter()
     asyncio.get_running_loop().set_exception_handler(leaks)
+    if opts.cpus is not None:
+        os.sched_setaffinity(0, {opts.cpus[1]})  # etcd, started from here, inherits it
+        log(f"pinned: controller -> core {opts.cpus[0]}, generator + etcd -> core "
+            f"{opts.cpus[1]}")
     start = time.perf_counter()
     results: list[CellResult] = []
-    for n in opts.ns:
-        for delay in opts.delays_ms:
-            results.extend(await run_group(n, delay, opts))
+    for rep in range(opts.repeat):
+        for n in opts.ns:
+            for delay in opts.delays_ms:
+                results.extend(await run_group(n, delay, opts, rep))
     elapsed = time.perf_counter() - start
     if leaks.leaked:
         log(f"note: {leaks.leaked} pending HostAgent 'wake' tasks were destroyed at agent close "
@@ -696,10 +867,12 @@ async def amain(opts: Options) -> int:
             "elapsed_s": round(elapsed, 2),
             "quick": opts.quick,
             "cpu_count": os.cpu_count(),
+            "pinned": list(opts.cpus) if opts.cpus else None,
             "results": [
                 {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(r).items()}
                 for r in results
             ],
+            "summary": [asdict(c) for c in summarize(results)],
             "reference_cpp_delay0": [asdict(r) for r in REFERENCE],
         }
         print(json.dumps(doc, indent=2))
@@ -711,30 +884,43 @@ async def amain(opts: Options) -> int:
 def parse_args(argv: Sequence[str] | None = None) -> Options:
     """Command line -> ``Options``."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
-    p.add_argument("--quick", action="store_true", help="small counts (about a minute)")
+    p.add_argument("--quick", action="store_true", help="small counts")
     p.add_argument("--n", type=int, nargs="+", default=list(DEFAULT_NS), metavar="N",
-                   help="world sizes (default 8 64 256; N >= 4)")
+                   help="world sizes (default 8 64 256 2048; N >= 4)")
     p.add_argument("--delay-ms", type=float, nargs="+", default=list(DEFAULT_DELAYS_MS),
-                   metavar="MS", help="reconfiguration delays (default 0 10)")
-    p.add_argument("--transport", nargs="+", choices=TRANSPORTS, default=list(TRANSPORTS),
-                   help="unary: a channel per rank; agent8 / agent32: a HostAgent stream per "
-                        "8 / 32 ranks")
+                   metavar="MS", help="reconfiguration delays (default 0)")
+    p.add_argument("--transport", nargs="+", choices=TRANSPORTS,
+                   default=list(DEFAULT_TRANSPORTS),
+                   help="batch32 (default): EnterMany streams of 32 ranks, lean generator; "
+                        "unary: a channel per rank; agent8 / agent32: a HostAgent stream per "
+                        "8 / 32 ranks, per-rank messages")
+    p.add_argument("--repeat", type=int, default=DEFAULT_REPEAT,
+                   help=f"interleaved runs per cell (default {DEFAULT_REPEAT})")
+    p.add_argument("--no-pin", action="store_true",
+                   help="do not pin the controller and the generator to separate cores")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument("--measured", type=int, default=None, metavar="B",
+                   help="batch cells: measure B boundaries (with --max-measured-s: profiling)")
     p.add_argument("--max-measured-s", type=float, default=None,
                    help="stop a cell after this long past warm-up (default 6, quick 2)")
     p.add_argument("--cell-timeout-s", type=float, default=90.0,
                    help="give up on a cell after this long (a stall)")
-    p.add_argument("--no-pair-dependency", action="store_true",
-                   help="ranks outside the pair re-enter the ring at once (shows the "
-                        "coordinator's fast-path hazard; expect a stall)")
+    p.add_argument("--pair-dependency", action="store_true",
+                   help="per-rank transports: ranks outside the pair wait for it before the "
+                        "next ring (the old workaround; not needed since the coordinator holds "
+                        "a phase back while a rank of its group is on an older step)")
     a = p.parse_args(argv)
     if any(n < 4 for n in a.n):
         p.error("--n: every N must be >= 4")
     if any(d < 0 for d in a.delay_ms):
         p.error("--delay-ms: must be >= 0")
+    if a.repeat < 1:
+        p.error("--repeat: must be >= 1")
     max_s = a.max_measured_s if a.max_measured_s is not None else (2.0 if a.quick else 6.0)
+    cores = sorted(os.sched_getaffinity(0))
+    cpus = None if a.no_pin or len(cores) < 2 else (cores[0], cores[1])
     return Options(tuple(a.n), tuple(a.delay_ms), tuple(a.transport), a.quick, a.json,
-                   not a.no_pair_dependency, max_s, a.cell_timeout_s)
+                   a.pair_dependency, max_s, a.cell_timeout_s, a.repeat, cpus, a.measured)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
