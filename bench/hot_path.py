@@ -588,30 +588,37 @@ async def run_lean_cell(
             m = marks[0]
             result.controller_us_per_boundary = (end.controller_s - m.controller_s) / len(bs) * 1e6
             result.generator_us_per_boundary = (end.generator_s - m.generator_s) / len(bs) * 1e6
-        lat: list[float] = []
-        switched = 0
-        device: list[float] = []
-        for b in bs:
-            for inst in (load.ring[b], load.pairs[b]):
-                lat.extend(inst.latencies_ms())
-                if inst.switched:
-                    switched += 1
-                    device.append(inst.device_s * 1e3)
-        window = load.window_s()
-        if bs and lat:
-            result.boundaries = len(bs)
-            result.p50_ms = percentile(lat, 0.50)
-            result.p99_ms = percentile(lat, 0.99)
-            result.max_ms = max(lat)
-            result.boundaries_per_s = len(bs) / window if window > 0 else 0.0
-            result.phases_per_s = 2 * result.boundaries_per_s
-            result.reconfigurations_per_boundary = switched / len(bs)
-            result.device_ms = sum(device) / len(device) if device else 0.0
+        summarize_lean(load, result)
     except (LoadError, OSError, RuntimeError, grpc.aio.AioRpcError) as exc:
         result.error = f"{type(exc).__name__}: {exc}"
     finally:
         await admin.close()
     return result
+
+
+def summarize_lean(load: LeanLoad, result: CellResult) -> None:
+    """Fill the latency and rate fields of ``result`` from the measured boundaries."""
+    bs = load.measured()
+    lat: list[float] = []
+    switched = 0
+    device: list[float] = []
+    for b in bs:
+        for inst in (load.ring[b], load.pairs[b]):
+            lat.extend(inst.latencies_ms())
+            if inst.switched:
+                switched += 1
+                device.append(inst.device_s * 1e3)
+    window = load.window_s()
+    if not bs or not lat:
+        return
+    result.boundaries = len(bs)
+    result.p50_ms = percentile(lat, 0.50)
+    result.p99_ms = percentile(lat, 0.99)
+    result.max_ms = max(lat)
+    result.boundaries_per_s = len(bs) / window if window > 0 else 0.0
+    result.phases_per_s = 2 * result.boundaries_per_s
+    result.reconfigurations_per_boundary = switched / len(bs)
+    result.device_ms = sum(device) / len(device) if device else 0.0
 
 
 async def run_cell(

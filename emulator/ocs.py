@@ -18,6 +18,7 @@ tests can run on a manual clock.
 from __future__ import annotations
 
 import asyncio
+import collections
 import enum
 import time
 from collections.abc import (
@@ -103,6 +104,10 @@ AlarmSubscription = AlarmStream
 """Alarms of one device from the moment of subscription (``lightrail.drivers.alarm_stream``)."""
 
 
+MAX_CHANGES = 1_000_000
+"""Changes an ``EmulatedOcs`` keeps in its change log by default (about 100 MB at most)."""
+
+
 class EmulatedOcs:
     """One emulated optical circuit switch.
 
@@ -129,6 +134,7 @@ class EmulatedOcs:
         vendor: str = "Lightrail",
         model: str = "emulated-ocs",
         firmware: str = "1.0",
+        max_changes: int = MAX_CHANGES,
     ) -> None:
         initial = frozenset(cross_connects)
         check_partial_permutation(switch_id, capabilities, initial)
@@ -145,7 +151,8 @@ class EmulatedOcs:
             self._by_port[xc.egress] = xc
         self._xcs: set[CrossConnect] = set(initial)
         self._settling: dict[CrossConnect, float] = {}
-        self._changes: list[ChangeRecord] = []
+        # bounded: a long-running emulated fabric must not grow without limit
+        self._changes: collections.deque[ChangeRecord] = collections.deque(maxlen=max_changes)
         self._admin: dict[int, PortAdmin] = {}
         self._failed: dict[int, str] = {}
         self._subscribers: set[AlarmSubscription] = set()
@@ -180,7 +187,8 @@ class EmulatedOcs:
 
     @property
     def change_log(self) -> list[ChangeRecord]:
-        """Every change since power-on (or ``clear_change_log``), oldest first (a copy)."""
+        """The changes since power-on (or ``clear_change_log``), oldest first (a copy): the
+        last ``max_changes`` of them."""
         return list(self._changes)
 
     @property

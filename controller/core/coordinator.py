@@ -49,6 +49,7 @@ from lightrail.controller.core.records import (
     Instance,
     JobRecord,
     JobStats,
+    ProvisioningScore,
     RankState,
     Recovery,
     waiting_ranks,
@@ -170,6 +171,12 @@ class PhaseCoordinator:
         return JobStats(job.admitted, job.admitted_noop, job.reconfigurations,
                         str(job.last_phase) if job.last_phase is not None else "",
                         job.hits, job.late, job.misses, self._prov.learned(job))
+
+    def provisioning_score(self, job_id: str) -> ProvisioningScore:
+        """A job's provisioning hits, late and misses (cheaper than ``stats``); raises
+        ``UnknownJob``."""
+        job = self._job(job_id)
+        return ProvisioningScore(job.hits, job.late, job.misses)
 
     def owner_of_port(self, switch_id: str, port: int) -> str | None:
         """The job whose ranks own ``port`` on ``switch_id``, or None."""
@@ -305,15 +312,36 @@ class PhaseCoordinator:
         a repeating phase cannot starve a reconfiguration its peers are blocked on; liveness:
         it waits while a rank of its group still works on an older training step
         (``scheduling.behind``), so it never holds circuits that rank's older phase needs."""
-        s = self._s
-        job = s.jobs.get(job_id)
+        job = self._s.jobs.get(job_id)
         if job is None:
             return [Reject(job_id, r, request_id, ErrorCode.UNKNOWN_JOB,
                            f"job_id: unknown job {job_id!r}", route) for r in ranks]
         out: list[Decision] = []
+        fresh = self._entering(job, ranks, phase, iteration, request_id, route, out)
+        if not fresh:
+            return out
+        try:
+            inst = self._instance_for(job, phase, iteration, nbytes, compute_gap_s, out)
+        except PlanError as exc:
+            out.extend(Reject(job_id, r, request_id, ErrorCode.INVALID_PHASE, str(exc), route)
+                       for r in fresh)
+            return out
+        timeout = self.default_timeout_s if timeout_s is None else timeout_s
+        batch = EnterBatch(tuple(fresh), request_id, now, now + timeout, route, len(fresh))
+        out.extend(self._join_or_wait(job, inst, batch, now))
+        return out
+
+    def _entering(
+        self, job: JobRecord, ranks: Sequence[int], phase: PhaseKey, iteration: int,
+        request_id: int, route: int, out: list[Decision],
+    ) -> list[int]:
+        """The ranks of a batch that enter now (idle, or re-attaching); refusals go to
+        ``out``."""
+        job_id = job.layout.job_id
         slots = job.ranks
         world = len(slots)
         group = phase.group
+        idle = RankState.IDLE
         fresh: list[int] = []
         for r in ranks:
             if not 0 <= r < world:
@@ -323,69 +351,85 @@ class PhaseCoordinator:
                 out.append(Reject(job_id, r, request_id, ErrorCode.INVALID_PHASE,
                                   f"phase.group_ranks: rank {r} is not in group {group.ranks}",
                                   route))
-            elif slots[r].state is RankState.IDLE:
+            elif slots[r].state is idle:
                 fresh.append(r)
             else:
                 self._enter_busy(job, r, phase, iteration, request_id, route, fresh, out)
-        if not fresh:
-            return out
-        try:
-            plan = s.plan(job, phase)
-        except PlanError as exc:
-            out.extend(Reject(job_id, r, request_id, ErrorCode.INVALID_PHASE, str(exc), route)
-                       for r in fresh)
-            return out
+        return fresh
+
+    def _instance_for(
+        self, job: JobRecord, phase: PhaseKey, iteration: int, nbytes: int,
+        compute_gap_s: float, out: list[Decision],
+    ) -> Instance:
+        """The instance of ``phase`` in step ``iteration``, made (planned, learned from,
+        advised) on its first batch; a ``Decided`` goes to ``out``. Raises ``PlanError`` when
+        the phase cannot be planned."""
+        s = self._s
+        plan = s.plan(job, phase)
         ikey = (phase, iteration)
         inst = job.instances.get(ikey)
-        if inst is None:
-            inst = Instance(job_id, phase, iteration, plan)
-            job.instances[ikey] = inst
-            self._prov.observe(job, phase, plan)
-            if nbytes > 0:
-                job.hints[phase] = Hint(nbytes, compute_gap_s)
-            if self.advisor is not None and not s.views.ready(plan):
-                advice = self.advisor.advise(job.layout, phase, plan, s.views.confirmed, nbytes,
-                                             compute_gap_s)
-                if advice is not None:
-                    out.append(Decided(job_id, phase, advice.decision, False))
-                    if advice.stay_plan is not None:
-                        inst.plan = plan = advice.stay_plan  # run on the circuits there
+        if inst is not None:
+            return inst
+        job_id = job.layout.job_id
+        inst = Instance(job_id, phase, iteration, plan)
+        job.instances[ikey] = inst
+        self._prov.observe(job, phase, plan)
+        if nbytes > 0:
+            job.hints[phase] = Hint(nbytes, compute_gap_s)
+        if self.advisor is not None and not s.views.ready(plan):
+            advice = self.advisor.advise(job.layout, phase, plan, s.views.confirmed, nbytes,
+                                         compute_gap_s)
+            if advice is not None:
+                out.append(Decided(job_id, phase, advice.decision, False))
+                if advice.stay_plan is not None:
+                    inst.plan = advice.stay_plan  # run on the circuits there
+        return inst
+
+    def _join_or_wait(
+        self, job: JobRecord, inst: Instance, batch: EnterBatch, now: float
+    ) -> list[Decision]:
+        """``batch`` joins ``inst``: admitted at once when nothing stands in the way (no
+        reconfiguration, nobody waiting before it, held circuits or ready ones no older phase
+        claims and no rank of the group behind), else it waits (its deadline armed) and the
+        queue is scheduled when that may change something."""
+        s = self._s
+        slots = job.ranks
         advanced = False
         note = s.note_entered
-        for r in fresh:
+        iteration = inst.iteration
+        for r in batch.ranks:
             if note(job, slots[r], iteration):
                 advanced = True
-        timeout = self.default_timeout_s if timeout_s is None else timeout_s
-        batch = EnterBatch(tuple(fresh), request_id, now, now + timeout, route, len(fresh))
         inst.batches.append(batch)
-        inst.waiting += len(fresh)
+        inst.waiting += batch.waiting
         waiting = RankState.WAITING
-        for r in fresh:
+        request_id = batch.request_id
+        for r in batch.ranks:
             rs = slots[r]
             rs.state = waiting
             rs.instance = inst
             rs.request_id = request_id
             rs.batch = batch
-        if inst.op_id is None and inst.waiting == len(fresh) and (
+        if inst.op_id is None and inst.waiting == batch.waiting and (
             (inst.holders and inst.verified)
-            or (s.views.ready(plan) and not behind(s, job, inst)
-                and not claimed_by_older(s, plan))
+            or (not behind(s, job, inst) and s.views.ready(inst.plan)
+                and not claimed_by_older(s, inst.plan))
         ):
             # Held instances cannot change under their holders: join them without a check.
+            out: list[Decision] = []
             admitted = s.admit_waiting(job, inst, now, True, 0.0)
             if admitted is not None:
                 out.append(admitted)
             if advanced:
                 out.extend(schedule(s, now))
             return out
-        s.push_deadline(job_id, batch)
+        s.push_deadline(inst.job_id, batch)
         if inst.queued and not advanced and not inst.held_back:
-            return out  # the instance waits already; more ranks change nothing
+            return []  # the instance waits already; more ranks change nothing
         if not inst.queued:
             inst.queued = True
             s.queue.append(inst)
-        out.extend(schedule(s, now))
-        return out
+        return schedule(s, now)
 
     def _enter_busy(
         self, job: JobRecord, rank: int, phase: PhaseKey, iteration: int, request_id: int,

@@ -13,7 +13,7 @@ and ready), *late* (predicted, but still switching or its predecessor still held
 from __future__ import annotations
 
 from lightrail.controller.core.decisions import Advisor, Decided, Decision, Reconfigure
-from lightrail.controller.core.planner import Plan, PlanError, SwitchTarget
+from lightrail.controller.core.planner import Plan, PlanError
 from lightrail.controller.core.records import JobRecord, Op, Successor
 from lightrail.controller.core.scheduling import schedule
 from lightrail.controller.core.state import CoordinatorState
@@ -76,14 +76,14 @@ class Provisioner:
         """Mark ``plan``'s ports as last used by ``phase``; returns the other phases that used
         them last (its predecessors). Ports ``phase`` itself kept tell nothing."""
         preds: set[PhaseKey] = set()
-        last = job.last_on_port
         for t in plan.targets:
-            sid = t.switch_id
+            last = job.last_on_port.setdefault(t.switch_id, {})
+            get = last.get
             for p in t.ports:
-                prev = last.get((sid, p))
-                if prev is not None and prev != phase:
+                prev = get(p)
+                if prev is not None and prev is not phase and prev != phase:
                     preds.add(prev)
-                last[(sid, p)] = phase
+                last[p] = phase
         return preds
 
     def _was_predicted(self, job: JobRecord, phase: PhaseKey, preds: set[PhaseKey]) -> bool:
@@ -155,10 +155,8 @@ class Provisioner:
         op_ports = self._free_ports(plan)
         if op_ports is None or self._needed_by_waiting(op_ports):
             return out
-        op_id = s.start_op(Op(None, job, job_id, phase, plan, op_ports))
+        op_id, targets = s.start_switch(None, job, phase, plan)
         job.provisioned[phase] = op_id
-        targets = tuple(SwitchTarget(t.switch_id, t.cross_connects, op_ports[t.switch_id])
-                        for t in plan.targets)
         out.append(Reconfigure(op_id, job_id, phase, targets, provisioning=True))
         return out
 

@@ -133,8 +133,8 @@ class JobRecord:
     successors: dict[PhaseKey, Successor] = field(default_factory=dict)
     steps: dict[ProcessGroup, int] = field(default_factory=dict)
     hints: dict[PhaseKey, Hint] = field(default_factory=dict)
-    last_on_port: dict[tuple[str, int], PhaseKey] = field(default_factory=dict)
-    """(switch id, port) -> the phase that last had circuits there (schedule learning)."""
+    last_on_port: dict[str, dict[int, PhaseKey]] = field(default_factory=dict)
+    """Switch id -> port -> the phase that last had circuits there (schedule learning)."""
     provisioned: dict[PhaseKey, int] = field(default_factory=dict)
     """Phase -> the op id that switched it ahead of its ranks."""
     hits: int = 0
@@ -178,6 +178,15 @@ class Deadline:
     seq: int
     job_id: str = field(compare=False)
     batch: EnterBatch = field(compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ProvisioningScore:
+    """How a job's phases met their circuits (``JobStats`` has the same counts)."""
+
+    hits: int
+    late: int
+    misses: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,8 +10,8 @@ protocol").
 from __future__ import annotations
 
 from lightrail.controller.core.decisions import Decision, Reconfigure
-from lightrail.controller.core.planner import Plan, SwitchTarget
-from lightrail.controller.core.records import Instance, JobRecord, Op
+from lightrail.controller.core.planner import Plan
+from lightrail.controller.core.records import Instance, JobRecord
 from lightrail.controller.core.state import CoordinatorState
 
 
@@ -48,15 +48,10 @@ def schedule(
         ):
             out.extend(_admit_waiters(state, job, inst, now, switched_s))
             continue
-        op_ports = _claim_ports(state, inst, claimed)
-        if op_ports is None:
+        if not _claim_ports(state, inst, claimed):
             continue
-        op_id = state.start_op(Op(inst, job, inst.job_id, inst.phase, inst.plan, op_ports))
+        op_id, targets = state.start_switch(inst, job, inst.phase, inst.plan)
         inst.op_id = op_id
-        targets = tuple(
-            SwitchTarget(t.switch_id, t.cross_connects, op_ports[t.switch_id])
-            for t in inst.plan.targets
-        )
         out.append(Reconfigure(op_id, inst.job_id, inst.phase, targets))
     return out
 
@@ -99,24 +94,21 @@ def behind(state: CoordinatorState, job: JobRecord, inst: Instance) -> bool:
 
 def _claim_ports(
     state: CoordinatorState, inst: Instance, claimed: dict[str, set[int]]
-) -> dict[str, frozenset[int]] | None:
-    """The ports (switch id -> ports) a reconfiguration to ``inst``'s plan touches: its own and
-    those of the cross-connects it breaks; None when it cannot start now (its job recovers, a
-    cross-connect to break is held, a port is being switched or unknown, or an older waiting
-    phase claimed one of its own ports). Either way ``inst``'s own ports are added to
-    ``claimed`` (switch id -> ports), so younger phases queue behind it."""
+) -> bool:
+    """True when a reconfiguration to ``inst``'s plan may start now; False when its job
+    recovers, a cross-connect to break is held, a port it touches (its own and those of the
+    cross-connects it breaks) is being switched or unknown, or an older waiting phase claimed
+    one of its own ports. Either way ``inst``'s own ports are added to ``claimed`` (switch id
+    -> ports), so younger phases queue behind it."""
     views = state.views
     ok = inst.job_id not in state.recovering
-    op_ports: dict[str, frozenset[int]] = {}
     for t in inst.plan.targets:
         ports = set(t.ports)
         for xc in views.conflicts(t):
             ports.update(xc.ports())
             if views.held(t.switch_id, xc):
                 ok = False
-        fports = frozenset(ports)
-        op_ports[t.switch_id] = fports
-        if views.blocked(t.switch_id, fports):
+        if views.blocked(t.switch_id, frozenset(ports)):
             ok = False
         c = claimed.setdefault(t.switch_id, set())
         # FIFO on the ports a phase makes circuits on: a later phase may not take an
@@ -126,7 +118,7 @@ def _claim_ports(
         if not t.ports.isdisjoint(c):
             ok = False
         c.update(t.ports)
-    return op_ports if ok else None
+    return ok
 
 
 def claimed_by_older(state: CoordinatorState, plan: Plan) -> bool:

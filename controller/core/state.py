@@ -15,6 +15,7 @@ from lightrail.controller.core.planner import (
     JobLayout,
     Plan,
     PlanError,
+    SwitchTarget,
     all_to_all_steps,
     layout_job,
     plan_phase,
@@ -132,6 +133,18 @@ class CoordinatorState:
         return steps
 
     # --- reconfigurations -------------------------------------------------------------------
+
+    def start_switch(
+        self, instance: Instance | None, job: JobRecord, phase: PhaseKey, plan: Plan
+    ) -> tuple[int, tuple[SwitchTarget, ...]]:
+        """Start switching to ``plan`` (for ``instance``, or ahead of ``phase`` when None):
+        only what changes (``SwitchViews.changes``) becomes the op and is marked in flight;
+        returns the op id and the targets for the ``Reconfigure``."""
+        views = self.views
+        targets = tuple(views.changes(t) for t in plan.targets)
+        op = Op(instance, job, job.layout.job_id, phase, Plan(targets),
+                {t.switch_id: t.ports for t in targets})
+        return self.start_op(op), targets
 
     def start_op(self, op: Op) -> int:
         """Record ``op`` as in flight (its ports are being switched); returns its op id."""

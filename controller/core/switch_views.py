@@ -25,7 +25,9 @@ class SwitchViews:
         self.confirmed: dict[str, dict[int, CrossConnect]] = {s: {} for s in ids}
         self.inflight: dict[str, set[int]] = {s: set() for s in ids}
         self.unknown: dict[str, set[int]] = {s: set() for s in ids}
-        self._held: dict[tuple[str, CrossConnect], int] = {}
+        self._held: dict[str, dict[int, int]] = {s: {} for s in ids}
+        """Per switch: ingress port of a held cross-connect -> how many phase instances hold
+        it (a switch's cross-connects form a partial permutation: the ingress names one)."""
 
     # --- queries ----------------------------------------------------------------------------
 
@@ -35,17 +37,22 @@ class SwitchViews:
 
     def ready(self, plan: Plan) -> bool:
         """Every cross-connect of ``plan`` is confirmed and none of its ports is being switched
-        or unknown: ranks may be admitted onto it."""
+        or unknown: ranks may be admitted onto it. O(plan), one dictionary lookup per port."""
         for t in plan.targets:
-            view = self.confirmed[t.switch_id]
-            inflight = self.inflight[t.switch_id]
-            unknown = self.unknown[t.switch_id]
+            sid = t.switch_id
+            inflight = self.inflight[sid]
+            if inflight and not t.ports.isdisjoint(inflight):
+                return False
+            unknown = self.unknown[sid]
+            if unknown and not t.ports.isdisjoint(unknown):
+                return False
+            get = self.confirmed[sid].get
             for xc in t.cross_connects:
-                if view.get(xc.ingress) != xc or view.get(xc.egress) != xc:
+                there = get(xc.ingress)
+                if there is not xc and there != xc:
                     return False
-                if xc.ingress in inflight or xc.egress in inflight:
-                    return False
-                if unknown and (xc.ingress in unknown or xc.egress in unknown):
+                there = get(xc.egress)
+                if there is not xc and there != xc:
                     return False
         return True
 
@@ -64,8 +71,9 @@ class SwitchViews:
                     and ports.isdisjoint(self.unknown[switch_id]))
 
     def held(self, switch_id: str, xc: CrossConnect) -> bool:
-        """True while some phase instance holds ``xc`` on ``switch_id``."""
-        return (switch_id, xc) in self._held
+        """True while some phase instance holds ``xc`` on ``switch_id`` (conservatively: a
+        cross-connect on the ingress port of a held one counts as held)."""
+        return xc.ingress in self._held[switch_id]
 
     def conflicts(self, target: SwitchTarget) -> set[CrossConnect]:
         """The confirmed cross-connects on ``target``'s ports that ``target`` does not keep:
@@ -77,6 +85,30 @@ class SwitchViews:
             if xc is not None and xc not in target.cross_connects:
                 out.add(xc)
         return out
+
+    def changes(self, target: SwitchTarget) -> SwitchTarget:
+        """The part of switching to ``target`` that changes the switch: its cross-connects
+        that are not confirmed, on their ports and the ports of the confirmed cross-connects
+        on ``target``'s ports that it breaks. Cross-connects ``target`` keeps are left out (a
+        device command never touches them), so everything downstream (reconciler, driver,
+        device) costs O(changes), not O(plan)."""
+        sid = target.switch_id
+        view = self.confirmed[sid]
+        wanted = target.cross_connects
+        needed: list[CrossConnect] = []
+        ports: set[int] = set()
+        for xc in wanted:
+            i, e = xc.ingress, xc.egress
+            if view.get(i) != xc or view.get(e) != xc:
+                needed.append(xc)
+                ports.add(i)
+                ports.add(e)
+        for p in target.ports:
+            there = view.get(p)
+            if there is not None and there not in wanted:
+                ports.add(there.ingress)
+                ports.add(there.egress)
+        return SwitchTarget(sid, frozenset(needed), frozenset(ports))
 
     # --- changes ----------------------------------------------------------------------------
 
@@ -107,7 +139,7 @@ class SwitchViews:
         unknown = self.unknown[switch_id]
         for p in ports:
             xc = view.get(p)
-            if xc is not None and (switch_id, xc) in self._held:
+            if xc is not None and xc.ingress in self._held[switch_id]:
                 continue
             view.pop(p, None)
             unknown.add(p)
@@ -124,22 +156,21 @@ class SwitchViews:
 
     def hold(self, plan: Plan) -> None:
         """One more phase instance holds every cross-connect of ``plan``."""
-        held = self._held
         for t in plan.targets:
-            sid = t.switch_id
+            held = self._held[t.switch_id]
+            get = held.get
             for xc in t.cross_connects:
-                key = (sid, xc)
-                held[key] = held.get(key, 0) + 1
+                i = xc.ingress
+                held[i] = get(i, 0) + 1
 
     def unhold(self, plan: Plan) -> None:
         """One phase instance fewer holds the cross-connects of ``plan``."""
-        held = self._held
         for t in plan.targets:
-            sid = t.switch_id
+            held = self._held[t.switch_id]
             for xc in t.cross_connects:
-                key = (sid, xc)
-                n = held[key] - 1
+                i = xc.ingress
+                n = held[i] - 1
                 if n:
-                    held[key] = n
+                    held[i] = n
                 else:
-                    del held[key]
+                    del held[i]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import structlog
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from lightrail.controller.core.coordinator import PhaseCoordinator, RefusedRelease
 from lightrail.controller.core.decisions import (
@@ -136,6 +136,7 @@ class PhaseService:
         self._admit_hist: dict[tuple[str, str], Histogram] = {}
         self._admit_count: dict[tuple[str, bool], Counter] = {}
         self._stall: dict[str, Counter] = {}
+        self._prov_gauges: dict[str, tuple[Gauge, ...]] = {}
         self._inflight: set[asyncio.Task[None]] = set()
         self._reading_back: set[str] = set()
         self._settled = asyncio.Event()
@@ -162,10 +163,15 @@ class PhaseService:
             return
         dirty, self._dirty_plans = self._dirty_plans, {}
         for job_id, rec in dirty.items():
+            # what the job's last reconfiguration changed: per switch the cross-connects it
+            # made and every port it touched (cross-connects it kept are not in it)
             self._write(f"plans/{job_id}", {
                     "phase": str(rec.phase),
                     "switches": {
-                        t.switch_id: sorted([x.ingress, x.egress] for x in t.cross_connects)
+                        t.switch_id: {
+                            "made": sorted([x.ingress, x.egress] for x in t.cross_connects),
+                            "ports": sorted(t.ports),
+                        }
                         for t in rec.targets
                     },
                 })
@@ -271,6 +277,13 @@ class PhaseService:
     def unregister_job(self, job_id: str) -> None:
         """Remove a job; waiting ranks get CANCELLED. Raises ``UnknownJob``."""
         self._dispatch(self.coordinator.unregister_job(job_id))
+        # forget the job's cached metric children (the series stay for the scrape)
+        self._prov_gauges.pop(job_id, None)
+        self._stall.pop(job_id, None)
+        for hkey in [k for k in self._admit_hist if k[0] == job_id]:
+            del self._admit_hist[hkey]
+        for ckey in [k for k in self._admit_count if k[0] == job_id]:
+            del self._admit_count[ckey]
 
     def refresh_switch(self, switch_id: str, cross_connects: frozenset[CrossConnect]) -> None:
         """Replace the coordinator's view of a switch with a read-back."""
@@ -440,23 +453,7 @@ class PhaseService:
 
     async def _reconfigure(self, rec: Reconfigure) -> None:
         t0 = self.now()
-        results: list[ReconcileResult | BaseException]
-        if len(rec.targets) == 1:  # no gather: it would wrap the one call in another task
-            (t,) = rec.targets
-            try:
-                results = [await self._reconciler.reconcile(t.switch_id, t.ports,
-                                                            t.cross_connects, inline=True)]
-            except (DriverError, ReconcilerStopped) as exc:
-                results = [exc]
-        else:
-            results = list(await asyncio.gather(
-                *(
-                    self._reconciler.reconcile(t.switch_id, t.ports, t.cross_connects,
-                                               inline=True)
-                    for t in rec.targets
-                ),
-                return_exceptions=True,
-            ))
+        results = await self._run_targets(rec)
         device_s = self.now() - t0
         failed: dict[str, DriverError] = {}  # switch id -> why it failed
         stopping = False
@@ -475,18 +472,44 @@ class PhaseService:
         if not stopping:
             for switch_id in failed:
                 self._start_read_back(switch_id)
+        self._record_reconfiguration(rec, device_s, error)
+
+    async def _run_targets(self, rec: Reconfigure) -> list[ReconcileResult | BaseException]:
+        """Reconcile every target (inline when the switch is idle); per target its result or
+        the exception it raised."""
+        reconcile = self._reconciler.reconcile
+        if len(rec.targets) == 1:  # no gather: it would wrap the one call in another task
+            (t,) = rec.targets
+            try:
+                return [await reconcile(t.switch_id, t.ports, t.cross_connects, inline=True)]
+            except (DriverError, ReconcilerStopped) as exc:
+                return [exc]
+        return list(await asyncio.gather(
+            *(reconcile(t.switch_id, t.ports, t.cross_connects, inline=True)
+              for t in rec.targets),
+            return_exceptions=True,
+        ))
+
+    def _record_reconfiguration(self, rec: Reconfigure, device_s: float,
+                                error: str | None) -> None:
+        """Metrics, listeners, the event (when subscribed) and the job's last plan record."""
         switches = tuple(t.switch_id for t in rec.targets)
         try:
-            stats = self.coordinator.stats(rec.job_id)
+            score = self.coordinator.provisioning_score(rec.job_id)
         except UnknownJob:
             pass
         else:
-            metrics.PROVISIONING.labels(rec.job_id, "hit").set(stats.provisioning_hits)
-            metrics.PROVISIONING.labels(rec.job_id, "late").set(stats.provisioning_late)
-            metrics.PROVISIONING.labels(rec.job_id, "miss").set(stats.provisioning_misses)
-        done = ReconfigurationDone(rec.job_id, rec.phase, switches, device_s, error)
-        for listener in self.listeners:
-            listener(done)
+            gauges = self._prov_gauges.get(rec.job_id)
+            if gauges is None:
+                gauges = self._prov_gauges[rec.job_id] = tuple(
+                    metrics.PROVISIONING.labels(rec.job_id, o) for o in ("hit", "late", "miss"))
+            gauges[0].set(score.hits)
+            gauges[1].set(score.late)
+            gauges[2].set(score.misses)
+        if self.listeners:
+            done = ReconfigurationDone(rec.job_id, rec.phase, switches, device_s, error)
+            for listener in self.listeners:
+                listener(done)
         if self._events.wants(rec.job_id):
             self._publish_reconfigured(rec, switches, device_s, error)
         if self._write is not None and error is None:

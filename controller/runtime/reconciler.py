@@ -1,11 +1,12 @@
 """Per-switch reconciliation of cross-connects (DESIGN.md, "Reconfiguration" and "State").
 
-One ordered worker per switch (an asyncio task reading a queue), switches in parallel. A request
-says: on these ``ports`` of this switch, the cross-connects must be exactly ``target``. The
-worker diffs it against its last confirmed view of the switch
-(``lightrail.drivers.base.minimal_diff``: break only what must change, then make) and hands the
-driver that view (one bulk ``Driver.apply(..., current=view)``): the driver applies and reads
-back the ports it changed, so one reconciliation costs the writes plus one read. A verified
+One ordered worker per switch (an asyncio task reading a queue; a request that finds it idle
+may run in its caller's task, ``inline``), switches in parallel. A request says: on these
+``ports`` of this switch, the cross-connects must be exactly ``target``. The worker hands the
+driver its last confirmed view of those ports (one bulk ``Driver.apply(..., current=view)``):
+the driver diffs once (``lightrail.drivers.base.minimal_diff``: break only what must change,
+then make), applies and reads back the ports it changed, so one reconciliation costs the writes
+plus one read. A verified
 result updates the view; a driver that did not verify is followed by a read-back of the whole
 switch where the device allows it. Retryable driver errors are retried with bounded
 exponential backoff, and the reconfiguration is recorded in
@@ -42,7 +43,6 @@ from lightrail.drivers.base import (
     PartialApply,
     SwitchCapabilities,
     VerificationMismatch,
-    minimal_diff,
 )
 
 _log = structlog.get_logger(__name__)
@@ -520,8 +520,7 @@ class Reconciler:
     async def _reconcile_now(
         self, worker: _Worker, ports: frozenset[int], target: frozenset[CrossConnect]
     ) -> ReconcileOutcome:
-        removed: frozenset[CrossConnect] = frozenset()
-        added: frozenset[CrossConnect] = frozenset()
+        changed: list[ApplyResult] = []  # what each attempt did on the device
         started_s: float | None = None
         failures = 0
         while True:
@@ -532,12 +531,10 @@ class Reconciler:
                     _check_request(worker.switch_id, worker.caps, ports, target)
                 if not worker.satisfied(ports, target):
                     current = worker.on_ports(ports)
-                    diff = minimal_diff(worker.switch_id, current, target, ports)
-                    removed |= frozenset(diff.breaks)
-                    added |= frozenset(diff.makes)
                     if started_s is None:
                         started_s = self._clock()
-                    await self._apply(worker, ports, target, current)
+                    # the driver diffs ``current`` against ``target`` (drivers.base.minimal_diff)
+                    await self._apply(worker, ports, target, current, changed)
                 break
             except DriverError as e:
                 worker.stale = True
@@ -556,6 +553,8 @@ class Reconciler:
                 await self._sleep(delay_s)
         if started_s is None:
             return NOOP
+        removed = frozenset(xc for r in changed for xc in r.removed)
+        added = frozenset(xc for r in changed for xc in r.added)
         confirmed_s = self._clock()
         device_s = confirmed_s - started_s
         worker.apply_seconds.observe(device_s)
@@ -575,10 +574,12 @@ class Reconciler:
         ports: frozenset[int],
         target: frozenset[CrossConnect],
         current: frozenset[CrossConnect],
+        changed: list[ApplyResult],
     ) -> None:
         """One attempt: apply against ``current`` (the view on ``ports``), count what changed
-        on the device, then confirm. A ``verified`` result is the device's confirmation of the
-        ports changed and updates the view without another read; else the whole switch is
+        on the device (and append it to ``changed``), then confirm. A ``verified`` result is
+        the device's confirmation of the ports changed and updates the view without another
+        read; else the whole switch is
         read back where the device allows it, or the result is trusted where it does not.
         Raises ``VerificationMismatch``, and ``NotLeader`` without touching the device once
         ``may_command`` says no (fenced)."""
@@ -589,8 +590,10 @@ class Reconciler:
             result = await worker.driver.apply(target, ports, ApplyMode.MINIMAL, current=current)
         except PartialApply as e:
             self._count(worker, e.result)
+            changed.append(e.result)
             raise
         self._count(worker, result)
+        changed.append(result)
         caps = worker.caps
         if result.verified or caps is None or not caps.readback:
             worker.update_view(result.removed, result.added)

@@ -106,9 +106,11 @@ def test_no_switch_while_a_rank_holds_a_conflicting_cross_connect(
     assert isinstance(rec2, Reconfigure)
     (t,) = rec2.targets
     assert t.switch_id == "ocs-rail0"
-    assert t.cross_connects == {CrossConnect(1, N + 2), CrossConnect(2, N + 1)}
-    # breaks host1->host2 (ports 2, 7) and host3->host0 (ports 4, 5); host2->host3 untouched
-    assert t.ports == frozenset({1, 2, 4, 5, 6, 7})
+    # only what changes: the pair needs host0->host1 (1, 6: a ring link, confirmed, kept and
+    # left out) and host1->host0 (2, 5: made); breaks host1->host2 (ports 2, 7) and
+    # host3->host0 (ports 4, 5); host2->host3 untouched
+    assert t.cross_connects == {CrossConnect(2, N + 1)}
+    assert t.ports == frozenset({2, 4, 5, 7})
     adm = coord.reconfigured(rec2.op_id, 0.6)
     assert sorted(d.rank for d in adm if isinstance(d, Admit)) == [0, 2]
 
