@@ -410,19 +410,16 @@ class PhaseCoordinator:
             rs.instance = inst
             rs.request_id = request_id
             rs.batch = batch
-        if inst.op_id is None and inst.waiting == batch.waiting and (
+        if not advanced and inst.op_id is None and inst.waiting == batch.waiting and (
             (inst.holders and inst.verified)
             or (not behind(s, job, inst) and s.views.ready(inst.plan)
                 and not claimed_by_older(s, inst.plan))
         ):
             # Held instances cannot change under their holders: join them without a check.
-            out: list[Decision] = []
+            # (A batch that moved ranks to a later step takes the queue instead: phases held
+            # back for those ranks are older and are served first, in order.)
             admitted = s.admit_waiting(job, inst, now, True, 0.0)
-            if admitted is not None:
-                out.append(admitted)
-            if advanced:
-                out.extend(schedule(s, now))
-            return out
+            return [] if admitted is None else [admitted]
         s.push_deadline(inst.job_id, batch)
         if inst.queued and not advanced and not inst.held_back:
             return []  # the instance waits already; more ranks change nothing

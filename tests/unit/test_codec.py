@@ -6,7 +6,15 @@ import math
 
 import pytest
 
-from lightrail.controller.api.codec import MAX_TIMEOUT_S, InvalidRequest, timeout_from_pb
+from lightrail.controller.api.codec import (
+    MAX_TIMEOUT_S,
+    Interner,
+    InvalidRequest,
+    PhaseKeyDecoder,
+    phase_key_to_pb,
+    timeout_from_pb,
+)
+from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup
 from lightrail.v1 import agent_pb2
 
 
@@ -27,3 +35,24 @@ def test_a_given_timeout_is_used_as_given() -> None:
 def test_a_given_timeout_must_be_a_positive_finite_number_of_seconds(bad: float) -> None:
     with pytest.raises(InvalidRequest, match=r"^timeout_s: .* is not a finite number of seconds"):
         timeout_from_pb(agent_pb2.EnterPhaseRequest(timeout_s=bad))
+
+
+def test_phase_ids_bind_per_stream_to_interned_phase_keys() -> None:
+    interner = Interner()
+    one, two = PhaseKeyDecoder(interner=interner), PhaseKeyDecoder(interner=interner)
+    ring = PhaseKey(ProcessGroup.of(range(4)), Collective.ALL_REDUCE)
+    pair = PhaseKey(ProcessGroup.of([0, 2]), Collective.SEND_RECV)
+    one.define_phase(agent_pb2.DefinePhase(phase_id=5, phase=phase_key_to_pb(ring)))
+    two.define_phase(agent_pb2.DefinePhase(phase_id=9, phase=phase_key_to_pb(ring)))
+    assert one.phase(5) == ring
+    assert one.phase(5) is two.phase(9)  # one object process-wide: lookups by identity
+    assert one.phase_id_of(ring) == 5 and two.phase_id_of(ring) == 9
+    with pytest.raises(InvalidRequest, match=r"enter_many\.phase_id: unknown phase id 9"):
+        one.phase(9, "enter_many.phase_id")  # ids are per stream
+    one.define_phase(agent_pb2.DefinePhase(phase_id=5, phase=phase_key_to_pb(pair)))
+    assert one.phase(5) == pair and one.phase_id_of(ring) is None  # rebound
+    with pytest.raises(InvalidRequest, match=r"define_phase\.phase: missing"):
+        one.define_phase(agent_pb2.DefinePhase(phase_id=6))
+    with pytest.raises(InvalidRequest, match=r"define_phase\.phase\.collective"):
+        one.define_phase(agent_pb2.DefinePhase(phase_id=6, phase=agent_pb2.PhaseKey(
+            group_ranks=[0, 1])))

@@ -1,0 +1,152 @@
+"""The batched hot path over real gRPC against a real etcd: DefinePhase / EnterMany /
+ReleaseMany up, one AdmitMany per stream and phase instance down, and bad batched requests
+answered per rank with the field and value named (nothing stored changes)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest_asyncio
+
+from lightrail.agents.client import ControllerClient
+from lightrail.controller.api.codec import phase_key_to_pb
+from lightrail.controller.app import RunningController
+from lightrail.controller.cli.embedded import embedded_config, running_controller
+from lightrail.controller.config import FabricSection
+from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup, RankPlacement
+from lightrail.controller.store.etcd_server import EmbeddedEtcd
+from lightrail.drivers.base import CrossConnect
+from lightrail.emulator.ocs import EmulatedFabricDevices
+from lightrail.v1 import agent_pb2, agent_pb2_grpc
+
+PLACE = [RankPlacement(r, f"host{r // 2}", r % 2) for r in range(8)]
+RING = PhaseKey(ProcessGroup.of(range(8)), Collective.ALL_REDUCE)
+PAIR = PhaseKey(ProcessGroup.of([0, 2]), Collective.SEND_RECV)  # host0 <-> host1 on rail 0
+RING_ID, PAIR_ID = 3, 70
+N = 4
+
+
+@pytest_asyncio.fixture
+async def devices() -> EmulatedFabricDevices:
+    return EmulatedFabricDevices()
+
+
+@pytest_asyncio.fixture
+async def ctl(etcd: EmbeddedEtcd, devices: EmulatedFabricDevices
+              ) -> AsyncIterator[RunningController]:
+    cfg = embedded_config(
+        etcd.endpoint,
+        FabricSection.model_validate({"builtin": "demo-4x2", "reconfiguration_delay_ms": 2}),
+        admission_timeout_s=5.0,
+    )
+    async with running_controller(cfg, devices=devices) as rc, \
+            ControllerClient(rc.grpc_target, retry_budget_s=2.0) as admin:
+        assert await admin.register_job("job", PLACE) == 8
+        yield rc
+
+
+class Stream:
+    """One raw PhaseStream written with ``write`` and read reply by reply."""
+
+    def __init__(self, target: str) -> None:
+        self.channel = grpc.aio.insecure_channel(target)
+        self.call = agent_pb2_grpc.AgentServiceStub(self.channel).PhaseStream(  # type: ignore[call-arg]
+        )
+
+    async def send(self, *requests: agent_pb2.PhaseRequest) -> None:
+        await self.call.write(agent_pb2.PhaseRequestBatch(requests=list(requests)))
+
+    async def replies(self, n: int) -> list[agent_pb2.PhaseReply]:
+        """The next ``n`` replies (from one or more batches), within 5 s."""
+        out: list[agent_pb2.PhaseReply] = []
+        while len(out) < n:
+            batch = await asyncio.wait_for(self.call.read(), 5.0)
+            assert isinstance(batch, agent_pb2.PhaseReplyBatch)
+            out.extend(batch.replies)
+        return out
+
+    async def close(self) -> None:
+        self.call.cancel()
+        await self.channel.close(grace=None)
+
+
+def define(phase_id: int, phase: PhaseKey) -> agent_pb2.PhaseRequest:
+    return agent_pb2.PhaseRequest(define_phase=agent_pb2.DefinePhase(
+        phase_id=phase_id, phase=phase_key_to_pb(phase)))
+
+
+def enter(phase_id: int, ranks: list[int], request_id: int, iteration: int = 0,
+          job_id: str = "job") -> agent_pb2.PhaseRequest:
+    return agent_pb2.PhaseRequest(enter_many=agent_pb2.EnterMany(
+        job_id=job_id, phase_id=phase_id, iteration=iteration, ranks=ranks,
+        request_id=request_id, timeout_s=5.0))
+
+
+def release(phase_id: int, ranks: list[int], iteration: int = 0) -> agent_pb2.PhaseRequest:
+    return agent_pb2.PhaseRequest(release_many=agent_pb2.ReleaseMany(
+        job_id="job", phase_id=phase_id, iteration=iteration, ranks=ranks))
+
+
+async def test_batched_enter_is_answered_once_per_stream_and_instance(
+    ctl: RunningController, devices: EmulatedFabricDevices
+) -> None:
+    a, b = Stream(ctl.grpc_target), Stream(ctl.grpc_target)
+    try:
+        await a.send(define(RING_ID, RING), define(PAIR_ID, PAIR))
+        await b.send(define(RING_ID, RING))
+        await a.send(enter(RING_ID, [0, 1, 2], 11), enter(RING_ID, [3], 12))
+        await b.send(enter(RING_ID, [4, 5, 6, 7], 21))
+        (ra,) = await a.replies(1)
+        (rb,) = await b.replies(1)
+        assert ra.WhichOneof("kind") == rb.WhichOneof("kind") == "admitted_many"
+        m = ra.admitted_many
+        assert (m.job_id, m.phase_id, m.iteration, m.noop, m.steps) == ("job", RING_ID, 0,
+                                                                        False, 1)
+        assert list(m.ranks) == [0, 1, 2, 3] and list(m.request_ids) == [11, 11, 11, 12]
+        assert list(rb.admitted_many.ranks) == [4, 5, 6, 7]
+        ring = {CrossConnect(i + 1, N + (i + 1) % 4 + 1) for i in range(4)}
+        assert devices["ocs-rail0"].cross_connects == ring
+        # release the ring and enter the pair in one message
+        await b.send(release(RING_ID, [4, 5, 6, 7]))
+        await a.send(release(RING_ID, [0, 1, 2, 3]), enter(PAIR_ID, [0, 2], 13))
+        (rp,) = await a.replies(1)
+        assert list(rp.admitted_many.ranks) == [0, 2] and rp.admitted_many.phase_id == PAIR_ID
+        assert CrossConnect(2, N + 1) in devices["ocs-rail0"].cross_connects
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_bad_batched_requests_are_refused_per_rank_naming_the_field(
+    ctl: RunningController, devices: EmulatedFabricDevices
+) -> None:
+    s = Stream(ctl.grpc_target)
+    try:
+        await s.send(define(RING_ID, RING))
+        before = devices["ocs-rail0"].cross_connects
+        await s.send(enter(99, [0, 1], 1))  # never defined
+        replies = await s.replies(2)
+        assert [(r.error.rank, r.error.code) for r in replies] == [
+            (0, agent_pb2.INVALID_PHASE), (1, agent_pb2.INVALID_PHASE)]
+        assert "enter_many.phase_id: unknown phase id 99" in replies[0].error.message
+        await s.send(agent_pb2.PhaseRequest(define_phase=agent_pb2.DefinePhase(
+            phase_id=70000, phase=phase_key_to_pb(PAIR))))
+        (r,) = await s.replies(1)
+        assert "define_phase.phase_id: 70000 > 65535" in r.error.message
+        await s.send(enter(RING_ID, [0, 42], 2, job_id="nope"))
+        replies = await s.replies(2)
+        assert [(r.error.rank, r.error.code) for r in replies] == [
+            (0, agent_pb2.UNKNOWN_JOB), (42, agent_pb2.UNKNOWN_JOB)]
+        await s.send(enter(RING_ID, [42], 3))
+        (r,) = await s.replies(1)
+        assert (r.error.rank, r.error.code) == (42, agent_pb2.INVALID_RANK)
+        assert "rank: 42 out of range 0..7" in r.error.message
+        await s.send(release(RING_ID, [5]))
+        (r,) = await s.replies(1)
+        assert (r.error.rank, r.error.code) == (5, agent_pb2.INVALID_PHASE)
+        assert "release: rank 5 does not hold phase" in r.error.message
+        assert devices["ocs-rail0"].cross_connects == before  # nothing switched
+    finally:
+        await s.close()

@@ -1,0 +1,305 @@
+"""The batched coordinator (``enter_many`` / ``release_many``, one ``Admitted`` per phase
+instance) against itself rank by rank, the liveness rule, and batch bookkeeping."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lightrail.controller.core.coordinator import PhaseCoordinator
+from lightrail.controller.core.decisions import (
+    Admit,
+    Admitted,
+    Decision,
+    Reconfigure,
+    Reject,
+    per_rank,
+)
+from lightrail.controller.domain.errors import ErrorCode
+from lightrail.controller.domain.fabric import rail_fabric
+from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup, RankPlacement
+
+WORLD = list(range(8))
+RING = PhaseKey(ProcessGroup.of(WORLD), Collective.ALL_REDUCE)
+PAIR = PhaseKey(ProcessGroup.of([0, 4]), Collective.SEND_RECV)  # host0 <-> host2, rail 0
+PHASES = (
+    RING,
+    PAIR,
+    PhaseKey(ProcessGroup.of([0, 2]), Collective.SEND_RECV),
+    PhaseKey(ProcessGroup.of([2, 4]), Collective.SEND_RECV),
+    PhaseKey(ProcessGroup.of([1, 3, 5, 7]), Collective.ALL_REDUCE),  # rail 1 ring
+    PhaseKey(ProcessGroup.of([0, 1]), Collective.ALL_REDUCE),  # one host: no circuit
+    PhaseKey(ProcessGroup.of([0, 2, 4, 6]), Collective.ALL_TO_ALL, step=1),
+)
+
+
+def coordinator() -> PhaseCoordinator:
+    c = PhaseCoordinator(rail_fabric("t", 4, 2, delay_s=0.0), default_timeout_s=5.0)
+    c.register_job("job", "t", [RankPlacement(r, f"host{r // 2}", r % 2) for r in range(8)])
+    return c
+
+
+def only(decisions: list[Decision], kind: type) -> list[Decision]:
+    return [d for d in decisions if isinstance(d, kind)]
+
+
+def admitted_ranks(decisions: list[Decision]) -> list[int]:
+    return sorted(r for d in decisions if isinstance(d, Admitted)
+                  for e in d.entries for r in e.ranks)
+
+
+def complete(c: PhaseCoordinator, decisions: list[Decision], now: float) -> list[Decision]:
+    """Confirm every reconfiguration in ``decisions`` (and those they start), in order."""
+    out = list(decisions)
+    pending = [d for d in decisions if isinstance(d, Reconfigure)]
+    while pending:
+        more = c.reconfigured(pending.pop(0).op_id, now)
+        out += more
+        pending += [d for d in more if isinstance(d, Reconfigure)]
+    return out
+
+
+def test_a_batch_is_admitted_with_one_decision_per_instance() -> None:
+    c = coordinator()
+    out = c.enter_many("job", WORLD[:4], RING, 7, 0.0, route=3)
+    out += c.enter_many("job", WORLD[4:], RING, 8, 0.1, route=4)
+    (rec,) = only(out, Reconfigure)
+    assert isinstance(rec, Reconfigure)
+    (adm,) = only(c.reconfigured(rec.op_id, 0.5), Admitted)
+    assert isinstance(adm, Admitted)
+    assert [(e.route, e.request_id, e.ranks) for e in adm.entries] == [
+        (3, 7, (0, 1, 2, 3)), (4, 8, (4, 5, 6, 7))]
+    assert not adm.noop and adm.rank_count == 8 and adm.iteration == 0
+    assert [a.waited_s for a in adm.per_rank()] == pytest.approx([0.5] * 4 + [0.4] * 4)
+    assert c.held_by_job("job") == 8
+
+
+def test_release_many_releases_the_holders_and_refuses_the_rest() -> None:
+    c = coordinator()
+    complete(c, c.enter_many("job", WORLD, RING, 1, 0.0), 0.1)
+    out, refused = c.release_many("job", [0, 1, 99, 2], RING, 0.2, iteration=0)
+    assert out == []  # others still hold the ring: nothing freed
+    assert [(r.rank, r.error.code) for r in refused] == [(99, ErrorCode.INVALID_RANK)]
+    _, refused = c.release_many("job", [0, 3], RING, 0.3)
+    assert [(r.rank, r.error.code) for r in refused] == [(0, ErrorCode.INVALID_PHASE)]
+    assert "does not hold" in str(refused[0].error)
+    assert c.held_by_job("job") == 4
+
+
+def test_refusals_name_the_rank_and_carry_the_route() -> None:
+    c = coordinator()
+    out = c.enter_many("job", [0, 9, 1], PAIR, 5, 0.0, route=11)
+    rejects = [d for d in out if isinstance(d, Reject)]
+    assert [(d.rank, d.code, d.route) for d in rejects] == [
+        (9, ErrorCode.INVALID_RANK, 11), (1, ErrorCode.INVALID_PHASE, 11)]
+    assert "rank 1 is not in group" in rejects[1].message
+    assert [d.rank for d in c.enter_many("nope", [0, 1], RING, 1, 0.0)
+            if isinstance(d, Reject) and d.code is ErrorCode.UNKNOWN_JOB] == [0, 1]
+
+
+def test_a_batch_times_out_together_on_its_route() -> None:
+    c = coordinator()
+    complete(c, c.enter_many("job", WORLD, RING, 1, 0.0), 0.1)
+    c.release_many("job", [0, 4], RING, 0.2)
+    out = c.enter_many("job", [0, 4], PAIR, 2, 0.2, timeout_s=1.0, route=9)
+    assert only(out, Reconfigure) == []  # the ring is still held by six ranks
+    assert c.next_deadline() == pytest.approx(1.2)
+    expired = c.expire(1.3)
+    assert [(d.rank, d.code, d.route) for d in expired if isinstance(d, Reject)] == [
+        (0, ErrorCode.DEADLINE_EXCEEDED, 9), (4, ErrorCode.DEADLINE_EXCEEDED, 9)]
+    assert "still held by job ranks [1, 2, 3, 5, 6, 7]" in str(expired[0])
+
+
+def test_a_waiting_rank_sent_again_moves_to_the_new_route() -> None:
+    c = coordinator()
+    (rec,) = only(c.enter_many("job", [0, 1, 2], RING, 1, 0.0, route=1), Reconfigure)
+    assert isinstance(rec, Reconfigure)
+    assert c.enter_many("job", [1], RING, 2, 0.1, route=2) == []  # its stream broke
+    (adm,) = only(c.reconfigured(rec.op_id, 0.2), Admitted)
+    assert isinstance(adm, Admitted)
+    assert sorted((e.route, e.ranks) for e in adm.entries) == [(1, (0, 2)), (2, (1,))]
+    assert [w.route for w in c.waiting()] == []
+
+
+def test_next_step_ring_does_not_jump_the_coming_pair() -> None:
+    """The liveness bug of bench/hot_path.py's "Known controller hazard": ranks outside the
+    pair finish ring b and enter ring b + 1 before ranks 0 and 4 ask for the pair. Ring
+    b + 1's circuits are there, but admitting those ranks would make them hold the circuits
+    the pair must break while the ring's collective waits for ranks 0 and 4, which wait for
+    the pair: a deadlock until the admission timeout. Ring b + 1 must wait (held back: ranks
+    of its group are on an older step), the pair must switch, then the ring switches back."""
+    c = coordinator()
+    complete(c, c.enter_many("job", WORLD, RING, 1, 0.0), 0.1)
+    others = [1, 2, 3, 5, 6, 7]
+    out, _ = c.release_many("job", others, RING, 0.2, iteration=0)
+    out += c.enter_many("job", others, RING, 2, 0.2, iteration=1)
+    assert admitted_ranks(out) == [], "ring 1 jumped the pair of step 0"
+    out, _ = c.release_many("job", [0, 4], RING, 0.3, iteration=0)
+    out += c.enter_many("job", [0, 4], PAIR, 3, 0.3, iteration=0)
+    recs = [d for d in out if isinstance(d, Reconfigure)]
+    assert [d.phase for d in recs] == [PAIR]
+    done = complete(c, out, 0.4)
+    assert admitted_ranks(done) == [0, 4]
+    out, _ = c.release_many("job", [0, 4], PAIR, 0.5, iteration=0)
+    out += c.enter_many("job", [0, 4], RING, 4, 0.5, iteration=1)
+    recs = [d for d in out if isinstance(d, Reconfigure)]
+    assert [d.phase for d in recs] == [RING]  # the pair broke ring links: switch back
+    assert admitted_ranks(complete(c, out, 0.6)) == WORLD
+
+
+def test_ranks_that_never_entered_do_not_hold_anything_back() -> None:
+    c = coordinator()
+    out = complete(c, c.enter_many("job", [0, 4], PAIR, 1, 0.0, iteration=5), 0.1)
+    assert admitted_ranks(out) == [0, 4]
+
+
+# --- batched against rank by rank --------------------------------------------------------------
+
+
+Admission = tuple[int, str, int, bool]
+"""(rank, phase, training step, noop) of one rank's admission."""
+
+
+@dataclass
+class Twin:
+    """The same program run batched (``a``) and rank by rank (``b``). ``exact``: compare the
+    decisions of every action (same switches in the same order, same admissions); else only
+    what each side admitted over the whole run (batches that move several ranks to a later
+    step at once may let an older phase go first where single ranks, moving one by one,
+    pass through states in which it is still held back)."""
+
+    exact: bool
+    a: PhaseCoordinator = field(default_factory=coordinator)
+    b: PhaseCoordinator = field(default_factory=coordinator)
+    request: int = 0
+    holding: dict[int, tuple[PhaseKey, int]] = field(default_factory=dict)
+    waiting: set[int] = field(default_factory=set)
+    step_of: dict[int, int] = field(default_factory=dict)
+    admitted_a: list[Admission] = field(default_factory=list)
+    admitted_b: list[Admission] = field(default_factory=list)
+
+    def _admits(self, decisions: list[Decision]) -> list[Admission]:
+        return sorted((d.rank, str(d.phase), self.step_of[d.rank], d.noop)
+                      for d in per_rank(decisions) if isinstance(d, Admit))
+
+    @staticmethod
+    def _switches(
+        decisions: list[Decision],
+    ) -> list[tuple[str, list[tuple[str, list[tuple[int, int]]]]]]:
+        return [(str(d.phase), sorted((t.switch_id, sorted((x.ingress, x.egress)
+                                                            for x in t.cross_connects))
+                                      for t in d.targets))
+                for d in decisions if isinstance(d, Reconfigure)]
+
+    def _seen(self, da: list[Decision], db: list[Decision]) -> None:
+        ad, bd = self._admits(da), self._admits(db)
+        self.admitted_a += ad
+        self.admitted_b += bd
+        if self.exact:
+            assert ad == bd
+            assert self._switches(da) == self._switches(db)
+        assert not [d for d in da + db if isinstance(d, Reject)]
+        for d in per_rank(da):
+            if isinstance(d, Admit):
+                self.waiting.discard(d.rank)
+                self.holding[d.rank] = (d.phase, self.step_of[d.rank])
+
+    def enter(self, ranks: list[int], phase: PhaseKey, step: int, now: float) -> None:
+        self.request += 1
+        for r in ranks:
+            self.waiting.add(r)
+            self.step_of[r] = step
+        da = self.a.enter_many("job", ranks, phase, self.request, now, iteration=step)
+        db: list[Decision] = []
+        for r in ranks:
+            self.request += 1
+            db += self.b.enter("job", r, phase, self.request, now, iteration=step)
+        self._finish(da, db, now)
+
+    def release(self, ranks: list[int], now: float) -> None:
+        by_phase: dict[tuple[PhaseKey, int], list[int]] = {}
+        for r in ranks:
+            by_phase.setdefault(self.holding.pop(r), []).append(r)
+        for (phase, step), rs in by_phase.items():
+            da, refused = self.a.release_many("job", rs, phase, now, step)
+            assert refused == []
+            db: list[Decision] = []
+            for r in rs:
+                db += self.b.release("job", r, phase, now, step)
+            self._finish(da, db, now)
+
+    def _finish(self, da: list[Decision], db: list[Decision], now: float) -> None:
+        """Record both sides' decisions and confirm the reconfigurations they started (each
+        side in its own order)."""
+        self._seen(da, db)
+        qa = [d for d in da if isinstance(d, Reconfigure)]
+        qb = [d for d in db if isinstance(d, Reconfigure)]
+        while qa or qb:
+            ma = self.a.reconfigured(qa.pop(0).op_id, now) if qa else []
+            mb = self.b.reconfigured(qb.pop(0).op_id, now) if qb else []
+            self._seen(ma, mb)
+            qa += [d for d in ma if isinstance(d, Reconfigure)]
+            qb += [d for d in mb if isinstance(d, Reconfigure)]
+
+    def drain(self, now: float) -> None:
+        """Release every holder until nothing is held (everything admissible got in)."""
+        for _ in range(64):
+            if not self.holding:
+                return
+            self.release(sorted(self.holding), now)
+        raise AssertionError("holds never drained")
+
+
+def run_program(data: st.DataObject, exact: bool) -> Twin:
+    """Draw and run a program of enters (random phases, random batch splits, steps that only
+    move forward; all step 0 when ``exact``) and releases, then drain."""
+    twin = Twin(exact)
+    now = 0.0
+    step = 0
+    for _ in range(data.draw(st.integers(4, 24), label="actions")):
+        now += 0.01
+        idle = [r for r in WORLD if r not in twin.holding and r not in twin.waiting]
+        if twin.holding and (not idle or data.draw(st.booleans(), label="release?")):
+            chosen = data.draw(st.lists(st.sampled_from(sorted(twin.holding)), min_size=1,
+                                        unique=True), label="release")
+            twin.release(chosen, now)
+            continue
+        if not idle:
+            break
+        phase = data.draw(st.sampled_from(PHASES), label="phase")
+        members = [r for r in phase.group.ranks if r in idle]
+        if not members:
+            continue
+        if not exact:
+            step += data.draw(st.integers(0, 1), label="next step?")
+        batch = data.draw(st.lists(st.sampled_from(members), min_size=1, unique=True),
+                          label="batch")
+        twin.enter(batch, phase, step, now)
+    twin.drain(now + 1.0)
+    return twin
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_batched_switches_and_admits_exactly_as_rank_by_rank(data: st.DataObject) -> None:
+    """Within one training step: the batched coordinator makes the same switches in the same
+    order and admits the same ranks into the same phases, action by action, as the same
+    requests sent one rank at a time."""
+    twin = run_program(data, exact=True)
+    assert twin.admitted_a == twin.admitted_b
+    for sid in twin.a.fabric.switches:
+        assert twin.a.confirmed(sid) == twin.b.confirmed(sid)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_batched_admits_what_rank_by_rank_admits_across_steps(data: st.DataObject) -> None:
+    """Across training steps: both admit the same ranks into the same phase instances over
+    the run, both drain, and neither is left holding anything."""
+    twin = run_program(data, exact=False)
+    key = sorted
+    assert key(a[:3] for a in twin.admitted_a) == key(b[:3] for b in twin.admitted_b)
+    assert twin.a.held_by_job("job") == twin.b.held_by_job("job") == 0
