@@ -201,8 +201,15 @@ class ControllerProcess:
     """``lightrail controller`` as a child process, with its log in ``workdir``."""
 
     def __init__(self, workdir: Path, etcd_endpoint: str, n: int, delay_ms: float,
-                 cpu: int | None = None) -> None:
+                 cpu: int | None = None, *, fabric: str | None = None,
+                 lightrail: Path = LIGHTRAIL) -> None:
+        """``fabric``: the config's fabric section (YAML flow), default one rail of ``n``
+        one-GPU hosts with ``delay_ms``; ``lightrail``: the entry point to run."""
         self.cpu = cpu
+        self.lightrail = lightrail
+        if fabric is None:
+            fabric = (f"{{rail: {{hosts: {n}, gpus_per_host: 1}}, "
+                      f"reconfiguration_delay_ms: {delay_ms}}}")
         self.port = free_port()
         self.target = f"127.0.0.1:{self.port}"
         self.config_path = workdir / "controller.yaml"
@@ -212,8 +219,7 @@ class ControllerProcess:
             f'listen: "{self.target}", metrics_listen: "127.0.0.1:{free_port()}", '
             "admission_timeout_s: 60}\n"
             f'etcd: {{endpoints: ["{etcd_endpoint}"], lease_ttl_s: 10}}\n'
-            f"fabric: {{rail: {{hosts: {n}, gpus_per_host: 1}}, "
-            f"reconfiguration_delay_ms: {delay_ms}}}\n"
+            f"fabric: {fabric}\n"
             "logging: {level: warning}\n",
             encoding="utf-8",
         )
@@ -238,7 +244,7 @@ class ControllerProcess:
         with self.log_path.open("ab") as log_file:
             cpu = self.cpu
             self.proc = await asyncio.create_subprocess_exec(
-                str(LIGHTRAIL), "controller", "--config", str(self.config_path),
+                str(self.lightrail), "controller", "--config", str(self.config_path),
                 stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file,
                 preexec_fn=None if cpu is None else lambda: os.sched_setaffinity(0, {cpu}),
             )

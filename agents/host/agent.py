@@ -2,7 +2,9 @@
 bidirectional PhaseStream to the controller (DESIGN.md "Phase protocol").
 
 Batching: requests accumulate while a write is in flight and go out together as one
-``PhaseRequestBatch``; the controller answers the same way. The controller's cost follows the
+``PhaseRequestBatch``, the enters and releases of one phase instance as one
+``EnterMany`` / ``ReleaseMany``; the controller answers with one ``AdmitMany`` per phase
+instance. The controller's cost follows the
 number of streams, so one stream per host (or per rack relay) is what lets it scale.
 
 Reconnect: when the stream breaks the agent reconnects with bounded exponential backoff and
@@ -21,9 +23,10 @@ from dataclasses import dataclass
 
 import grpc
 import structlog
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
 from lightrail.agents.errors import Admission, ControllerUnavailable, PhaseError, error_for
-from lightrail.controller.api.codec import COLLECTIVE_TO_PB, ERROR_FROM_PB
+from lightrail.controller.api.codec import COLLECTIVE_TO_PB, ERROR_FROM_PB, phase_key_to_pb
 from lightrail.controller.domain.errors import ErrorCode
 from lightrail.controller.domain.model import PhaseKey
 from lightrail.controller.domain.timing import Backoff, BackoffState
@@ -59,56 +62,120 @@ class _Out:
     compute_gap_s: float = 0.0
 
 
-class _Encoder:
-    """Encodes requests for one stream session; the first use of a process group on the
-    stream is preceded by a DefineGroup, later ones carry only its 64-bit id."""
+_Requests = RepeatedCompositeFieldContainer[agent_pb2.PhaseRequest]
 
-    __slots__ = ("_defined",)
+MAX_PHASE_IDS = 65536
+"""Phase ids one stream defines at most (``DefinePhase.phase_id`` < 65536); requests for
+further phases go out per rank."""
+
+
+class _Encoder:
+    """Encodes requests for one stream session. Enters of one phase instance that go out
+    together become one ``EnterMany`` (they share a request id, ``HostAgent._share_ids``),
+    releases of one instance one ``ReleaseMany``, after a ``DefinePhase`` on the phase's first
+    use on the stream; releases go first, then holds, then enters (a rank's release and its
+    next enter may travel together; its enter and release of one phase never do). Holds go
+    per rank, their group after a ``DefineGroup``."""
+
+    __slots__ = ("_defined", "_phase_ids")
 
     def __init__(self) -> None:
         self._defined: set[int] = set()
+        self._phase_ids: dict[PhaseKey, int] = {}
+
+    def _phase_id(self, reqs: _Requests, phase: PhaseKey) -> int | None:
+        pid = self._phase_ids.get(phase)
+        if pid is None:
+            if len(self._phase_ids) >= MAX_PHASE_IDS:
+                return None
+            pid = len(self._phase_ids)
+            self._phase_ids[phase] = pid
+            d = reqs.add().define_phase
+            d.phase_id = pid
+            d.phase.CopyFrom(phase_key_to_pb(phase))
+        return pid
 
     def encode(self, batch: list[_Out]) -> agent_pb2.PhaseRequestBatch:
         out = agent_pb2.PhaseRequestBatch()
         reqs = out.requests
-        defined = self._defined
+        releases: dict[tuple[str, PhaseKey, int], list[int]] = {}
+        enters: dict[tuple[str, PhaseKey, int, int], list[_Out]] = {}
+        singles: list[_Out] = []
         for m in batch:
-            group = m.phase.group
-            gid = group.group_id
-            if gid not in defined:
-                reqs.add().define_group.CopyFrom(
-                    agent_pb2.DefineGroup(group_id=gid, ranks=group.ranks))
-                defined.add(gid)
-            req = reqs.add()
-            if m.kind is _Kind.ENTER:
-                e = req.enter
-                e.job_id = m.job_id
-                e.rank = m.rank
-                e.iteration = m.iteration
-                e.request_id = m.request_id
-                if m.timeout_s is not None:
-                    e.timeout_s = m.timeout_s
-                if m.nbytes:
-                    e.nbytes = m.nbytes
-                    e.compute_gap_s = m.compute_gap_s
-                key = e.phase
-            elif m.kind is _Kind.RELEASE:
-                r = req.release
-                r.job_id = m.job_id
-                r.rank = m.rank
-                r.iteration = m.iteration
-                key = r.phase
+            if m.kind is _Kind.RELEASE:
+                releases.setdefault((m.job_id, m.phase, m.iteration), []).append(m.rank)
+            elif m.kind is _Kind.ENTER:
+                enters.setdefault((m.job_id, m.phase, m.iteration, m.request_id), []).append(m)
             else:
-                h = req.held
-                h.job_id = m.job_id
-                h.rank = m.rank
-                h.iteration = m.iteration
-                key = h.phase
-            key.group_id = gid
-            key.collective = COLLECTIVE_TO_PB[m.phase.collective]
-            key.seq = m.phase.seq
-            key.step = m.phase.step
+                singles.append(m)
+        for (job_id, phase, iteration), ranks in releases.items():
+            pid = self._phase_id(reqs, phase)
+            if pid is None:
+                singles.extend(_Out(_Kind.RELEASE, job_id, r, phase, iteration) for r in ranks)
+                continue
+            r = reqs.add().release_many
+            r.job_id = job_id
+            r.phase_id = pid
+            r.iteration = iteration
+            r.ranks.extend(ranks)
+        later: list[_Out] = []
+        for (job_id, phase, iteration, request_id), group in enters.items():
+            pid = self._phase_id(reqs, phase)
+            if pid is None:
+                later.extend(group)
+                continue
+            first = group[0]
+            e = reqs.add().enter_many
+            e.job_id = job_id
+            e.phase_id = pid
+            e.iteration = iteration
+            e.request_id = request_id
+            e.ranks.extend(m.rank for m in group)
+            if first.timeout_s is not None:
+                e.timeout_s = first.timeout_s
+            if first.nbytes:
+                e.nbytes = first.nbytes
+                e.compute_gap_s = first.compute_gap_s
+        for m in singles + later:
+            self._single(reqs, m)
         return out
+
+    def _single(self, reqs: _Requests, m: _Out) -> None:
+        group = m.phase.group
+        gid = group.group_id
+        if gid not in self._defined:
+            reqs.add().define_group.CopyFrom(
+                agent_pb2.DefineGroup(group_id=gid, ranks=group.ranks))
+            self._defined.add(gid)
+        req = reqs.add()
+        if m.kind is _Kind.ENTER:
+            e = req.enter
+            e.job_id = m.job_id
+            e.rank = m.rank
+            e.iteration = m.iteration
+            e.request_id = m.request_id
+            if m.timeout_s is not None:
+                e.timeout_s = m.timeout_s
+            if m.nbytes:
+                e.nbytes = m.nbytes
+                e.compute_gap_s = m.compute_gap_s
+            key = e.phase
+        elif m.kind is _Kind.RELEASE:
+            r = req.release
+            r.job_id = m.job_id
+            r.rank = m.rank
+            r.iteration = m.iteration
+            key = r.phase
+        else:
+            h = req.held
+            h.job_id = m.job_id
+            h.rank = m.rank
+            h.iteration = m.iteration
+            key = h.phase
+        key.group_id = gid
+        key.collective = COLLECTIVE_TO_PB[m.phase.collective]
+        key.seq = m.phase.seq
+        key.step = m.phase.step
 
 
 def _expire(fut: asyncio.Future[Admission], timeout_s: float, budget_s: float) -> None:
@@ -314,6 +381,7 @@ class HostAgent:
                     batch, self._outbox = self._outbox, []
                     try:
                         if batch:
+                            self._share_ids(batch)
                             await call.write(encoder.encode(batch))
                         if sync_done is not None:
                             await call.write(sync_done)
@@ -327,6 +395,24 @@ class HostAgent:
                 reader.cancel()
                 call.cancel()
 
+    def _share_ids(self, batch: list[_Out]) -> None:
+        """Enters of one phase instance (same job, phase, step, timeout and hints) going out
+        together get one request id, so they travel as one ``EnterMany``."""
+        groups: dict[tuple[str, PhaseKey, int, float | None, int, float], list[_Out]] = {}
+        for m in batch:
+            if m.kind is _Kind.ENTER:
+                groups.setdefault((m.job_id, m.phase, m.iteration, m.timeout_s, m.nbytes,
+                                   m.compute_gap_s), []).append(m)
+        for group in groups.values():
+            if len(group) < 2:
+                continue
+            shared = next(self._ids)
+            for m in group:
+                p = self._pending.get((m.job_id, m.rank))
+                if p is not None and p.request_id == m.request_id:
+                    p.request_id = shared
+                m.request_id = shared
+
     async def _read(self, call: grpc.aio.StreamStreamCall) -> None:  # type: ignore[type-arg]
         while True:
             batch = await call.read()
@@ -336,17 +422,27 @@ class HostAgent:
             for reply in batch.replies:
                 self._on_reply(reply)
 
+    def _admitted(self, job_id: str, rank: int, request_id: int, noop: bool, steps: int,
+                  device_s: float) -> None:
+        key = (job_id, rank)
+        p = self._pending.get(key)
+        if p is None or p.request_id != request_id:
+            return  # answer to a request given up on
+        del self._pending[key]
+        self._held[key] = _Held(p.phase, p.iteration)
+        if not p.future.done():
+            p.future.set_result(Admission(noop, max(1, steps), device_s))
+
     def _on_reply(self, reply: agent_pb2.PhaseReply) -> None:
-        if reply.HasField("admitted"):
+        kind = reply.WhichOneof("kind")
+        if kind == "admitted_many":
+            m = reply.admitted_many
+            for rank, request_id in zip(m.ranks, m.request_ids, strict=True):
+                self._admitted(m.job_id, rank, request_id, m.noop, m.steps, m.device_s)
+            return
+        if kind == "admitted":
             a = reply.admitted
-            key = (a.job_id, a.rank)
-            p = self._pending.get(key)
-            if p is None or p.request_id != a.request_id:
-                return  # answer to a request given up on
-            del self._pending[key]
-            self._held[key] = _Held(p.phase, p.iteration)
-            if not p.future.done():
-                p.future.set_result(Admission(a.noop, max(1, a.steps), a.device_s))
+            self._admitted(a.job_id, a.rank, a.request_id, a.noop, a.steps, a.device_s)
             return
         e = reply.error
         code = ERROR_FROM_PB.get(e.code, ErrorCode.INVALID_PHASE)

@@ -149,6 +149,8 @@ class _Instance:
     device_s: float = 0.0
     switched: bool = False
     all_in: asyncio.Event = field(default_factory=asyncio.Event)
+    done: asyncio.Future[bool] | None = None
+    """Resolved True when every rank is in, False when the job restarts (``_barrier``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,7 +346,7 @@ class Replayer:
                     if placement is not None:
                         self.placement_events.append(ev)
                         self._new_placement = placement
-                        self._restart.set()
+                        self._signal_restart()
                 return  # the job was unregistered
             except PhaseError as exc:
                 if exc.code is ErrorCode.UNKNOWN_JOB:
@@ -355,7 +357,7 @@ class Replayer:
     async def _rejoin(self, rank: int) -> RankSession:
         """Wait until every rank has given up the iteration, then continue on the new
         placement (the failed rank's process now runs on the spare's host)."""
-        self._restart.set()
+        self._signal_restart()
         done = self._restart_done
         self._arrived += 1
         if self._arrived == len(self.placements):
@@ -466,6 +468,15 @@ class Replayer:
             inst.device_s = max(inst.device_s, device_s)
         if len(inst.admits) >= inst.expected:
             inst.all_in.set()
+            if inst.done is not None and not inst.done.done():
+                inst.done.set_result(True)
+
+    def _signal_restart(self) -> None:
+        """The job restarts: every rank waiting in a barrier gives up the iteration."""
+        self._restart.set()
+        for inst in self._instances.values():
+            if inst.done is not None and not inst.done.done():
+                inst.done.set_result(False)
 
     async def _barrier(self, it: int, key: PhaseKey) -> None:
         """A collective completes only when every rank of the group is in it (or the job
@@ -473,15 +484,16 @@ class Replayer:
         inst = self._instances[(self._attempt, it, key)]
         if inst.all_in.is_set():
             return
-        waits = {asyncio.ensure_future(inst.all_in.wait()),
-                 asyncio.ensure_future(self._restart.wait())}
+        if self._restart.is_set():
+            raise _Restart
+        if inst.done is None:  # one future all of the group's ranks wait on: no task each
+            inst.done = asyncio.get_running_loop().create_future()
         try:
-            await asyncio.wait(waits, timeout=self.timeout_s,
-                               return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waits:
-                w.cancel()
-        if inst.all_in.is_set():
+            async with asyncio.timeout(self.timeout_s):
+                complete = await asyncio.shield(inst.done)
+        except TimeoutError:
+            complete = False
+        if complete or inst.all_in.is_set():
             return
         if self._restart.is_set():
             raise _Restart
