@@ -78,7 +78,7 @@ from typing import Any, Protocol
 import grpc
 import uvloop
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from lean_load import LeanLoad, LoadError, pair_peer
+from lean_load import WORKLOADS, LeanLoad, LoadError, Workload, pair_peer
 
 from lightrail.agents.client import ControllerClient
 from lightrail.agents.errors import Admission
@@ -142,6 +142,7 @@ class CellResult:
     delay_ms: float
     ranks_per_stream: int
     repeat: int = 0
+    workload: str = "ring-pair"
     boundaries: int = 0
     p50_ms: float = 0.0
     p99_ms: float = 0.0
@@ -536,6 +537,8 @@ class Options:
     cpus: tuple[int, int] | None
     measured: int | None = None
     """Measured boundaries per cell instead of the table's (profiling)."""
+    workloads: tuple[str, ...] = ("ring-pair",)
+    """Measured boundaries per cell instead of the table's (profiling)."""
 
 
 def log(msg: str) -> None:
@@ -560,18 +563,18 @@ def _mark(ctrl: ControllerProcess, etcd: EmbeddedEtcd) -> _CpuMark:
 
 async def run_lean_cell(
     ctrl: ControllerProcess, etcd: EmbeddedEtcd, transport: str, n: int, delay_ms: float,
-    opts: Options, repeat: int,
+    opts: Options, repeat: int, workload: str,
 ) -> CellResult:
-    """One batched (EnterMany) cell: ``bench/lean_load.py``."""
+    """One batched (EnterMany) cell of ``workload``: ``bench/lean_load.py``."""
     per_stream = min(RANKS_PER_AGENT[transport], n)
-    result = CellResult(transport, n, delay_ms, per_stream, repeat)
-    job_id = f"bench-{transport}-n{n}-r{repeat}"
+    result = CellResult(transport, n, delay_ms, per_stream, repeat, workload)
+    job_id = f"bench-{transport}-{workload}-n{n}-r{repeat}"
     admin = ControllerClient(ctrl.target, retry_budget_s=5.0)
     counts = counts_for(n, opts.quick)
     if opts.measured is not None:
         counts = Counts(counts.warmup, opts.measured)
-    load = LeanLoad(ctrl.target, job_id, n, per_stream, counts.warmup, counts.measured,
-                    opts.max_measured_s)
+    load = LeanLoad(ctrl.target, job_id, Workload.build(workload, n), per_stream,
+                    counts.warmup, counts.measured, opts.max_measured_s)
     marks: list[_CpuMark] = []
     load.on_measured = lambda: marks.append(_mark(ctrl, etcd))
     try:
@@ -605,15 +608,15 @@ async def run_lean_cell(
 def summarize_lean(load: LeanLoad, result: CellResult) -> None:
     """Fill the latency and rate fields of ``result`` from the measured boundaries."""
     bs = load.measured()
+    insts = load.measured_instances()
     lat: list[float] = []
-    switched = 0
     device: list[float] = []
-    for b in bs:
-        for inst in (load.ring[b], load.pairs[b]):
-            lat.extend(inst.latencies_ms())
-            if inst.switched:
-                switched += 1
-                device.append(inst.device_s * 1e3)
+    switched = 0
+    for inst in insts:
+        lat.extend(inst.latencies_ms())
+        if inst.switched:
+            switched += 1
+            device.append(inst.device_s * 1e3)
     window = load.window_s()
     if not bs or not lat:
         return
@@ -622,18 +625,19 @@ def summarize_lean(load: LeanLoad, result: CellResult) -> None:
     result.p99_ms = percentile(lat, 0.99)
     result.max_ms = max(lat)
     result.boundaries_per_s = len(bs) / window if window > 0 else 0.0
-    result.phases_per_s = 2 * result.boundaries_per_s
+    result.phases_per_s = len(insts) / window if window > 0 else 0.0
     result.reconfigurations_per_boundary = switched / len(bs)
     result.device_ms = sum(device) / len(device) if device else 0.0
 
 
 async def run_cell(
     ctrl: ControllerProcess, etcd: EmbeddedEtcd, transport: str, n: int, delay_ms: float,
-    opts: Options, repeat: int,
+    opts: Options, repeat: int, workload: str = "ring-pair",
 ) -> CellResult:
-    """One (transport, N, delay) cell on a running controller."""
+    """One (transport, N, delay) cell on a running controller (batch cells: the workload
+    ``workload``; the per-rank transports run ring-pair only)."""
     if transport.startswith("batch"):
-        return await run_lean_cell(ctrl, etcd, transport, n, delay_ms, opts, repeat)
+        return await run_lean_cell(ctrl, etcd, transport, n, delay_ms, opts, repeat, workload)
     per_stream = 1 if transport == "unary" else min(RANKS_PER_AGENT[transport], n)
     result = CellResult(transport, n, delay_ms, per_stream, repeat)
     job_id = f"bench-{transport}-n{n}-r{repeat}"
@@ -690,23 +694,26 @@ async def run_group(n: int, delay_ms: float, opts: Options, repeat: int) -> list
                 await ctrl.start()
                 log(f"run {repeat + 1}/{opts.repeat} N={n} delay={delay_ms:g} ms: controller "
                     f"pid {ctrl.pid} up in {time.perf_counter() - t0:.2f} s")
-                for transport in opts.transports:
+                cells = [(t, w) for t in opts.transports
+                         for w in (opts.workloads if t.startswith("batch") else ("ring-pair",))
+                         if w != "mixed" or n >= 10]
+                for transport, workload in cells:
                     if ctrl.proc is None or ctrl.proc.returncode is not None:
-                        results.append(CellResult(transport, n, delay_ms, 0, repeat,
+                        results.append(CellResult(transport, n, delay_ms, 0, repeat, workload,
                                                   error="controller died: " + ctrl.log_tail()))
                         continue
-                    res = await run_cell(ctrl, etcd, transport, n, delay_ms, opts, repeat)
+                    res = await run_cell(ctrl, etcd, transport, n, delay_ms, opts, repeat,
+                                         workload)
                     results.append(res)
                     if res.error:
-                        log(f"  {transport}: ERROR {res.error}")
+                        log(f"  {transport} {workload}: ERROR {res.error}")
                     else:
-                        log(f"  {transport}: {res.boundaries} boundaries, p50 "
+                        log(f"  {transport} {workload}: {res.boundaries} boundaries, p50 "
                             f"{res.p50_ms:.3f} ms, p99 {res.p99_ms:.3f} ms, "
                             f"{res.boundaries_per_s:.1f} boundaries/s, ctrl "
                             f"{res.controller_us_per_boundary:.0f} us/boundary")
             except RuntimeError as exc:
-                for transport in opts.transports[len(results):]:
-                    results.append(CellResult(transport, n, delay_ms, 0, repeat, error=str(exc)))
+                results.append(CellResult("controller", n, delay_ms, 0, repeat, error=str(exc)))
             finally:
                 code = await ctrl.stop()
                 if code not in (0, None):
@@ -738,6 +745,7 @@ class CellSummary:
     """A cell's runs: medians and spreads."""
 
     transport: str
+    workload: str
     n: int
     delay_ms: float
     runs: int
@@ -753,20 +761,20 @@ class CellSummary:
 
 
 def summarize(results: Sequence[CellResult]) -> list[CellSummary]:
-    """One summary per (transport, N, delay), in first-seen order."""
-    keys: list[tuple[str, int, float]] = []
+    """One summary per (transport, workload, N, delay), in first-seen order."""
+    keys: list[tuple[str, str, int, float]] = []
     for r in results:
-        key = (r.transport, r.n, r.delay_ms)
+        key = (r.transport, r.workload, r.n, r.delay_ms)
         if key not in keys:
             keys.append(key)
     out: list[CellSummary] = []
-    for t, n, d in keys:
-        runs = [r for r in results if (r.transport, r.n, r.delay_ms) == (t, n, d)]
+    for t, w, n, d in keys:
+        runs = [r for r in results if (r.transport, r.workload, r.n, r.delay_ms) == (t, w, n, d)]
         ok = [r for r in runs if not r.error]
         if not ok:
             continue
         out.append(CellSummary(
-            t, n, d, len(runs), len(runs) - len(ok),
+            t, w, n, d, len(runs), len(runs) - len(ok),
             Spread.of([r.p50_ms for r in ok]), Spread.of([r.p99_ms for r in ok]),
             Spread.of([r.boundaries_per_s for r in ok]), Spread.of([r.phases_per_s for r in ok]),
             Spread.of([r.controller_us_per_boundary for r in ok]),
@@ -779,7 +787,7 @@ def summarize(results: Sequence[CellResult]) -> list[CellSummary]:
 def print_table(results: Sequence[CellResult], opts: Options, elapsed_s: float) -> None:
     """The human-readable report: every run, then each cell's medians against the C++
     reference."""
-    head = (f"{'transport':<9} {'run':>3} {'N':>5} {'delay':>5} {'bounds':>6} "
+    head = (f"{'transport':<9} {'workload':<9} {'run':>3} {'N':>5} {'delay':>5} {'bounds':>6} "
             f"{'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'bound/s':>8} {'phases/s':>8} "
             f"{'recfg/b':>7} {'ctrl us/b':>9} {'us/rank-b':>9} {'gen us/b':>8} "
             f"{'ctrl%':>5} {'gen%':>5} {'etcd%':>5}")
@@ -787,10 +795,11 @@ def print_table(results: Sequence[CellResult], opts: Options, elapsed_s: float) 
     print("-" * len(head))
     for r in results:
         if r.error:
-            print(f"{r.transport:<9} {r.repeat + 1:>3} {r.n:>5} {r.delay_ms:>5g}  "
-                  f"ERROR: {r.error[:300]}")
+            print(f"{r.transport:<9} {r.workload:<9} {r.repeat + 1:>3} {r.n:>5} "
+                  f"{r.delay_ms:>5g}  ERROR: {r.error[:300]}")
             continue
-        print(f"{r.transport:<9} {r.repeat + 1:>3} {r.n:>5} {r.delay_ms:>5g} {r.boundaries:>6} "
+        print(f"{r.transport:<9} {r.workload:<9} {r.repeat + 1:>3} {r.n:>5} {r.delay_ms:>5g} "
+              f"{r.boundaries:>6} "
               f"{r.p50_ms:>8.3f} {r.p99_ms:>8.3f} {r.max_ms:>8.3f} {r.boundaries_per_s:>8.1f} "
               f"{r.phases_per_s:>8.1f} {r.reconfigurations_per_boundary:>7.2f} "
               f"{r.controller_us_per_boundary:>9.0f} {r.controller_us_per_rank_boundary:>9.2f} "
@@ -801,7 +810,8 @@ def print_table(results: Sequence[CellResult], opts: Options, elapsed_s: float) 
     print("Medians [min-max] over the runs of each cell; C++ = the Opus artifact's controller "
           "(delay 0), ratio = Lightrail / C++ (p99: < 1 is better; rate: > 1 is better):")
     for c in summarize(results):
-        print(f"{c.transport} N={c.n} delay={c.delay_ms:g} ms ({c.runs - c.failed}/{c.runs} "
+        print(f"{c.transport} {c.workload} N={c.n} delay={c.delay_ms:g} ms "
+              f"({c.runs - c.failed}/{c.runs} "
               f"runs): p50 {c.p50_ms.show('.3f')} ms, p99 {c.p99_ms.show('.3f')} ms, "
               f"{c.boundaries_per_s.show('.0f')} boundaries/s = {c.phases_per_s.show('.0f')} "
               f"phases/s, recfg/b {c.reconfigurations_per_boundary.median:.2f}")
@@ -809,7 +819,7 @@ def print_table(results: Sequence[CellResult], opts: Options, elapsed_s: float) 
               f"{c.controller_us_per_rank_boundary.show('.2f')} us per rank-boundary; "
               f"generator {c.generator_us_per_boundary.show('.0f')} us per boundary")
         ref = refs.get(c.n)
-        if ref is None or c.delay_ms != 0:
+        if ref is None or c.delay_ms != 0 or c.workload != "ring-pair":
             continue
         p99_ok = c.p99_ms.median <= ref.p99_ms
         strict = c.boundaries_per_s.median >= ref.phases_per_s
@@ -820,9 +830,10 @@ def print_table(results: Sequence[CellResult], opts: Options, elapsed_s: float) 
               f"{c.phases_per_s.median / ref.phases_per_s:.2f} -> {verdict} the C++ controller "
               "(strict)")
     print()
-    print("boundary = one ALL_REDUCE ring over all N ranks + one SEND_RECV pair "
+    print("ring-pair boundary = one ALL_REDUCE ring over all N ranks + one SEND_RECV pair "
           "{0, 8} ({0, 4} for N=8); every phase reconfigures rail 0 (recfg/b = "
-          "reconfigurations per boundary, 2 expected).")
+          "reconfigurations per boundary, 2 expected). mixed boundary = DP ring + 4 PP pairs + "
+          "EP all-to-all of 4 matchings (9 phase instances); phases/s = phase instances/s.")
     print("latency = each rank's admission - the last rank's enter send, per phase instance; "
           "includes delta. One rank per emulated host (rail: hosts=N, gpus_per_host=1). "
           "batch32 = EnterMany/AdmitMany streams of 32 ranks (bench/lean_load.py); agentK = K "
@@ -912,6 +923,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     p.add_argument("--no-pin", action="store_true",
                    help="do not pin the controller and the generator to separate cores")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument("--workload", nargs="+", choices=WORKLOADS, default=list(WORKLOADS),
+                   help="batch cells: ring-pair (the C++ reference's method) and/or mixed (DP "
+                        "ring, 4 PP pairs, EP all-to-all of 4 matchings; N >= 10)")
     p.add_argument("--measured", type=int, default=None, metavar="B",
                    help="batch cells: measure B boundaries (with --max-measured-s: profiling)")
     p.add_argument("--max-measured-s", type=float, default=None,
@@ -933,7 +947,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     cores = sorted(os.sched_getaffinity(0))
     cpus = None if a.no_pin or len(cores) < 2 else (cores[0], cores[1])
     return Options(tuple(a.n), tuple(a.delay_ms), tuple(a.transport), a.quick, a.json,
-                   a.pair_dependency, max_s, a.cell_timeout_s, a.repeat, cpus, a.measured)
+                   a.pair_dependency, max_s, a.cell_timeout_s, a.repeat, cpus, a.measured,
+                   tuple(a.workload))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

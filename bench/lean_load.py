@@ -1,22 +1,25 @@
-"""The lean load side of ``bench/hot_path.py``: ring / pair boundaries over the batched wire.
+"""The lean load side of ``bench/hot_path.py``: phase boundaries over the batched wire.
 
 One gRPC PhaseStream (own channel, as a host agent has) per ``per_stream`` consecutive ranks;
 each stream's ranks are plain integer lists. One driver coroutine writes every request (no
 per-rank tasks, no ``wait_for`` tasks) and one reader coroutine per stream records what comes
 back: the controller, not the generator, is what is measured.
 
-Per boundary b (same phases and latency definition as the per-rank generator of hot_path.py):
+A *workload* gives each rank its sequence of phases per boundary (``Workload.sequence``). A
+phase instance (phase, boundary) completes when every rank of its group is admitted (the
+collective's barrier); then each of its ranks releases it and enters its next phase (the next
+in its sequence, or the first of the next boundary) at once, release and enter of one stream
+in one message. No other dependency: the coordinator holds a phase of boundary b + 1 back
+while ranks of its group are still on boundary b.
 
-1. Every stream: ``EnterMany(ring, b, its ranks)``; the ring is admitted when every rank is.
-2. When the ring's last rank is admitted (the collective's barrier), every stream writes, in
-   one batch, ``ReleaseMany(ring, b)``, stream 0 also ``EnterMany(pair, b, {0, P})``, and the
-   ranks outside the pair ``EnterMany(ring, b + 1)`` at once (no artificial pipeline
-   dependency: the coordinator holds ring b + 1 back while ranks 0 and P are on step b).
-3. When the pair is admitted, stream 0 writes ``ReleaseMany(pair, b)`` and
-   ``EnterMany(ring, b + 1, {0, P})`` in one batch.
+* ``ring-pair``: ``ALL_REDUCE`` over all N ranks, then the PP pair {0, P} (P = 8, or N/2 when
+  N < 16); the method of the C++ reference (two phase instances per boundary).
+* ``mixed``: a DP ring over all ranks, four PP pairs {i, i + N/2} (i < 4), and an EP
+  all-to-all over five ranks {0, s, .., 4s} (s = N // 5) as its four shift matchings (steps
+  0..3; ``lightrail.controller.core.planner.all_to_all_steps``) - nine instances per boundary.
 
 Latency of a phase instance: each rank's admission (arrival of its ``AdmitMany``) minus the
-last ``EnterMany`` send of the instance, floored at 0.
+last enter send of the instance, floored at 0.
 """
 
 from __future__ import annotations
@@ -33,8 +36,7 @@ from lightrail.controller.api.codec import phase_key_to_pb
 from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup
 from lightrail.v1 import agent_pb2, agent_pb2_grpc
 
-RING_ID = 1
-PAIR_ID = 2
+WORKLOADS = ("ring-pair", "mixed")
 
 
 class LoadError(RuntimeError):
@@ -55,21 +57,20 @@ class PhaseInstance:
     switched: bool = False
     device_s: float = 0.0
     released_s: float = 0.0
-    done: asyncio.Event = field(default_factory=asyncio.Event)
 
     def sent(self, at_s: float) -> None:
         self.last_send_s = max(self.last_send_s, at_s)
         self.first_send_s = min(self.first_send_s, at_s)
 
-    def admit(self, at_s: float, n: int, noop: bool, device_s: float) -> None:
+    def admit(self, at_s: float, n: int, noop: bool, device_s: float) -> bool:
+        """Record ``n`` ranks admitted; True when that completes the instance."""
         self.admit_s.append(at_s)
         self.admit_n.append(n)
         self.admitted += n
         if not noop:
             self.switched = True
             self.device_s = max(self.device_s, device_s)
-        if self.admitted >= self.expected:
-            self.done.set()
+        return self.admitted >= self.expected
 
     def latencies_ms(self) -> list[float]:
         """One latency per rank, ms."""
@@ -84,31 +85,70 @@ def pair_peer(n: int) -> int:
     return 8 if n >= 16 else n // 2
 
 
-class LeanLoad:
-    """Drives one registered job of ``n`` ranks through ``warmup + measured`` boundaries."""
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """The phases of one boundary (``phases``; the wire's phase id is the index) and each
+    rank's sequence through them (``sequence[rank]``: phase indices, in order)."""
 
-    def __init__(self, target: str, job_id: str, n: int, per_stream: int, warmup: int,
-                 measured: int, max_measured_s: float, timeout_s: float = 30.0) -> None:
+    name: str
+    phases: tuple[PhaseKey, ...]
+    sequence: tuple[tuple[int, ...], ...]
+
+    @staticmethod
+    def build(name: str, n: int) -> Workload:
+        """``ring-pair`` or ``mixed`` over N ranks. Raises ``ValueError`` for another name or
+        an N too small for it (mixed: N >= 10)."""
+        ring = PhaseKey(ProcessGroup.of(range(n)), Collective.ALL_REDUCE)
+        if name == "ring-pair":
+            pair = (0, pair_peer(n))
+            return Workload(name, (ring, PhaseKey(ProcessGroup.of(pair), Collective.SEND_RECV)),
+                            tuple((0, 1) if r in pair else (0,) for r in range(n)))
+        if name != "mixed":
+            raise ValueError(f"workload: {name!r} is not one of {', '.join(WORKLOADS)}")
+        if n < 10:
+            raise ValueError(f"workload mixed: needs N >= 10 (five EP hosts), not {n}")
+        half, s = n // 2, n // 5
+        pairs = [PhaseKey(ProcessGroup.of((i, i + half)), Collective.SEND_RECV)
+                 for i in range(4)]
+        ep = ProcessGroup.of(range(0, 5 * s, s))
+        a2a = [PhaseKey(ep, Collective.ALL_TO_ALL, step=k) for k in range(4)]
+        phases = (ring, *pairs, *a2a)
+        seqs: list[tuple[int, ...]] = []
+        for r in range(n):
+            seq = [0]
+            seq += [1 + i for i in range(4) if r in (i, i + half)]
+            if ep.contains(r):
+                seq += [5 + k for k in range(4)]
+            seqs.append(tuple(seq))
+        return Workload(name, phases, tuple(seqs))
+
+
+class LeanLoad:
+    """Drives one registered job of ``n`` ranks through ``warmup + measured`` boundaries of
+    ``workload``."""
+
+    def __init__(self, target: str, job_id: str, workload: Workload, per_stream: int,
+                 warmup: int, measured: int, max_measured_s: float,
+                 timeout_s: float = 30.0) -> None:
         self.target = target
         self.job_id = job_id
-        self.n = n
+        self.workload = workload
+        self.n = n = len(workload.sequence)
         self.warmup = warmup
         self.stop_at = warmup + measured
         self.max_measured_s = max_measured_s
         self.timeout_s = timeout_s
         self.streams = [list(range(k, min(n, k + per_stream))) for k in range(0, n, per_stream)]
-        self.pair = (0, pair_peer(n))
-        if any(r not in self.streams[0] for r in self.pair):
-            raise ValueError(f"pair {self.pair} must lie on stream 0 (per_stream {per_stream})")
-        self.ring_key = PhaseKey(ProcessGroup.of(range(n)), Collective.ALL_REDUCE)
-        self.pair_key = PhaseKey(ProcessGroup.of(self.pair), Collective.SEND_RECV)
-        self.ring: list[PhaseInstance] = [PhaseInstance(n) for _ in range(self.stop_at + 1)]
-        self.pairs: list[PhaseInstance] = [PhaseInstance(2) for _ in range(self.stop_at + 1)]
+        self.stream_of = [r // per_stream for r in range(n)]
+        sizes = [p.group.size for p in workload.phases]
+        self.instances: list[list[PhaseInstance]] = [
+            [PhaseInstance(size) for size in sizes] for _ in range(self.stop_at + 1)]
         self.on_measured: Callable[[], None] | None = None
-        """Called once as the first measured boundary starts (CPU sampling)."""
+        """Called once as the writes that start the first measured boundary go out."""
+        self.max_entered = 0
+        """The latest boundary any rank entered."""
         self._request_id = 0
-        self._failure: BaseException | None = None
-        self._failed = asyncio.Event()
+        self._completed: asyncio.Queue[tuple[int, int] | BaseException] = asyncio.Queue()
 
     # --- requests ------------------------------------------------------------------------
 
@@ -135,7 +175,7 @@ class LeanLoad:
 
     def _defines(self) -> agent_pb2.PhaseRequestBatch:
         batch = agent_pb2.PhaseRequestBatch()
-        for phase_id, key in ((RING_ID, self.ring_key), (PAIR_ID, self.pair_key)):
+        for phase_id, key in enumerate(self.workload.phases):
             d = batch.requests.add().define_phase
             d.phase_id = phase_id
             d.phase.CopyFrom(phase_key_to_pb(key))
@@ -144,7 +184,7 @@ class LeanLoad:
     # --- streams --------------------------------------------------------------------------
 
     async def _read(self, call: grpc.aio.StreamStreamCall, k: int) -> None:  # type: ignore[type-arg]
-        ring, pairs = self.ring, self.pairs
+        instances, done = self.instances, self._completed
         try:
             async for batch in call:
                 at_s = time.perf_counter()
@@ -152,8 +192,9 @@ class LeanLoad:
                     kind = rep.WhichOneof("kind")
                     if kind == "admitted_many":
                         m = rep.admitted_many
-                        inst = (ring if m.phase_id == RING_ID else pairs)[m.iteration]
-                        inst.admit(at_s, len(m.ranks), m.noop, m.device_s)
+                        if instances[m.iteration][m.phase_id].admit(
+                                at_s, len(m.ranks), m.noop, m.device_s):
+                            done.put_nowait((m.iteration, m.phase_id))
                     elif kind == "error":
                         err = rep.error
                         raise LoadError(f"stream {k}: rank {err.rank} refused "
@@ -161,26 +202,11 @@ class LeanLoad:
                                         f"{err.message}")
                     else:
                         raise LoadError(f"stream {k}: unexpected per-rank reply {kind}")
-        except BaseException as exc:  # handed to the driver, which re-raises it
-            if not isinstance(exc, asyncio.CancelledError):
-                self._failure = exc
-                self._failed.set()
+        except asyncio.CancelledError:
             raise
-
-    async def _wait(self, inst: PhaseInstance) -> None:
-        if inst.done.is_set():
-            return
-        if self._failed.is_set():
-            raise LoadError(str(self._failure)) from self._failure
-        done = asyncio.ensure_future(inst.done.wait())
-        failed = asyncio.ensure_future(self._failed.wait())
-        try:
-            await asyncio.wait((done, failed), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            done.cancel()
-            failed.cancel()
-        if not inst.done.is_set():
-            raise LoadError(str(self._failure)) from self._failure
+        except BaseException as exc:  # handed to the driver, which raises it
+            done.put_nowait(exc)
+            raise
 
     async def run(self, cell_timeout_s: float) -> None:
         """Open the streams, run every boundary, close. Raises ``LoadError``."""
@@ -208,57 +234,64 @@ class LeanLoad:
                 await ch.close(grace=None)
 
     async def _drive(self, calls: list[grpc.aio.StreamStreamCall]) -> None:  # type: ignore[type-arg]
-        streams, pair = self.streams, self.pair
-        others = [[r for r in ranks if r not in pair] for ranks in streams]
-        first = True
-        b = 0
-        t_cap: float | None = None
+        seqs = self.workload.sequence
         now = time.perf_counter
-        def measuring() -> float:
-            if self.on_measured is not None:
-                self.on_measured()
-            return now() + self.max_measured_s
-
+        t_cap: float | None = None
         if self.warmup == 0:
-            t_cap = measuring()
-        for k, call in enumerate(calls):
-            self.ring[0].sent(now())
-            await call.write(agent_pb2.PhaseRequestBatch(
-                requests=[self._enter(RING_ID, 0, streams[k])]))
-        while b < self.stop_at:
-            ring, pair_inst = self.ring[b], self.pairs[b]
-            await self._wait(ring)
-            if b + 1 == self.warmup and first:  # the next writes start the measured window
-                first = False
-                t_cap = measuring()
-            if t_cap is not None and now() > t_cap:
-                self.stop_at = max(min(self.stop_at, b + 1), self.warmup + 5)
-            more = b + 1 < self.stop_at
-            nxt = self.ring[b + 1]
-            for k, call in enumerate(calls):
-                reqs = [self._release(RING_ID, b, streams[k])]
-                if k == 0:
-                    reqs.append(self._enter(PAIR_ID, b, pair))
-                if more and others[k]:
-                    reqs.append(self._enter(RING_ID, b + 1, others[k]))
-                t = now()
-                if k == 0:
-                    pair_inst.sent(t)
-                if more and others[k]:
-                    nxt.sent(t)
-                await call.write(agent_pb2.PhaseRequestBatch(requests=reqs))
-            ring.released_s = now()
-            await self._wait(pair_inst)
-            reqs = [self._release(PAIR_ID, b, pair)]
-            if more:
-                reqs.append(self._enter(RING_ID, b + 1, pair))
-            t = now()
-            if more:
-                nxt.sent(t)
-            await calls[0].write(agent_pb2.PhaseRequestBatch(requests=reqs))
-            pair_inst.released_s = now()
-            b += 1
-        self.stop_at = b
+            t_cap = self._measuring()
+        # every rank enters the first phase of its sequence in boundary 0
+        enters: dict[tuple[int, int, int], list[int]] = {}
+        for r, seq in enumerate(seqs):
+            enters.setdefault((self.stream_of[r], 0, seq[0]), []).append(r)
+        await self._write(calls, {}, enters)
+        open_ranks = self.n  # ranks not yet past the last boundary
+        while open_ranks:
+            item = await self._completed.get()
+            if isinstance(item, BaseException):
+                raise LoadError(str(item)) from item
+            b, pid = item
+            inst = self.instances[b][pid]
+            if t_cap is not None and now() > t_cap:  # stop after the latest boundary entered
+                self.stop_at = min(self.stop_at, max(self.max_entered + 1, self.warmup + 5))
+            releases: dict[tuple[int, int, int], list[int]] = {}
+            enters = {}
+            for r in self.workload.phases[pid].group.ranks:
+                k = self.stream_of[r]
+                releases.setdefault((k, b, pid), []).append(r)
+                seq = seqs[r]
+                i = seq.index(pid)
+                if i + 1 < len(seq):
+                    enters.setdefault((k, b, seq[i + 1]), []).append(r)
+                elif b + 1 < self.stop_at:
+                    enters.setdefault((k, b + 1, seq[0]), []).append(r)
+                else:
+                    open_ranks -= 1
+            if t_cap is None and any(nb == self.warmup for _, nb, _ in enters):
+                t_cap = self._measuring()
+            await self._write(calls, releases, enters)
+            inst.released_s = now()
+
+    def _measuring(self) -> float:
+        if self.on_measured is not None:
+            self.on_measured()
+        return time.perf_counter() + self.max_measured_s
+
+    async def _write(self, calls: list[grpc.aio.StreamStreamCall],  # type: ignore[type-arg]
+                     releases: dict[tuple[int, int, int], list[int]],
+                     enters: dict[tuple[int, int, int], list[int]]) -> None:
+        """Per stream one message: its releases, then its enters (stream, boundary, phase
+        -> ranks)."""
+        per_stream: dict[int, list[agent_pb2.PhaseRequest]] = {}
+        for (k, b, pid), ranks in releases.items():
+            per_stream.setdefault(k, []).append(self._release(pid, b, ranks))
+        for (k, b, pid), ranks in enters.items():
+            per_stream.setdefault(k, []).append(self._enter(pid, b, ranks))
+            self.max_entered = max(self.max_entered, b)
+        for k, reqs in per_stream.items():
+            t = time.perf_counter()
+            for b, pid in {(b, pid) for (kk, b, pid) in enters if kk == k}:
+                self.instances[b][pid].sent(t)
+            await calls[k].write(agent_pb2.PhaseRequestBatch(requests=reqs))
 
     # --- results ----------------------------------------------------------------------------
 
@@ -266,10 +299,13 @@ class LeanLoad:
         """The measured boundaries."""
         return range(self.warmup, self.stop_at)
 
+    def measured_instances(self) -> list[PhaseInstance]:
+        """Every phase instance of the measured boundaries."""
+        return [inst for b in self.measured() for inst in self.instances[b]]
+
     def window_s(self) -> float:
         """From the first send of the first measured boundary to the last release."""
-        bs = self.measured()
-        if not bs:
+        insts = self.measured_instances()
+        if not insts:
             return 0.0
-        end = max(self.ring[bs[-1]].released_s, self.pairs[bs[-1]].released_s)
-        return end - self.ring[bs[0]].first_send_s
+        return max(i.released_s for i in insts) - min(i.first_send_s for i in insts)
