@@ -185,8 +185,13 @@ class LeanLoad:
 
     async def _read(self, call: grpc.aio.StreamStreamCall, k: int) -> None:  # type: ignore[type-arg]
         instances, done = self.instances, self._completed
+        eof = grpc.aio.EOF  # type: ignore[attr-defined]  # exported, not in the stubs
         try:
-            async for batch in call:
+            while True:  # read() is cheaper per message than the async iterator
+                batch = await call.read()
+                if batch is eof:
+                    return
+                assert isinstance(batch, agent_pb2.PhaseReplyBatch)
                 at_s = time.perf_counter()
                 for rep in batch.replies:
                     kind = rep.WhichOneof("kind")
