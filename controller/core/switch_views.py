@@ -23,6 +23,9 @@ class SwitchViews:
     def __init__(self, switch_ids: Iterable[str]) -> None:
         ids = list(switch_ids)
         self.confirmed: dict[str, dict[int, CrossConnect]] = {s: {} for s in ids}
+        self._sets: dict[str, set[CrossConnect]] = {s: set() for s in ids}
+        """Per switch: the confirmed cross-connects as a set, kept equal to the values of
+        ``confirmed`` (plans are checked against it with set operations, in C)."""
         self.inflight: dict[str, set[int]] = {s: set() for s in ids}
         self.unknown: dict[str, set[int]] = {s: set() for s in ids}
         self._held: dict[str, dict[int, int]] = {s: {} for s in ids}
@@ -33,11 +36,11 @@ class SwitchViews:
 
     def cross_connects(self, switch_id: str) -> frozenset[CrossConnect]:
         """The confirmed cross-connects of ``switch_id`` (empty for an unknown switch)."""
-        return frozenset(self.confirmed.get(switch_id, {}).values())
+        return frozenset(self._sets.get(switch_id, ()))
 
     def ready(self, plan: Plan) -> bool:
         """Every cross-connect of ``plan`` is confirmed and none of its ports is being switched
-        or unknown: ranks may be admitted onto it. O(plan), one dictionary lookup per port."""
+        or unknown: ranks may be admitted onto it. Set operations: O(plan) in C."""
         for t in plan.targets:
             sid = t.switch_id
             inflight = self.inflight[sid]
@@ -46,24 +49,13 @@ class SwitchViews:
             unknown = self.unknown[sid]
             if unknown and not t.ports.isdisjoint(unknown):
                 return False
-            get = self.confirmed[sid].get
-            for xc in t.cross_connects:
-                there = get(xc.ingress)
-                if there is not xc and there != xc:
-                    return False
-                there = get(xc.egress)
-                if there is not xc and there != xc:
-                    return False
+            if not t.cross_connects <= self._sets[sid]:
+                return False
         return True
 
     def present(self, plan: Plan) -> bool:
         """Every cross-connect of ``plan`` is in the confirmed view."""
-        for t in plan.targets:
-            view = self.confirmed[t.switch_id]
-            for xc in t.cross_connects:
-                if view.get(xc.ingress) != xc:
-                    return False
-        return True
+        return all(t.cross_connects <= self._sets[t.switch_id] for t in plan.targets)
 
     def blocked(self, switch_id: str, ports: frozenset[int]) -> bool:
         """True when any of ``ports`` is being switched or in an unknown state."""
@@ -77,14 +69,21 @@ class SwitchViews:
 
     def conflicts(self, target: SwitchTarget) -> set[CrossConnect]:
         """The confirmed cross-connects on ``target``'s ports that ``target`` does not keep:
-        what switching to it must break."""
-        view = self.confirmed[target.switch_id]
-        out: set[CrossConnect] = set()
-        for p in target.ports:
-            xc = view.get(p)
-            if xc is not None and xc not in target.cross_connects:
-                out.add(xc)
-        return out
+        what switching to it must break. O(min(ports, switch)): a small target looks its
+        ports up, a large one takes the set difference with the switch's cross-connects."""
+        sid = target.switch_id
+        wanted = target.cross_connects
+        ports = target.ports
+        confirmed = self._sets[sid]
+        if len(ports) < len(confirmed):
+            get = self.confirmed[sid].get
+            out: set[CrossConnect] = set()
+            for p in ports:
+                xc = get(p)
+                if xc is not None and xc not in wanted:
+                    out.add(xc)
+            return out
+        return {xc for xc in confirmed - wanted if xc.ingress in ports or xc.egress in ports}
 
     def changes(self, target: SwitchTarget) -> SwitchTarget:
         """The part of switching to ``target`` that changes the switch: its cross-connects
@@ -92,25 +91,28 @@ class SwitchViews:
         on ``target``'s ports that it breaks. Cross-connects ``target`` keeps are left out (a
         device command never touches them), so everything downstream (reconciler, driver,
         device) costs O(changes), not O(plan)."""
-        sid = target.switch_id
-        view = self.confirmed[sid]
-        wanted = target.cross_connects
-        needed: list[CrossConnect] = []
+        needed = target.cross_connects - self._sets[target.switch_id]
         ports: set[int] = set()
-        for xc in wanted:
-            i, e = xc.ingress, xc.egress
-            if view.get(i) != xc or view.get(e) != xc:
-                needed.append(xc)
-                ports.add(i)
-                ports.add(e)
-        for p in target.ports:
-            there = view.get(p)
-            if there is not None and there not in wanted:
-                ports.add(there.ingress)
-                ports.add(there.egress)
-        return SwitchTarget(sid, frozenset(needed), frozenset(ports))
+        for xc in needed:
+            ports.add(xc.ingress)
+            ports.add(xc.egress)
+        for xc in self.conflicts(target):
+            ports.add(xc.ingress)
+            ports.add(xc.egress)
+        return SwitchTarget(target.switch_id, frozenset(needed), frozenset(ports))
 
     # --- changes ----------------------------------------------------------------------------
+
+    def _drop(self, view: dict[int, CrossConnect], confirmed: set[CrossConnect],
+              port: int) -> CrossConnect | None:
+        """Remove the cross-connect on ``port`` (both of its ports) from the view."""
+        xc = view.pop(port, None)
+        if xc is not None:
+            confirmed.discard(xc)
+            other = xc.egress if port == xc.ingress else xc.ingress
+            if view.get(other) == xc:
+                del view[other]
+        return xc
 
     def replace(self, switch_id: str, cross_connects: Iterable[CrossConnect]) -> None:
         """The device reported ``cross_connects`` (read-back): they are the view of
@@ -120,28 +122,34 @@ class SwitchViews:
             view[xc.ingress] = xc
             view[xc.egress] = xc
         self.confirmed[switch_id] = view
+        self._sets[switch_id] = set(view.values())
         self.unknown[switch_id] = set()
 
     def apply(self, target: SwitchTarget, ports: Iterable[int]) -> None:
         """The switch confirmed ``target`` on ``ports``: exactly its cross-connects there."""
-        view = self.confirmed[target.switch_id]
+        sid = target.switch_id
+        view = self.confirmed[sid]
+        confirmed = self._sets[sid]
         for p in ports:
-            view.pop(p, None)
+            self._drop(view, confirmed, p)
         for xc in target.cross_connects:
             view[xc.ingress] = xc
             view[xc.egress] = xc
+            confirmed.add(xc)
 
     def forget(self, switch_id: str, ports: Iterable[int]) -> None:
         """A failed apply left ``ports`` in an unknown state: drop them from the view and block
         them until the switch is read back, except held cross-connects: the apply never breaks
         those, and dropping them would hide them from the hold checks."""
         view = self.confirmed[switch_id]
+        confirmed = self._sets[switch_id]
         unknown = self.unknown[switch_id]
+        held = self._held[switch_id]
         for p in ports:
             xc = view.get(p)
-            if xc is not None and xc.ingress in self._held[switch_id]:
+            if xc is not None and xc.ingress in held:
                 continue
-            view.pop(p, None)
+            self._drop(view, confirmed, p)
             unknown.add(p)
 
     def begin(self, ports: Mapping[str, frozenset[int]]) -> None:

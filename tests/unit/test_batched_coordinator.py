@@ -164,6 +164,51 @@ Admission = tuple[int, str, int, bool]
 
 
 @dataclass
+class Side:
+    """One coordinator of a ``Twin`` and what its ranks hold and wait for."""
+
+    c: PhaseCoordinator = field(default_factory=coordinator)
+    holding: dict[int, tuple[PhaseKey, int]] = field(default_factory=dict)
+    waiting: dict[int, int] = field(default_factory=dict)
+    """Waiting rank -> its step."""
+    admitted: list[Admission] = field(default_factory=list)
+
+    def seen(self, decisions: list[Decision]) -> list[Admission]:
+        """Record the admissions among ``decisions``; returns them, sorted."""
+        out: list[Admission] = []
+        for d in per_rank(decisions):
+            assert not isinstance(d, Reject), d
+            if isinstance(d, Admit):
+                step = self.waiting.pop(d.rank)
+                self.holding[d.rank] = (d.phase, step)
+                out.append((d.rank, str(d.phase), step, d.noop))
+        self.admitted += out
+        return sorted(out)
+
+    def finish(self, decisions: list[Decision], now: float) -> list[list[Admission]]:
+        """Confirm the reconfigurations ``decisions`` started (and those they start), in
+        order; the admissions of each step."""
+        rounds = [self.seen(decisions)]
+        queue = [d for d in decisions if isinstance(d, Reconfigure)]
+        while queue:
+            more = self.c.reconfigured(queue.pop(0).op_id, now)
+            rounds.append(self.seen(more))
+            queue += [d for d in more if isinstance(d, Reconfigure)]
+        return rounds
+
+
+Switch = tuple[str, list[tuple[str, list[tuple[int, int]]]]]
+"""A ``Reconfigure``: its phase and, per switch, the cross-connects it makes."""
+
+
+def switches(decisions: list[Decision]) -> list[Switch]:
+    return [(str(d.phase), sorted((t.switch_id, sorted((x.ingress, x.egress)
+                                                        for x in t.cross_connects))
+                                  for t in d.targets))
+            for d in decisions if isinstance(d, Reconfigure)]
+
+
+@dataclass
 class Twin:
     """The same program run batched (``a``) and rank by rank (``b``). ``exact``: compare the
     decisions of every action (same switches in the same order, same admissions); else only
@@ -172,85 +217,64 @@ class Twin:
     pass through states in which it is still held back)."""
 
     exact: bool
-    a: PhaseCoordinator = field(default_factory=coordinator)
-    b: PhaseCoordinator = field(default_factory=coordinator)
+    a: Side = field(default_factory=Side)
+    b: Side = field(default_factory=Side)
     request: int = 0
-    holding: dict[int, tuple[PhaseKey, int]] = field(default_factory=dict)
-    waiting: set[int] = field(default_factory=set)
-    step_of: dict[int, int] = field(default_factory=dict)
-    admitted_a: list[Admission] = field(default_factory=list)
-    admitted_b: list[Admission] = field(default_factory=list)
 
-    def _admits(self, decisions: list[Decision]) -> list[Admission]:
-        return sorted((d.rank, str(d.phase), self.step_of[d.rank], d.noop)
-                      for d in per_rank(decisions) if isinstance(d, Admit))
+    def idle(self) -> list[int]:
+        """Ranks idle on both sides."""
+        return [r for r in WORLD if all(r not in s.holding and r not in s.waiting
+                                        for s in (self.a, self.b))]
 
-    @staticmethod
-    def _switches(
-        decisions: list[Decision],
-    ) -> list[tuple[str, list[tuple[str, list[tuple[int, int]]]]]]:
-        return [(str(d.phase), sorted((t.switch_id, sorted((x.ingress, x.egress)
-                                                            for x in t.cross_connects))
-                                      for t in d.targets))
-                for d in decisions if isinstance(d, Reconfigure)]
-
-    def _seen(self, da: list[Decision], db: list[Decision]) -> None:
-        ad, bd = self._admits(da), self._admits(db)
-        self.admitted_a += ad
-        self.admitted_b += bd
-        if self.exact:
-            assert ad == bd
-            assert self._switches(da) == self._switches(db)
-        assert not [d for d in da + db if isinstance(d, Reject)]
-        for d in per_rank(da):
-            if isinstance(d, Admit):
-                self.waiting.discard(d.rank)
-                self.holding[d.rank] = (d.phase, self.step_of[d.rank])
+    def holding(self) -> list[int]:
+        """Ranks holding the same phase instance on both sides."""
+        return sorted(r for r, h in self.a.holding.items() if self.b.holding.get(r) == h)
 
     def enter(self, ranks: list[int], phase: PhaseKey, step: int, now: float) -> None:
         self.request += 1
-        for r in ranks:
-            self.waiting.add(r)
-            self.step_of[r] = step
-        da = self.a.enter_many("job", ranks, phase, self.request, now, iteration=step)
+        for side in (self.a, self.b):
+            for r in ranks:
+                side.waiting[r] = step
+        da = self.a.c.enter_many("job", ranks, phase, self.request, now, iteration=step)
         db: list[Decision] = []
         for r in ranks:
             self.request += 1
-            db += self.b.enter("job", r, phase, self.request, now, iteration=step)
-        self._finish(da, db, now)
+            db += self.b.c.enter("job", r, phase, self.request, now, iteration=step)
+        self._compare(da, db, now)
 
     def release(self, ranks: list[int], now: float) -> None:
         by_phase: dict[tuple[PhaseKey, int], list[int]] = {}
         for r in ranks:
-            by_phase.setdefault(self.holding.pop(r), []).append(r)
+            by_phase.setdefault(self.a.holding[r], []).append(r)
         for (phase, step), rs in by_phase.items():
-            da, refused = self.a.release_many("job", rs, phase, now, step)
+            for side in (self.a, self.b):
+                for r in rs:
+                    del side.holding[r]
+            da, refused = self.a.c.release_many("job", rs, phase, now, step)
             assert refused == []
             db: list[Decision] = []
             for r in rs:
-                db += self.b.release("job", r, phase, now, step)
-            self._finish(da, db, now)
+                db += self.b.c.release("job", r, phase, now, step)
+            self._compare(da, db, now)
 
-    def _finish(self, da: list[Decision], db: list[Decision], now: float) -> None:
-        """Record both sides' decisions and confirm the reconfigurations they started (each
-        side in its own order)."""
-        self._seen(da, db)
-        qa = [d for d in da if isinstance(d, Reconfigure)]
-        qb = [d for d in db if isinstance(d, Reconfigure)]
-        while qa or qb:
-            ma = self.a.reconfigured(qa.pop(0).op_id, now) if qa else []
-            mb = self.b.reconfigured(qb.pop(0).op_id, now) if qb else []
-            self._seen(ma, mb)
-            qa += [d for d in ma if isinstance(d, Reconfigure)]
-            qb += [d for d in mb if isinstance(d, Reconfigure)]
+    def _compare(self, da: list[Decision], db: list[Decision], now: float) -> None:
+        if self.exact:
+            assert switches(da) == switches(db)
+        ra, rb = self.a.finish(da, now), self.b.finish(db, now)
+        if self.exact:
+            assert ra == rb
 
     def drain(self, now: float) -> None:
-        """Release every holder until nothing is held (everything admissible got in)."""
-        for _ in range(64):
-            if not self.holding:
-                return
-            self.release(sorted(self.holding), now)
-        raise AssertionError("holds never drained")
+        """Each side releases its holders until nothing is held (everything admissible got
+        in)."""
+        for side in (self.a, self.b):
+            for _ in range(64):
+                if not side.holding:
+                    break
+                for r, (phase, step) in sorted(side.holding.items()):
+                    del side.holding[r]
+                    side.finish(side.c.release("job", r, phase, now, step), now)
+            assert not side.holding, "holds never drained"
 
 
 def run_program(data: st.DataObject, exact: bool) -> Twin:
@@ -261,10 +285,10 @@ def run_program(data: st.DataObject, exact: bool) -> Twin:
     step = 0
     for _ in range(data.draw(st.integers(4, 24), label="actions")):
         now += 0.01
-        idle = [r for r in WORLD if r not in twin.holding and r not in twin.waiting]
-        if twin.holding and (not idle or data.draw(st.booleans(), label="release?")):
-            chosen = data.draw(st.lists(st.sampled_from(sorted(twin.holding)), min_size=1,
-                                        unique=True), label="release")
+        idle, holding = twin.idle(), twin.holding()
+        if holding and (not idle or data.draw(st.booleans(), label="release?")):
+            chosen = data.draw(st.lists(st.sampled_from(holding), min_size=1, unique=True),
+                               label="release")
             twin.release(chosen, now)
             continue
         if not idle:
@@ -289,9 +313,9 @@ def test_batched_switches_and_admits_exactly_as_rank_by_rank(data: st.DataObject
     order and admits the same ranks into the same phases, action by action, as the same
     requests sent one rank at a time."""
     twin = run_program(data, exact=True)
-    assert twin.admitted_a == twin.admitted_b
-    for sid in twin.a.fabric.switches:
-        assert twin.a.confirmed(sid) == twin.b.confirmed(sid)
+    assert twin.a.admitted == twin.b.admitted
+    for sid in twin.a.c.fabric.switches:
+        assert twin.a.c.confirmed(sid) == twin.b.c.confirmed(sid)
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -300,6 +324,5 @@ def test_batched_admits_what_rank_by_rank_admits_across_steps(data: st.DataObjec
     """Across training steps: both admit the same ranks into the same phase instances over
     the run, both drain, and neither is left holding anything."""
     twin = run_program(data, exact=False)
-    key = sorted
-    assert key(a[:3] for a in twin.admitted_a) == key(b[:3] for b in twin.admitted_b)
-    assert twin.a.held_by_job("job") == twin.b.held_by_job("job") == 0
+    assert sorted(a[:3] for a in twin.a.admitted) == sorted(b[:3] for b in twin.b.admitted)
+    assert twin.a.c.held_by_job("job") == twin.b.c.held_by_job("job") == 0
