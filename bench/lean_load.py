@@ -123,6 +123,19 @@ class Workload:
         return Workload(name, phases, tuple(seqs))
 
 
+@dataclass(frozen=True, slots=True)
+class _Move:
+    """Part of what one phase instance's completion does on one stream: ``ranks`` release it
+    (empty for the second and later entries of the stream), and ``next_ranks`` enter phase
+    ``next_pid`` (None: nothing), in the next boundary when ``wraps``."""
+
+    stream: int
+    ranks: list[int]
+    next_pid: int | None
+    wraps: bool
+    next_ranks: list[int]
+
+
 class LeanLoad:
     """Drives one registered job of ``n`` ranks through ``warmup + measured`` boundaries of
     ``workload``."""
@@ -240,6 +253,7 @@ class LeanLoad:
 
     async def _drive(self, calls: list[grpc.aio.StreamStreamCall]) -> None:  # type: ignore[type-arg]
         seqs = self.workload.sequence
+        moves = self._moves()
         now = time.perf_counter
         t_cap: float | None = None
         if self.warmup == 0:
@@ -260,21 +274,47 @@ class LeanLoad:
                 self.stop_at = min(self.stop_at, max(self.max_entered + 1, self.warmup + 5))
             releases: dict[tuple[int, int, int], list[int]] = {}
             enters = {}
-            for r in self.workload.phases[pid].group.ranks:
-                k = self.stream_of[r]
-                releases.setdefault((k, b, pid), []).append(r)
-                seq = seqs[r]
-                i = seq.index(pid)
-                if i + 1 < len(seq):
-                    enters.setdefault((k, b, seq[i + 1]), []).append(r)
-                elif b + 1 < self.stop_at:
-                    enters.setdefault((k, b + 1, seq[0]), []).append(r)
+            more = b + 1 < self.stop_at
+            for move in moves[pid]:  # precomputed: O(streams), not O(ranks), per instance
+                if move.ranks:
+                    releases[(move.stream, b, pid)] = move.ranks
+                if move.next_pid is None:
+                    continue
+                if move.wraps:
+                    if not more:
+                        open_ranks -= len(move.next_ranks)
+                        continue
+                    enters[(move.stream, b + 1, move.next_pid)] = move.next_ranks
                 else:
-                    open_ranks -= 1
+                    enters[(move.stream, b, move.next_pid)] = move.next_ranks
             if t_cap is None and any(nb == self.warmup for _, nb, _ in enters):
                 t_cap = self._measuring()
             await self._write(calls, releases, enters)
             inst.released_s = now()
+
+    def _moves(self) -> list[list[_Move]]:
+        """Per phase id, what its completion does on each stream: which ranks release it and
+        which of them enter which phase next (static for a workload)."""
+        seqs = self.workload.sequence
+        out: list[list[_Move]] = []
+        for pid, phase in enumerate(self.workload.phases):
+            by: dict[tuple[int, int, bool], list[int]] = {}
+            released: dict[int, list[int]] = {}
+            for r in phase.group.ranks:
+                k = self.stream_of[r]
+                released.setdefault(k, []).append(r)
+                seq = seqs[r]
+                i = seq.index(pid)
+                nxt, wraps = (seq[i + 1], False) if i + 1 < len(seq) else (seq[0], True)
+                by.setdefault((k, nxt, wraps), []).append(r)
+            moves: list[_Move] = []
+            for k, ranks in released.items():
+                targets = [(nxt, wraps, rs) for (kk, nxt, wraps), rs in by.items() if kk == k]
+                moves.append(_Move(k, ranks, None, False, []))
+                moves.extend(_Move(k, [], nxt, wraps, rs) for nxt, wraps, rs in targets)
+            # one release per stream: the first move of the stream carries it
+            out.append([m for m in moves if m.ranks or m.next_pid is not None])
+        return out
 
     def _measuring(self) -> float:
         if self.on_measured is not None:
@@ -292,11 +332,15 @@ class LeanLoad:
         for (k, b, pid), ranks in enters.items():
             per_stream.setdefault(k, []).append(self._enter(pid, b, ranks))
             self.max_entered = max(self.max_entered, b)
-        for k, reqs in per_stream.items():
-            t = time.perf_counter()
-            for b, pid in {(b, pid) for (kk, b, pid) in enters if kk == k}:
-                self.instances[b][pid].sent(t)
-            await calls[k].write(agent_pb2.PhaseRequestBatch(requests=reqs))
+        t = time.perf_counter()
+        for b, pid in {(b, pid) for (_, b, pid) in enters}:
+            self.instances[b][pid].sent(t)
+        writes = [calls[k].write(agent_pb2.PhaseRequestBatch(requests=reqs))
+                  for k, reqs in per_stream.items()]
+        if len(writes) == 1:
+            await writes[0]
+        else:  # the streams' writes overlap instead of waiting for each other
+            await asyncio.gather(*writes)
 
     # --- results ----------------------------------------------------------------------------
 
