@@ -26,10 +26,9 @@ Method (after the way the Opus artifact's C++ controller was measured)
      2 reconfigurations per boundary (checked: the "recfg/b" column).
   Each rank: enter, wait until every rank of the phase is admitted (a barrier, like a real
   collective), release, next phase. No compute gap. Ranks outside the pair go on to the next
-  ring at once; the coordinator holds that ring back while ranks 0 and P are still on the
-  older step (``lightrail.controller.core.scheduling.behind``), so no artificial pipeline
-  dependency is needed any more (``--pair-dependency`` restores it for the per-rank
-  transports).
+  ring at once; the coordinator holds that ring back until ranks 0 and P have entered it too
+  (``lightrail.controller.core.scheduling.held_back``), so no artificial pipeline dependency
+  is needed any more (``--pair-dependency`` restores it for the per-rank transports).
 * Iteration number = boundary index b; every phase has ``seq`` 0.
 * Transports: ``batch32`` (default) = the batched wire, one PhaseStream per 32 ranks with
   ``EnterMany`` / ``ReleaseMany`` up and ``AdmitMany`` down, driven by a lean generator (one
@@ -935,7 +934,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     p.add_argument("--pair-dependency", action="store_true",
                    help="per-rank transports: ranks outside the pair wait for it before the "
                         "next ring (the old workaround; not needed since the coordinator holds "
-                        "a phase back while a rank of its group is on an older step)")
+                        "a phase back until every rank of its group has entered it)")
     a = p.parse_args(argv)
     if any(n < 4 for n in a.n):
         p.error("--n: every N must be >= 4")

@@ -9,8 +9,8 @@ A *workload* gives each rank its sequence of phases per boundary (``Workload.seq
 phase instance (phase, boundary) completes when every rank of its group is admitted (the
 collective's barrier); then each of its ranks releases it and enters its next phase (the next
 in its sequence, or the first of the next boundary) at once, release and enter of one stream
-in one message. No other dependency: the coordinator holds a phase of boundary b + 1 back
-while ranks of its group are still on boundary b.
+in one message. No other dependency: the coordinator holds a phase instance back until every
+rank of its group has entered it.
 
 * ``ring-pair``: ``ALL_REDUCE`` over all N ranks, then the PP pair {0, P} (P = 8, or N/2 when
   N < 16); the method of the C++ reference (two phase instances per boundary).

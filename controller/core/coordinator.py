@@ -10,12 +10,15 @@ until it releases. A timeout is an explicit ``Reject`` with ``DEADLINE_EXCEEDED`
 
 Protocol, per phase instance (job, phase key):
 
-1. ``enter``: when the plan's cross-connects are confirmed and none of its ports is being
-   switched, the rank is admitted at once (no-op). Otherwise it waits.
+1. ``enter`` / ``enter_many``: ranks arrive in batches. An instance takes circuits only once
+   every rank of its group has entered it (``scheduling.held_back``: liveness, no rank is ever
+   locked out by peers that went ahead into a later phase); then, when the plan's
+   cross-connects are confirmed and none of its ports is being switched, its ranks are
+   admitted at once (no-op). Otherwise they wait.
 2. ``scheduling.schedule`` (after every event): waiting phases, oldest first, start a
    reconfiguration as soon as no cross-connect they must break is held and none of their ports
    is being switched or claimed by an older waiting phase. The reconfiguration is a
-   ``Reconfigure`` decision.
+   ``Reconfigure`` decision carrying only what changes.
 3. ``reconfigured``: on confirmation every waiting rank of the phase is admitted; on failure
    each gets ``DEVICE_FAILURE`` and the switch's view is dropped until it is read back.
 4. ``release``: the rank's holds are dropped; the last release lets waiting phases switch, and
@@ -55,9 +58,9 @@ from lightrail.controller.core.records import (
     waiting_ranks,
 )
 from lightrail.controller.core.scheduling import (
-    behind,
     blocking_reason,
     claimed_by_older,
+    held_back,
     schedule,
 )
 from lightrail.controller.core.state import CoordinatorState
@@ -310,8 +313,9 @@ class PhaseCoordinator:
         first batch of an instance pays O(plan) to check the circuits. Fairness: a phase whose
         circuits are there still waits when an older waiting phase claims any of its ports, so
         a repeating phase cannot starve a reconfiguration its peers are blocked on; liveness:
-        it waits while a rank of its group still works on an older training step
-        (``scheduling.behind``), so it never holds circuits that rank's older phase needs."""
+        it takes circuits only once every rank of its group has entered it
+        (``scheduling.held_back``), so it never holds circuits a missing rank's earlier phase
+        needs."""
         job = self._s.jobs.get(job_id)
         if job is None:
             return [Reject(job_id, r, request_id, ErrorCode.UNKNOWN_JOB,
@@ -389,19 +393,15 @@ class PhaseCoordinator:
         self, job: JobRecord, inst: Instance, batch: EnterBatch, now: float
     ) -> list[Decision]:
         """``batch`` joins ``inst``: admitted at once when nothing stands in the way (no
-        reconfiguration, nobody waiting before it, held circuits or ready ones no older phase
-        claims and no rank of the group behind), else it waits (its deadline armed) and the
-        queue is scheduled when that may change something."""
+        reconfiguration, nobody waiting before it, held circuits, or the whole group in and
+        ready circuits no older phase claims), else it waits (its deadline armed) and the
+        queue is scheduled when that may change something (the batch completed the group)."""
         s = self._s
         slots = job.ranks
-        advanced = False
-        note = s.note_entered
-        iteration = inst.iteration
-        for r in batch.ranks:
-            if note(job, slots[r], iteration):
-                advanced = True
+        complete_before = not held_back(inst)
         inst.batches.append(batch)
         inst.waiting += batch.waiting
+        inst.arrived.update(batch.ranks)
         waiting = RankState.WAITING
         request_id = batch.request_id
         for r in batch.ranks:
@@ -410,18 +410,16 @@ class PhaseCoordinator:
             rs.instance = inst
             rs.request_id = request_id
             rs.batch = batch
-        if not advanced and inst.op_id is None and inst.waiting == batch.waiting and (
+        if inst.op_id is None and inst.waiting == batch.waiting and (
             (inst.holders and inst.verified)
-            or (not behind(s, job, inst) and s.views.ready(inst.plan)
+            or (not held_back(inst) and s.views.ready(inst.plan)
                 and not claimed_by_older(s, inst.plan))
         ):
             # Held instances cannot change under their holders: join them without a check.
-            # (A batch that moved ranks to a later step takes the queue instead: phases held
-            # back for those ranks are older and are served first, in order.)
             admitted = s.admit_waiting(job, inst, now, True, 0.0)
             return [] if admitted is None else [admitted]
         s.push_deadline(inst.job_id, batch)
-        if inst.queued and not advanced and not inst.held_back:
+        if inst.queued and (complete_before or held_back(inst)):
             return []  # the instance waits already; more ranks change nothing
         if not inst.queued:
             inst.queued = True
@@ -520,7 +518,7 @@ class PhaseCoordinator:
         if not s.views.ready(plan):
             inst.verified = False  # held, but not on confirmed circuits: nobody joins it
         s.add_holder(inst, rank)
-        s.note_entered(job, rs, iteration)
+        inst.arrived.add(rank)
         rs.state = RankState.HOLDING
         rs.instance = inst
 

@@ -57,22 +57,22 @@ class Instance:
     verified: bool = True
     """False for an instance re-created from holds reported after a restart whose circuits
     were not found on the switches: nobody joins it without a switch first."""
+    arrived: set[int] = field(default_factory=set)
+    """The ranks of the group that entered this instance (waiting, holding or released)."""
     held_back: bool = False
-    """True while a rank of the phase's group still works on an older training step
-    (``scheduling.behind``): the instance neither switches nor claims ports until it is not."""
+    """True while the instance may not take circuits yet (``scheduling.held_back``): a rank of
+    its group has not entered it. It then neither switches nor claims ports."""
 
 
 @dataclass(slots=True, eq=False)
 class RankSlot:
-    """One rank of a job: its state, the instance it waits for or holds, its request id, the
-    batch it waits in, and the last training step it entered (None before its first enter;
-    ``scheduling.behind`` reads it)."""
+    """One rank of a job: its state, the instance it waits for or holds, its request id and
+    the batch it waits in."""
 
     state: RankState = RankState.IDLE
     instance: Instance | None = None
     request_id: int = 0
     batch: EnterBatch | None = None
-    iteration: int | None = None
 
 
 def waiting_ranks(
@@ -140,9 +140,6 @@ class JobRecord:
     hits: int = 0
     late: int = 0
     misses: int = 0
-    entered: dict[int, int] = field(default_factory=dict)
-    """Training step -> how many ranks entered it last (ranks that never entered are not
-    counted): tells at once that no rank is behind a step (``scheduling.behind``)."""
 
 
 @dataclass(slots=True)

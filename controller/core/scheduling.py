@@ -39,7 +39,7 @@ def schedule(
             state.dequeue(inst)
             state.maybe_drop(job, inst)
             continue
-        if behind(state, job, inst):
+        if held_back(inst):
             inst.held_back = True  # it neither switches nor claims ports (liveness)
             continue
         inst.held_back = False
@@ -69,27 +69,14 @@ def _admit_waiters(
     return [] if admitted is None else [admitted]
 
 
-def behind(state: CoordinatorState, job: JobRecord, inst: Instance) -> bool:
-    """True while a rank of ``inst``'s group still works on an older training step than
-    ``inst``'s (the last step it entered is older): the instance
-    must not take circuits yet, because that rank may need them for its older phase first
-    and cannot reach this one before (the liveness rule: a phase of step i+1 never holds the
-    circuits a waiting or coming phase of step i needs; ranks that never entered any phase
-    do not count). The collective cannot complete without that rank anyway, so waiting
-    costs the job nothing. O(1) when no rank of the job is behind the step; else O(group)."""
-    counts = job.entered
-    step = inst.iteration
-    if not counts or min(counts) >= step:
-        return False
-    slots = job.ranks
-    group = inst.phase.group
-    if group.size == len(slots):
-        return True  # every rank is in the group and some rank is on an older step
-    for r in group.ranks:
-        it = slots[r].iteration
-        if it is not None and it < step:
-            return True
-    return False
+def held_back(inst: Instance) -> bool:
+    """True while ``inst`` may not take circuits (switch, or be admitted onto them): not every
+    rank of its group has entered it. Liveness: circuits are held only by instances whose
+    whole group is inside the collective, so a holder never waits for a rank that waits for
+    the circuits it holds (no hold-and-wait: ranks of a PP pair or an EP all-to-all are never
+    locked out by peers that went ahead into the next phase or the next training step). The
+    collective cannot complete before its last rank arrives anyway."""
+    return len(inst.arrived) < inst.phase.group.size
 
 
 def _claim_ports(
@@ -148,12 +135,10 @@ def blocking_reason(state: CoordinatorState, inst: Instance) -> str:
                 f"{sorted(rec.unsynced)[:8]} have not resynced")
     if inst.op_id is not None:
         return "the switches have not confirmed the reconfiguration yet"
-    job = state.jobs.get(inst.job_id)
-    if job is not None and behind(state, job, inst):
-        late = [r for r in inst.phase.group.ranks
-                if (it := job.ranks[r].iteration) is not None and it < inst.iteration]
-        return (f"ranks {late[:8]} of the group are still on an older training step than "
-                f"{inst.iteration}")
+    missing = [r for r in inst.phase.group.ranks if r not in inst.arrived]
+    if missing:
+        return (f"ranks {missing[:8]} of the group have not entered the phase "
+                f"({len(missing)} missing)")
     held_by: set[str] = set()
     for t in inst.plan.targets:
         for xc in state.views.conflicts(t):

@@ -176,6 +176,7 @@ class CoordinatorState:
         if rs.batch is not None:
             rs.batch.waiting -= 1
         inst.waiting -= 1
+        inst.arrived.discard(rank)
         rs.state = RankState.IDLE
         rs.instance = None
         rs.batch = None
@@ -198,6 +199,7 @@ class CoordinatorState:
                 rs.state = RankState.IDLE
                 rs.instance = None
                 rs.batch = None
+                inst.arrived.discard(r)
                 out.append(Reject(job_id, r, b.request_id, code, message, b.route))
             inst.waiting -= len(ranks)
             b.waiting = 0
@@ -259,23 +261,6 @@ class CoordinatorState:
             return True
         self.views.unhold(inst.plan)
         return False
-
-    def note_entered(self, job: JobRecord, rs: RankSlot, iteration: int) -> bool:
-        """``rs`` enters a phase of training step ``iteration``; returns True when that moves
-        the rank to a later step (a phase held back for it may go on now)."""
-        old = rs.iteration
-        if old == iteration:
-            return False
-        counts = job.entered
-        if old is not None:
-            n = counts[old] - 1
-            if n:
-                counts[old] = n
-            else:
-                del counts[old]
-        counts[iteration] = counts.get(iteration, 0) + 1
-        rs.iteration = iteration
-        return old is not None and iteration > old
 
     def maybe_drop(self, job: JobRecord, inst: Instance) -> None:
         """Forget ``inst`` once nobody waits for, holds or switches it."""

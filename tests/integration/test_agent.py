@@ -83,9 +83,12 @@ async def test_a_device_failure_reaches_the_rank_as_a_refusal_through_the_agent_
         server = asyncio.create_task(serve_local(a0, ctl.grpc_target, str(sock), stop))
         try:
             async with ControllerClient(f"unix://{sock}", retry_budget_s=5.0) as c:
+                phase = PhaseKey(ProcessGroup.of([0, 1]), Collective.ALL_REDUCE)
+                peer = asyncio.ensure_future(c.enter("job", 1, phase, timeout_s=5.0))
                 with pytest.raises(PhaseError) as info:
-                    await c.enter("job", 0, PhaseKey(ProcessGroup.of([0, 1]),
-                                                     Collective.ALL_REDUCE), timeout_s=5.0)
+                    await c.enter("job", 0, phase, timeout_s=5.0)
+                with pytest.raises(PhaseError):
+                    await peer
         finally:
             stop.set()
             await asyncio.wait_for(server, 10)

@@ -165,9 +165,12 @@ async def test_timeout_is_an_explicit_error(client: ControllerClient) -> None:
     await client.release_phase("job", 0, RING)
     await client.release_phase("job", 2, RING)
     # ranks 1, 3..7 still hold the ring: the pair cannot switch in time
+    peer = asyncio.ensure_future(client.enter("job", 2, PAIR, timeout_s=0.3))
     with pytest.raises(PhaseTimeout, match=r"not confirmed within 0.300 s: cross-connects "
                                            r"still held by job ranks \[1, 3, 4, 5, 6, 7\]"):
         await client.enter("job", 0, PAIR, timeout_s=0.3)
+    with pytest.raises(PhaseTimeout):
+        await peer
 
 
 async def test_timeout_is_optional_and_a_given_one_must_be_positive(
@@ -194,8 +197,11 @@ async def test_device_failure_is_reported_not_admitted(
 ) -> None:
     await client.register_job("job", PLACE)
     devices["ocs-rail0"].set_unreachable(True)
+    peer = asyncio.ensure_future(client.enter("job", 2, PAIR, timeout_s=5.0))
     with pytest.raises(PhaseError) as info:
         await client.enter("job", 0, PAIR, timeout_s=5.0)
+    with pytest.raises(PhaseError):
+        await peer
     assert info.value.code is ErrorCode.DEVICE_FAILURE
     assert "ocs-rail0" in str(info.value)
     devices["ocs-rail0"].set_unreachable(False)

@@ -241,9 +241,12 @@ async def test_failure_during_a_reconfiguration_waits_for_it(
     async with ControllerClient(ctl.grpc_target) as client:
         await client.register_job("job", PLACE)
         devices["ocs-rail0"].set_extra_delay(0.2)  # the ring's switch takes a while
+        before = devices["ocs-rail0"].command_count
         ring = asyncio.gather(*(client.enter("job", r, RING, timeout_s=10) for r in range(8)),
                               return_exceptions=True)
-        await asyncio.sleep(0)
+        async with asyncio.timeout(5):  # the switch has started (every rank is in the ring)
+            while devices["ocs-rail0"].command_count == before:
+                await asyncio.sleep(0.005)
         async with grpc.aio.insecure_channel(ctl.grpc_target) as ch:
             call = agent_pb2_grpc.AgentServiceStub(ch).HealthStream()  # type: ignore[call-arg]
             events = client.watch("job")

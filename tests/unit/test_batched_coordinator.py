@@ -115,12 +115,14 @@ def test_a_batch_times_out_together_on_its_route() -> None:
 
 def test_a_waiting_rank_sent_again_moves_to_the_new_route() -> None:
     c = coordinator()
-    (rec,) = only(c.enter_many("job", [0, 1, 2], RING, 1, 0.0, route=1), Reconfigure)
+    assert c.enter_many("job", [0, 1, 2], RING, 1, 0.0, route=1) == []  # waits for the rest
+    (rec,) = only(c.enter_many("job", [3, 4, 5, 6, 7], RING, 3, 0.0, route=3), Reconfigure)
     assert isinstance(rec, Reconfigure)
     assert c.enter_many("job", [1], RING, 2, 0.1, route=2) == []  # its stream broke
     (adm,) = only(c.reconfigured(rec.op_id, 0.2), Admitted)
     assert isinstance(adm, Admitted)
-    assert sorted((e.route, e.ranks) for e in adm.entries) == [(1, (0, 2)), (2, (1,))]
+    assert sorted((e.route, e.ranks) for e in adm.entries) == [
+        (1, (0, 2)), (2, (1,)), (3, (3, 4, 5, 6, 7))]
     assert [w.route for w in c.waiting()] == []
 
 
@@ -130,7 +132,7 @@ def test_next_step_ring_does_not_jump_the_coming_pair() -> None:
     b + 1's circuits are there, but admitting those ranks would make them hold the circuits
     the pair must break while the ring's collective waits for ranks 0 and 4, which wait for
     the pair: a deadlock until the admission timeout. Ring b + 1 must wait (held back: ranks
-    of its group are on an older step), the pair must switch, then the ring switches back."""
+    of its group have not entered it), the pair must switch, then the ring switches back."""
     c = coordinator()
     complete(c, c.enter_many("job", WORLD, RING, 1, 0.0), 0.1)
     others = [1, 2, 3, 5, 6, 7]
@@ -150,10 +152,24 @@ def test_next_step_ring_does_not_jump_the_coming_pair() -> None:
     assert admitted_ranks(complete(c, out, 0.6)) == WORLD
 
 
-def test_ranks_that_never_entered_do_not_hold_anything_back() -> None:
+def test_an_all_to_all_step_does_not_lock_out_a_rank_still_in_its_pair() -> None:
+    """The same hazard within one training step (found by bench/hot_path.py's mixed
+    workload): two EP ranks finish the ring and enter all-to-all step 0 while rank 0 still
+    has its PP pair to do. Switching the all-to-all for those two would make them hold
+    rank 0's ports, which the pair must break: the all-to-all would wait for rank 0, rank 0
+    for the pair. The all-to-all may take circuits only once rank 0 is in it too."""
     c = coordinator()
-    out = complete(c, c.enter_many("job", [0, 4], PAIR, 1, 0.0, iteration=5), 0.1)
-    assert admitted_ranks(out) == [0, 4]
+    complete(c, c.enter_many("job", WORLD, RING, 1, 0.0), 0.1)
+    a2a = PhaseKey(ProcessGroup.of([0, 2, 4]), Collective.ALL_TO_ALL)  # hosts 0-2, rail 0
+    pair = PhaseKey(ProcessGroup.of([0, 6]), Collective.SEND_RECV)  # host0 <-> host3
+    out, _ = c.release_many("job", WORLD, RING, 0.2)
+    out += c.enter_many("job", [2, 4], a2a, 2, 0.2)
+    assert only(out, Reconfigure) == [] and admitted_ranks(out) == []
+    out = complete(c, c.enter_many("job", [0, 6], pair, 3, 0.2), 0.3)
+    assert admitted_ranks(out) == [0, 6]  # the pair was not locked out
+    out, _ = c.release_many("job", [0, 6], pair, 0.4)
+    done = complete(c, out + c.enter_many("job", [0], a2a, 4, 0.4), 0.5)
+    assert admitted_ranks(done) == [0, 2, 4]
 
 
 # --- batched against rank by rank --------------------------------------------------------------

@@ -67,8 +67,8 @@ def test_noop_admission_when_circuits_match(coord: PerRankCoordinator) -> None:
     for r in WORLD:
         coord.release("job", r, RING, 0.2)
     again = PhaseKey(RING.group, RING.collective, seq=1)
-    out = coord.enter("job", 0, again, request_id=7, now=0.3)
-    assert out == [Admit("job", 0, 7, again, True, 0.0, steps=1)]
+    out = enter_all(coord, again, WORLD, 0.3)  # admitted once the whole group is in
+    assert out == [Admit("job", r, 100 + r, again, True, 0.0, steps=1) for r in WORLD]
 
 
 def test_admit_carries_the_all_to_all_step_count(coord: PerRankCoordinator) -> None:
@@ -82,8 +82,8 @@ def test_admit_carries_the_all_to_all_step_count(coord: PerRankCoordinator) -> N
     for r in WORLD:
         coord.release("job", r, a2a, 0.2)
     again = PhaseKey(a2a.group, a2a.collective, seq=1)
-    out = coord.enter("job", 0, again, request_id=9, now=0.3)
-    assert out == [Admit("job", 0, 9, again, True, 0.0, steps=3)]
+    out = enter_all(coord, again, WORLD, 0.3)
+    assert out == [Admit("job", r, 100 + r, again, True, 0.0, steps=3) for r in WORLD]
 
 
 def test_no_switch_while_a_rank_holds_a_conflicting_cross_connect(
@@ -122,16 +122,20 @@ def test_timeout_is_an_explicit_error_naming_the_holders(coord: PerRankCoordinat
     coord.release("job", 0, RING, 0.2)
     coord.release("job", 2, RING, 0.2)
     assert coord.enter("job", 0, PP01, 10, 1.0, timeout_s=2.0) == []
+    assert coord.enter("job", 2, PP01, 12, 1.0, timeout_s=2.0) == []
     assert coord.next_deadline() == pytest.approx(3.0)
     assert coord.expire(2.9) == []
     out = coord.expire(3.0)
-    assert len(out) == 1
+    assert [d.rank for d in out if isinstance(d, Reject)] == [0, 2]
     rej = out[0]
     assert isinstance(rej, Reject) and rej.code is ErrorCode.DEADLINE_EXCEEDED
     assert "held by job ranks [1, 3, 4, 5, 6, 7]" in rej.message
     assert coord.next_deadline() is None
-    # the rank may try again
-    assert coord.enter("job", 0, PP01, 11, 3.1, timeout_s=2.0) == []
+    # the rank may try again; alone it waits for its peer
+    out = coord.expire(3.0) + coord.enter("job", 0, PP01, 11, 3.1, timeout_s=2.0)
+    assert out == []
+    later = coord.expire(5.1)
+    assert "ranks [2] of the group have not entered the phase" in str(later[0])
 
 
 def test_an_enter_without_a_timeout_waits_the_default(coord: PerRankCoordinator) -> None:
@@ -149,11 +153,11 @@ def test_an_enter_without_a_timeout_waits_the_default(coord: PerRankCoordinator)
 
 
 def test_device_failure_rejects_waiters_and_drops_the_view(coord: PerRankCoordinator) -> None:
-    rec = only(enter_all(coord, RING, [0, 1], 0.0), Reconfigure)[0]
+    rec = only(enter_all(coord, RING, WORLD, 0.0), Reconfigure)[0]
     assert isinstance(rec, Reconfigure)
     out = coord.reconfigured(rec.op_id, 0.1, error="port 3 failed")
     assert {(d.rank, d.code) for d in out if isinstance(d, Reject)} == {
-        (0, ErrorCode.DEVICE_FAILURE), (1, ErrorCode.DEVICE_FAILURE)}
+        (r, ErrorCode.DEVICE_FAILURE) for r in WORLD}
     assert coord.confirmed("ocs-rail0") == frozenset()
 
 
@@ -225,14 +229,18 @@ def test_older_waiting_phase_keeps_its_ports(coord: PerRankCoordinator) -> None:
 
 def test_repeated_enter_reattaches_instead_of_failing(coord: PerRankCoordinator) -> None:
     """An agent whose stream broke sends its pending EnterPhase again with a new request id."""
+    enter_all(coord, RING, WORLD[1:], 0.0)
     rec = only(coord.enter("job", 0, RING, 1, 0.0), Reconfigure)[0]
     assert isinstance(rec, Reconfigure)
     assert coord.enter("job", 0, RING, 2, 0.1) == []
     out = coord.reconfigured(rec.op_id, 0.2)
-    assert [(d.rank, d.request_id) for d in out if isinstance(d, Admit)] == [(0, 2)]
+    assert [(d.rank, d.request_id) for d in out if isinstance(d, Admit) and d.rank == 0] == [
+        (0, 2)]
     # admitted already: the same enter again is answered at once, with no second hold
     assert coord.enter("job", 0, RING, 3, 0.3) == [Admit("job", 0, 3, RING, True, 0.0, steps=1)]
-    coord.release("job", 0, RING, 0.4)
+    assert coord.held_by_job("job") == 8
+    for r in WORLD:
+        coord.release("job", r, RING, 0.4)
     assert coord.held_by_job("job") == 0
 
 
@@ -288,6 +296,7 @@ def test_recovered_job_switches_nothing_until_its_ranks_resync(coord: PerRankCoo
 def test_recovery_grace_period_ends(coord: PerRankCoordinator) -> None:
     coord.mark_recovering("job", until_s=1.0)
     assert coord.enter("job", 0, PP01, 1, 0.0, timeout_s=30.0) == []
+    assert coord.enter("job", 2, PP01, 2, 0.0, timeout_s=30.0) == []
     assert coord.next_deadline() == pytest.approx(1.0)
     out = coord.expire(1.0)
     assert len(only(out, Reconfigure)) == 1 and not coord.recovering("job")
@@ -401,10 +410,11 @@ def phase_of(ranks: list[int], coll: Collective = Collective.ALL_REDUCE) -> Phas
 
 def test_failed_apply_never_exposes_a_held_cross_connect(coord: PerRankCoordinator) -> None:
     """Review finding: a failure on one switch used to drop the whole op's ports from the
-    view, hiding a cross-connect another rank still held from the hold checks."""
+    view, hiding a cross-connect another rank still held from the hold checks. A failed
+    apply forgets what it touched (unknown until read back) except held cross-connects."""
     p = phase_of([0, 2, 4])  # ring host0 -> host1 -> host2 on rail 0 only
-    q = phase_of([0, 1, 2, 3, 4])  # rail 0: the same ring; rail 1: host0 <-> host1
     r = phase_of([0, 2], Collective.SEND_RECV)  # rail 0: host0 <-> host1
+    q = phase_of([1, 3, 5, 7])  # rail 1: ring over hosts 0-3
     out = [d for k in (0, 2, 4) for d in coord.enter("job", k, p, k, 0.0)]
     (rp,) = only(out, Reconfigure)
     assert isinstance(rp, Reconfigure)
@@ -412,20 +422,23 @@ def test_failed_apply_never_exposes_a_held_cross_connect(coord: PerRankCoordinat
     ring = next(t.cross_connects for t in rp.targets if t.switch_id == "ocs-rail0")
     coord.release("job", 0, p, 0.2)
     coord.release("job", 2, p, 0.2)  # rank 4 still holds the ring
-    (rq,) = only(coord.enter("job", 1, q, 11, 0.3), Reconfigure)
-    assert isinstance(rq, Reconfigure)
     assert coord.enter("job", 0, r, 20, 0.3) == [] and coord.enter("job", 2, r, 22, 0.3) == []
-    out = coord.reconfigured(rq.op_id, 0.4, error="device timeout",
-                             failed_switches=["ocs-rail1"])
+    (rq,) = only([d for k in (1, 3, 5, 7) for d in coord.enter("job", k, q, 30 + k, 0.3)],
+                 Reconfigure)
+    assert isinstance(rq, Reconfigure)
+    coord.distrust("ocs-rail0")  # e.g. a reboot alarm: every port of rail 0 unknown ...
+    assert ring <= coord.confirmed("ocs-rail0")  # ... but the held ring stays visible
+    out = coord.reconfigured(rq.op_id, 0.4, error="device timeout", failed_switches=["ocs-rail1"])
     for rec in only(out, Reconfigure):
         assert isinstance(rec, Reconfigure)
         for t in rec.targets:
             touched = {x for x in ring if (x.ingress in t.ports or x.egress in t.ports)
                        and x not in t.cross_connects}
             assert t.switch_id != "ocs-rail0" or not touched, (rec, touched)
-    assert ring <= coord.confirmed("ocs-rail0")  # the held ring stays visible
+    assert ring <= coord.confirmed("ocs-rail0")
     # rail 1 is unknown until read back: nothing is switched or admitted there
     assert not coord.confirmed("ocs-rail1")
+    coord.set_confirmed("ocs-rail0", ring)
     coord.set_confirmed("ocs-rail1", [])
     out = coord.release("job", 4, p, 0.5)  # the last holder left: now the pair may switch
     assert [d.phase for d in out if isinstance(d, Reconfigure)] == [r]
@@ -438,13 +451,17 @@ def test_resumed_hold_on_missing_circuits_admits_nobody_blindly(
     must not let peers join without a switch."""
     coord.mark_recovering("job", until_s=0.05)
     coord.resume_held("job", 0, RING)
-    assert coord.enter("job", 1, RING, 5, 0.01) == []  # waits: recovering, circuits missing
+    # the others wait: recovering, and the circuits are missing
+    assert enter_all(coord, RING, WORLD[1:], 0.01) == []
     out = coord.expire(0.05)
     assert not only(out, Admit)
     (rec,) = only(out, Reconfigure)
     assert isinstance(rec, Reconfigure)
     adm = coord.reconfigured(rec.op_id, 0.2)
-    assert [(d.rank, d.noop) for d in adm if isinstance(d, Admit)] == [(1, False)]
+    assert [(d.rank, d.noop) for d in adm if isinstance(d, Admit)] == [
+        (r, False) for r in WORLD[1:]]
+    for r in WORLD:
+        coord.release("job", r, RING, 0.3)
     with pytest.raises(ReleaseError, match="rank 3 is not in group"):
         coord.resume_held("job", 3, PP01)
 
@@ -455,6 +472,7 @@ def test_cancel_withdraws_a_waiter_or_a_ghost_hold(coord: PerRankCoordinator) ->
     coord.reconfigured(rec.op_id, 0.1)
     for r in WORLD:
         coord.release("job", r, RING, 0.2)
+    assert coord.enter("job", 2, PP01, 76, 0.3) == []  # waits for its peer
     assert coord.enter("job", 0, PP01, 77, 0.3) != []  # the pair switches
     assert coord.held_by_job("job") == 0
     coord.cancel("job", 0, 76, 0.4)  # another request id: nothing happens
@@ -467,6 +485,7 @@ def test_cancel_withdraws_a_waiter_or_a_ghost_hold(coord: PerRankCoordinator) ->
 
 
 def test_release_checks_the_iteration(coord: PerRankCoordinator) -> None:
+    coord.enter("job", 2, PP01, 2, 0.0, iteration=5)
     rec = only(coord.enter("job", 0, PP01, 1, 0.0, iteration=5), Reconfigure)[0]
     assert isinstance(rec, Reconfigure)
     coord.reconfigured(rec.op_id, 0.1)
@@ -504,14 +523,15 @@ def test_reconfigure_or_not_stays_when_delta_is_large() -> None:
     assert not dec.decision.switch and dec.decision.delta_s == pytest.approx(0.1)
     assert dec.decision.current_circuits_time_s > dec.decision.new_circuits_time_s
     assert "stay" in dec.decision.reason
-    assert [(d.rank, d.noop) for d in out if isinstance(d, Admit)] == [(0, True)]
-    assert not only(out, Reconfigure)
+    assert not only(out, Admit) and not only(out, Reconfigure)  # waits for ranks 2 and 4
     out = c.enter("job", 4, THREE, 2, 0.3, nbytes=1_000_000)
-    assert [(d.rank, d.noop) for d in out if isinstance(d, Admit)] == [(4, True)]
+    out += c.enter("job", 2, THREE, 3, 0.3, nbytes=1_000_000)
+    assert [(d.rank, d.noop) for d in out if isinstance(d, Admit)] == [
+        (0, True), (4, True), (2, True)]
     assert not [d for d in out if isinstance(d, Decided)]  # one decision per phase instance
-    # the ranks hold the circuits they run on: nothing else may break them meanwhile
-    pair = PhaseKey(ProcessGroup.of([0, 2]), Collective.ALL_REDUCE)
-    assert c.enter("job", 2, pair, 3, 0.3) == []
+    assert not only(out, Reconfigure)
+    # the ranks hold the circuits they run on (the reversed ring) until they release
+    assert c.held_by_job("job") == 3
 
 
 def test_reconfigure_or_not_switches_when_delta_is_microseconds() -> None:
@@ -521,6 +541,7 @@ def test_reconfigure_or_not_switches_when_delta_is_microseconds() -> None:
     out = c.enter("job", 0, THREE, 1, 0.3, nbytes=100_000_000, compute_gap_s=0.0)
     (dec,) = [d for d in out if isinstance(d, Decided)]
     assert dec.decision.switch
+    out += c.enter("job", 2, THREE, 2, 0.3) + c.enter("job", 4, THREE, 3, 0.3)
     assert len(only(out, Reconfigure)) == 1 and not only(out, Admit)
 
 
@@ -529,6 +550,7 @@ def test_no_hint_means_no_decision_and_a_switch() -> None:
 
     c = ron_coordinator(0.1)
     out = c.enter("job", 0, THREE, 1, 0.3)
+    out += c.enter("job", 2, THREE, 2, 0.3) + c.enter("job", 4, THREE, 3, 0.3)
     assert not [d for d in out if isinstance(d, Decided)]
     assert len(only(out, Reconfigure)) == 1
 
@@ -547,12 +569,10 @@ def test_deadlines_order_by_time_then_arrival_never_by_job() -> None:
 
 
 def test_a_phase_admitted_behind_an_instant_switch_is_no_noop(coord: PerRankCoordinator) -> None:
-    """A switch confirmed in 0.0 s (a clock's resolution) still switched: a phase that waited
-    for it is admitted as switched, not as a no-op (no 0 standing in for "no switch")."""
-    rec = only(coord.enter("job", 0, RING, 1, 0.0), Reconfigure)[0]
+    """A switch confirmed in 0.0 s (a clock's resolution) still switched: the ranks that waited
+    for it are admitted as switched, not as no-ops (no 0 standing in for "no switch")."""
+    rec = only(enter_all(coord, RING, WORLD, 0.0), Reconfigure)[0]
     assert isinstance(rec, Reconfigure)
-    same_circuits = PhaseKey(RING.group, RING.collective, seq=1)
-    assert coord.enter("job", 1, same_circuits, 2, 0.1) == []  # its ports are being switched
     out = only(coord.reconfigured(rec.op_id, 0.2, device_s=0.0), Admit)
-    assert [(d.rank, d.noop) for d in out if isinstance(d, Admit)] == [(0, False), (1, False)]
+    assert [(d.rank, d.noop) for d in out if isinstance(d, Admit)] == [(r, False) for r in WORLD]
     assert coord.stats("job").admitted_noop == 0

@@ -65,10 +65,11 @@ async def test_refused_duplicate_does_not_steal_the_pending_reply_route() -> Non
     request, so its admission was never delivered."""
     coord, rec = coordinator(), GatedReconciler()
     svc = PhaseService(coord, rec, EventBus())
-    first, second = Sink(), Sink()
+    first, second, peer = Sink(), Sink(), Sink()
     async with asyncio.TaskGroup() as tg:
         svc.start(tg)
         svc.enter("job", 0, P, 1, 5.0, first)
+        svc.enter("job", 2, P, 3, 5.0, peer)
         svc.enter("job", 0, Q, 2, 5.0, second)
         assert [d.code for d in second.got if isinstance(d, Reject)] == [ErrorCode.RANK_BUSY]
         await asyncio.wait_for(rec.started.wait(), 5)
@@ -81,16 +82,17 @@ async def test_refused_duplicate_does_not_steal_the_pending_reply_route() -> Non
 async def test_cancel_withdraws_the_wait() -> None:
     coord, rec = coordinator(), GatedReconciler()
     svc = PhaseService(coord, rec, EventBus())
-    sink = Sink()
+    sink, peer = Sink(), Sink()
     async with asyncio.TaskGroup() as tg:
         svc.start(tg)
         svc.enter("job", 0, P, 1, 5.0, sink)
+        svc.enter("job", 2, P, 2, 5.0, peer)
         await asyncio.wait_for(rec.started.wait(), 5)
         svc.cancel("job", 0, 1, sink)  # the RPC was cancelled while the switch ran
         rec.gate.set()
         await svc.drain(5)
     assert sink.got == []
-    assert coord.held_by_job("job") == 0  # no ghost: the rank is free to enter again
+    assert coord.held_by_job("job") == 1  # only its peer: no ghost, rank 0 may enter again
     retry = Sink()
     svc2 = PhaseService(coord, rec, EventBus())
     async with asyncio.TaskGroup() as tg:
