@@ -347,7 +347,13 @@ class PhaseCoordinator:
         group = phase.group
         idle = RankState.IDLE
         fresh: list[int] = []
+        seen: set[int] = set()
         for r in ranks:
+            if r in seen:
+                out.append(Reject(job_id, r, request_id, ErrorCode.INVALID_RANK,
+                                  f"ranks: rank {r} appears more than once in the batch", route))
+                continue
+            seen.add(r)
             if not 0 <= r < world:
                 out.append(Reject(job_id, r, request_id, ErrorCode.INVALID_RANK,
                                   f"rank: {r} out of range 0..{world - 1}", route))

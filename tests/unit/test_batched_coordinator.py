@@ -100,6 +100,17 @@ def test_refusals_name_the_rank_and_carry_the_route() -> None:
             if isinstance(d, Reject) and d.code is ErrorCode.UNKNOWN_JOB] == [0, 1]
 
 
+def test_a_rank_twice_in_one_batch_is_refused_once_and_entered_once() -> None:
+    c = coordinator()
+    out = c.enter_many("job", [0, 4, 0], PAIR, 5, 0.0, route=2)
+    assert [(d.rank, d.code) for d in out if isinstance(d, Reject)] == [
+        (0, ErrorCode.INVALID_RANK)]
+    assert "appears more than once" in str(out[0])
+    (adm,) = only(complete(c, out, 0.1), Admitted)
+    assert isinstance(adm, Admitted) and adm.entries[0].ranks == (0, 4)
+    assert c.held_by_job("job") == 2
+
+
 def test_a_batch_times_out_together_on_its_route() -> None:
     c = coordinator()
     complete(c, c.enter_many("job", WORLD, RING, 1, 0.0), 0.1)
