@@ -52,6 +52,11 @@ _GPU_STATE = {
 }
 
 
+MAX_BATCH_RANKS = 16384
+"""Ranks one EnterMany may carry (a host or rack relay batches far fewer); larger messages are
+refused whole, with one error."""
+
+
 class _StreamSink:
     """Replies of one PhaseStream, written straight into the batch the writer sends next
     (no per-reply message copies). Ranks admitted into a phase the stream defined an id for
@@ -377,6 +382,12 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
 
     def _enter_many(self, e: agent_pb2.EnterMany, sink: _StreamSink,
                     decoder: PhaseKeyDecoder) -> None:
+        if len(e.ranks) > MAX_BATCH_RANKS:  # its refusals rank by rank would not fit a reply
+            sink.push(agent_pb2.PhaseReply(error=agent_pb2.PhaseError(
+                job_id=e.job_id, request_id=e.request_id, code=agent_pb2.INVALID_RANK,
+                message=f"enter_many.ranks: {len(e.ranks)} ranks in one message, at most "
+                        f"{MAX_BATCH_RANKS}")))
+            return
         try:
             phase = decoder.phase(e.phase_id, "enter_many.phase_id")
             timeout_s = timeout_from_pb(e)

@@ -625,23 +625,37 @@ class PhaseCoordinator:
         job = s.jobs.get(inst.job_id)
         if job is not op.job:
             job = None  # unregistered (maybe registered again) while the op was in flight
+        if job is None:
+            inst.batches.clear()
+            inst.waiting = 0
+            s.dequeue(inst)
+            return schedule(s, now, device_s if error is None else None)
+        return self._instance_switched(job, inst, now, error, device_s)
+
+    def _instance_switched(self, job: JobRecord, inst: Instance, now: float,
+                           error: str | None, device_s: float) -> list[Decision]:
+        """``inst``'s reconfiguration ended: its waiting ranks are admitted (confirmed and the
+        whole plan there), refused (``DEVICE_FAILURE``), or, when what the plan keeps was
+        broken meanwhile (the op changed only what was missing; an alarm or a read-back took
+        the rest), left waiting for the queue to switch again."""
+        s = self._s
         out: list[Decision] = []
         if error is None:
+            job.reconfigurations += 1
+            if not s.views.ready(inst.plan):
+                return schedule(s, now)
             inst.verified = True
-            if job is not None:
-                job.reconfigurations += 1
-                admitted = s.admit_waiting(job, inst, now, False, device_s)
-                if admitted is not None:
-                    out.append(admitted)
-        elif job is not None:
+            admitted = s.admit_waiting(job, inst, now, False, device_s)
+            if admitted is not None:
+                out.append(admitted)
+        else:
             out.extend(s.refuse_waiting(
                 job, inst, ErrorCode.DEVICE_FAILURE,
                 f"reconfiguration for phase {inst.phase} failed: {error}"))
         inst.batches.clear()
         inst.waiting = 0
         s.dequeue(inst)
-        if job is not None:
-            s.maybe_drop(job, inst)
+        s.maybe_drop(job, inst)
         out.extend(schedule(s, now, device_s if error is None else None))
         return out
 

@@ -179,10 +179,11 @@ class Provisioner:
         return op_ports
 
     def _needed_by_waiting(self, op_ports: dict[str, frozenset[int]]) -> bool:
-        """True when a queued phase with waiting ranks and no op yet needs one of
+        """True when a queued phase with waiting ranks or an op in flight (which changes only
+        what its plan lacks: the cross-connects it keeps must stay) needs one of
         ``op_ports`` (switch id -> ports): provisioning must not overtake it."""
-        for q in self._s.queue:
-            if q.op_id is None and q.waiting:
+        for q in self._s.queue:  # waiting, or switching: its kept cross-connects count too
+            if q.waiting or q.op_id is not None:
                 for qt in q.plan.targets:
                     mine = op_ports.get(qt.switch_id)
                     if mine is not None and not mine.isdisjoint(qt.ports):

@@ -126,6 +126,9 @@ class JobRecord:
     ranks: list[RankSlot]
     plans: dict[PlanKey, Plan] = field(default_factory=dict)
     instances: dict[InstanceKey, Instance] = field(default_factory=dict)
+    retired: list[Instance] = field(default_factory=list)
+    """Instances a failover closed (``rewiring``): their live holders keep them until they
+    release, but nobody joins them; a rank entering the same phase and step gets a new one."""
     admitted: int = 0
     admitted_noop: int = 0
     reconfigurations: int = 0

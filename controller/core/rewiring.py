@@ -122,8 +122,11 @@ def _restart(state: CoordinatorState, job: JobRecord, rank: int, message: str) -
     state.queue = [i for i in state.queue if i.job_id != job_id]
     for inst in job.instances.values():
         inst.queued = False
-    job.instances = {k: i for k, i in job.instances.items()
-                     if i.op_id is not None or i.holders}
+    # Instances live ranks still hold (or that are switching) are closed: planned on the old
+    # placement, nobody may join them; a rank entering the same phase and step gets a new
+    # instance on the new layout, which waits until the old holders release.
+    job.retired.extend(i for i in job.instances.values() if i.op_id is not None or i.holders)
+    job.instances = {}
     job.ranks[rank].state = RankState.IDLE
     job.ranks[rank].instance = None
     return out

@@ -144,7 +144,7 @@ def blocking_reason(state: CoordinatorState, inst: Instance) -> str:
         for xc in state.views.conflicts(t):
             if state.views.held(t.switch_id, xc):
                 for job in state.jobs.values():
-                    for other in job.instances.values():
+                    for other in [*job.instances.values(), *job.retired]:
                         if other.holders and any(
                             ot.switch_id == t.switch_id and xc in ot.cross_connects
                             for ot in other.plan.targets

@@ -99,11 +99,12 @@ class CoordinatorState:
         if job is None:
             raise UnknownJob(job_id)
         out: list[Decision] = []
-        for inst in job.instances.values():
+        for inst in [*job.instances.values(), *job.retired]:
             out.extend(self.refuse_waiting(job, inst, ErrorCode.CANCELLED, "job unregistered"))
             if inst.holders:
                 self.views.unhold(inst.plan)
             inst.holders.clear()
+            inst.queued = False  # off the queue below; an op in flight must not dequeue it
         self.queue = [i for i in self.queue if i.job_id != job_id]
         self.recovering.pop(job_id, None)
         for p in job.layout.placements:
@@ -265,4 +266,8 @@ class CoordinatorState:
     def maybe_drop(self, job: JobRecord, inst: Instance) -> None:
         """Forget ``inst`` once nobody waits for, holds or switches it."""
         if not inst.holders and not inst.waiting and inst.op_id is None and not inst.queued:
-            job.instances.pop((inst.phase, inst.iteration), None)
+            key = (inst.phase, inst.iteration)
+            if job.instances.get(key) is inst:
+                del job.instances[key]
+            elif inst in job.retired:
+                job.retired.remove(inst)

@@ -147,6 +147,10 @@ async def test_bad_batched_requests_are_refused_per_rank_naming_the_field(
         (r,) = await s.replies(1)
         assert (r.error.rank, r.error.code) == (5, agent_pb2.INVALID_PHASE)
         assert "release: rank 5 does not hold phase" in r.error.message
+        await s.send(enter(RING_ID, list(range(20000)), 4))  # refused whole: one reply
+        (r,) = await s.replies(1)
+        assert r.error.code == agent_pb2.INVALID_RANK and r.error.request_id == 4
+        assert "enter_many.ranks: 20000 ranks in one message, at most 16384" in r.error.message
         assert devices["ocs-rail0"].cross_connects == before  # nothing switched
     finally:
         await s.close()

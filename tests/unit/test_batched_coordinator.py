@@ -16,8 +16,10 @@ from lightrail.controller.core.decisions import (
     Decision,
     Reconfigure,
     Reject,
+    Rewire,
     per_rank,
 )
+from lightrail.controller.core.planner import SwitchTarget, plan_phase
 from lightrail.controller.domain.errors import ErrorCode
 from lightrail.controller.domain.fabric import rail_fabric
 from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup, RankPlacement
@@ -353,3 +355,97 @@ def test_batched_admits_what_rank_by_rank_admits_across_steps(data: st.DataObjec
     twin = run_program(data, exact=False)
     assert sorted(a[:3] for a in twin.a.admitted) == sorted(b[:3] for b in twin.b.admitted)
     assert twin.a.c.held_by_job("job") == twin.b.c.held_by_job("job") == 0
+
+
+# --- found by review (adversarial scripts) ---------------------------------------------------
+
+
+def test_provisioning_never_breaks_what_a_switching_phase_keeps() -> None:
+    """An op carries only what its phase lacks; the cross-connects the phase keeps must not
+    be broken meanwhile (here: by provisioning the declared next phase), or the phase would be
+    admitted onto circuits the switch no longer has."""
+    ring = PhaseKey(ProcessGroup.of([0, 2, 4, 6]), Collective.ALL_REDUCE)  # rail 0
+    other = PhaseKey(ProcessGroup.of([1, 3, 5, 7]), Collective.ALL_REDUCE)  # rail 1
+    pair = PhaseKey(ProcessGroup.of([2, 4]), Collective.SEND_RECV)  # host1 <-> host2, rail 0
+    c = PhaseCoordinator(rail_fabric("t", 4, 2, delay_s=0.0), default_timeout_s=5.0)
+    c.register_job("job", "t", [RankPlacement(r, f"host{r // 2}", r % 2) for r in range(8)],
+                   declared_phases=[other, pair])
+    (target,) = plan_targets(c, ring)
+    kept = sorted(target.cross_connects)
+    c.set_confirmed("ocs-rail0", kept[:-1])  # the switch has the ring but one hop
+    c.set_confirmed("ocs-rail1", [])
+    (rx,) = only(c.enter_many("job", [0, 2, 4, 6], ring, 1, 0.0), Reconfigure)
+    assert isinstance(rx, Reconfigure)
+    assert [sorted(t.cross_connects) for t in rx.targets] == [[kept[-1]]]  # only what lacks
+    complete(c, c.enter_many("job", [1, 3, 5, 7], other, 2, 0.0), 0.1)
+    out, _ = c.release_many("job", [1, 3, 5, 7], other, 0.2)  # would provision the pair
+    for d in only(out, Reconfigure):
+        assert isinstance(d, Reconfigure)
+        for t in d.targets:
+            assert t.switch_id != "ocs-rail0" or not (t.ports & set(
+                p for x in kept for p in x.ports())), "provisioning touches the kept ring"
+    admitted = complete(c, c.reconfigured(rx.op_id, 0.3), 0.3)
+    assert admitted_ranks(admitted) == [0, 2, 4, 6]
+    assert set(kept) <= c.confirmed("ocs-rail0")
+
+
+def plan_targets(c: PhaseCoordinator, phase: PhaseKey) -> tuple[SwitchTarget, ...]:
+    return plan_phase(c.job("job"), phase).targets
+
+
+def test_a_kept_cross_connect_lost_while_switching_blocks_the_admission() -> None:
+    """A read-back during the op finds a kept cross-connect gone: the phase is not admitted;
+    it switches again."""
+    c = coordinator()
+    complete(c, c.enter_many("job", WORLD, RING, 1, 0.0), 0.1)
+    c.release_many("job", WORLD, RING, 0.2)
+    out = complete(c, c.enter_many("job", [0, 4], PAIR, 2, 0.3), 0.3)
+    c.release_many("job", [0, 4], PAIR, 0.4)
+    (rec,) = only(c.enter_many("job", WORLD, RING, 3, 0.5, iteration=1), Reconfigure)
+    assert isinstance(rec, Reconfigure)
+    # the pair broke only rail-0 hops: the ring's rail-1 half is kept, not in the op
+    assert not next(t for t in rec.targets if t.switch_id == "ocs-rail1").cross_connects
+    lost = sorted(c.confirmed("ocs-rail1"))[0]
+    c.set_confirmed("ocs-rail1", c.confirmed("ocs-rail1") - {lost})  # e.g. read back after an alarm
+    out = c.reconfigured(rec.op_id, 0.6)
+    assert admitted_ranks(out) == []
+    (again,) = only(out, Reconfigure)
+    assert isinstance(again, Reconfigure)
+    assert lost in next(t for t in again.targets if t.switch_id == "ocs-rail1").cross_connects
+    assert admitted_ranks(c.reconfigured(again.op_id, 0.7)) == WORLD
+
+
+def test_unregistering_a_job_while_its_phase_switches() -> None:
+    """Review finding: the switch's confirmation after UnregisterJob crashed the coordinator
+    (the instance still marked queued); the job registers again and switches normally."""
+    c = coordinator()
+    (rec,) = only(c.enter_many("job", WORLD, RING, 1, 0.0), Reconfigure)
+    assert isinstance(rec, Reconfigure)
+    assert {d.code for d in c.unregister_job("job") if isinstance(d, Reject)} == {
+        ErrorCode.CANCELLED}
+    assert c.reconfigured(rec.op_id, 0.1) == []
+    c.register_job("job", "t", [RankPlacement(r, f"host{r // 2}", r % 2) for r in range(8)])
+    out = c.enter_many("job", [0, 2], PhaseKey(ProcessGroup.of([0, 2]), Collective.SEND_RECV),
+                       2, 0.2)
+    (rec2,) = only(out, Reconfigure)
+    assert isinstance(rec2, Reconfigure)
+    c.unregister_job("job")
+    assert c.reconfigured(rec2.op_id, 0.3, error="boom") == []
+
+
+def test_a_failed_over_rank_does_not_join_the_instance_its_peers_still_hold() -> None:
+    """Review finding: after a failover the replacement rank entered the step its live peer
+    still held and was admitted at once, onto the old plan, while the rewire that moves its
+    circuits was in flight. The old instance is closed: the rank waits for a new one."""
+    ring = PhaseKey(ProcessGroup.of([0, 1]), Collective.ALL_REDUCE)
+    c = PhaseCoordinator(rail_fabric("t", 2, 1, delay_s=0.0, spares=1))
+    c.register_job("job", "t", [RankPlacement(0, "host0", 0), RankPlacement(1, "host1", 0)])
+    complete(c, c.enter_many("job", [0, 1], ring, 1, 0.0), 0.1)
+    (rw,) = [d for d in c.replace_rank("job", 0, "host2", 0, 0.2) if isinstance(d, Rewire)]
+    assert c.enter_many("job", [0], ring, 2, 0.3) == []  # not admitted onto the old plan
+    c.reconfigured(rw.op_id, 0.4)
+    out, _ = c.release_many("job", [1], ring, 0.5)  # the live peer leaves the old instance
+    out += c.enter_many("job", [1], ring, 3, 0.5)
+    done = complete(c, out, 0.6)
+    assert admitted_ranks(done) == [0, 1]
+    assert c.held_by_job("job") == 2
