@@ -335,7 +335,8 @@ def run_program(data: st.DataObject, exact: bool) -> Twin:
     return twin
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_batched_switches_and_admits_exactly_as_rank_by_rank(data: st.DataObject) -> None:
     """Within one training step: the batched coordinator makes the same switches in the same
@@ -347,7 +348,8 @@ def test_batched_switches_and_admits_exactly_as_rank_by_rank(data: st.DataObject
         assert twin.a.c.confirmed(sid) == twin.b.c.confirmed(sid)
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_batched_admits_what_rank_by_rank_admits_across_steps(data: st.DataObject) -> None:
     """Across training steps: both admit the same ranks into the same phase instances over
