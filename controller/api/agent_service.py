@@ -354,11 +354,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             for req in batch.requests:
                 kind = req.WhichOneof("kind")
                 if kind == "enter_many":  # the hot path first
-                    if leader:
-                        self._enter_many(req.enter_many, sink, decoder)
-                    else:
-                        self._not_leader(req.enter_many.job_id, req.enter_many.ranks,
-                                         req.enter_many.request_id, sink)
+                    self._on_enter_many(req.enter_many, leader, sink, decoder)
                 elif kind == "release_many":
                     if leader:
                         self._release_many(req.release_many, sink, decoder)
@@ -380,14 +376,26 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         for rank in ranks:
             sink.deliver(Reject(job_id, rank, request_id, ErrorCode.NOT_LEADER, "not the leader"))
 
+    def _on_enter_many(self, e: agent_pb2.EnterMany, leader: bool, sink: _StreamSink,
+                       decoder: PhaseKeyDecoder) -> None:
+        if len(e.ranks) > MAX_BATCH_RANKS:
+            self._too_many(e, sink)
+        elif leader:
+            self._enter_many(e, sink, decoder)
+        else:
+            self._not_leader(e.job_id, e.ranks, e.request_id, sink)
+
+    @staticmethod
+    def _too_many(e: agent_pb2.EnterMany, sink: _StreamSink) -> None:
+        """Refuse an EnterMany of more than ``MAX_BATCH_RANKS`` ranks whole, with one error
+        (its refusals rank by rank would not fit in a reply)."""
+        sink.push(agent_pb2.PhaseReply(error=agent_pb2.PhaseError(
+            job_id=e.job_id, request_id=e.request_id, code=agent_pb2.INVALID_RANK,
+            message=f"enter_many.ranks: {len(e.ranks)} ranks in one message, at most "
+                    f"{MAX_BATCH_RANKS}")))
+
     def _enter_many(self, e: agent_pb2.EnterMany, sink: _StreamSink,
                     decoder: PhaseKeyDecoder) -> None:
-        if len(e.ranks) > MAX_BATCH_RANKS:  # its refusals rank by rank would not fit a reply
-            sink.push(agent_pb2.PhaseReply(error=agent_pb2.PhaseError(
-                job_id=e.job_id, request_id=e.request_id, code=agent_pb2.INVALID_RANK,
-                message=f"enter_many.ranks: {len(e.ranks)} ranks in one message, at most "
-                        f"{MAX_BATCH_RANKS}")))
-            return
         try:
             phase = decoder.phase(e.phase_id, "enter_many.phase_id")
             timeout_s = timeout_from_pb(e)
