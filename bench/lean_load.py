@@ -165,26 +165,26 @@ class LeanLoad:
 
     # --- requests ------------------------------------------------------------------------
 
-    def _enter(self, phase_id: int, b: int, ranks: Sequence[int]) -> agent_pb2.PhaseRequest:
+    def _enter(self, batch: agent_pb2.PhaseRequestBatch, phase_id: int, b: int,
+               ranks: Sequence[int]) -> None:
+        """Append an EnterMany to ``batch`` (built in place: no message copies)."""
         self._request_id += 1
-        req = agent_pb2.PhaseRequest()
-        e = req.enter_many
+        e = batch.requests.add().enter_many
         e.job_id = self.job_id
         e.phase_id = phase_id
         e.iteration = b
         e.ranks.extend(ranks)
         e.request_id = self._request_id
         e.timeout_s = self.timeout_s
-        return req
 
-    def _release(self, phase_id: int, b: int, ranks: Sequence[int]) -> agent_pb2.PhaseRequest:
-        req = agent_pb2.PhaseRequest()
-        r = req.release_many
+    def _release(self, batch: agent_pb2.PhaseRequestBatch, phase_id: int, b: int,
+                 ranks: Sequence[int]) -> None:
+        """Append a ReleaseMany to ``batch``."""
+        r = batch.requests.add().release_many
         r.job_id = self.job_id
         r.phase_id = phase_id
         r.iteration = b
         r.ranks.extend(ranks)
-        return req
 
     def _defines(self) -> agent_pb2.PhaseRequestBatch:
         batch = agent_pb2.PhaseRequestBatch()
@@ -326,17 +326,22 @@ class LeanLoad:
                      enters: dict[tuple[int, int, int], list[int]]) -> None:
         """Per stream one message: its releases, then its enters (stream, boundary, phase
         -> ranks)."""
-        per_stream: dict[int, list[agent_pb2.PhaseRequest]] = {}
+        per_stream: dict[int, agent_pb2.PhaseRequestBatch] = {}
         for (k, b, pid), ranks in releases.items():
-            per_stream.setdefault(k, []).append(self._release(pid, b, ranks))
+            batch = per_stream.get(k)
+            if batch is None:
+                batch = per_stream[k] = agent_pb2.PhaseRequestBatch()
+            self._release(batch, pid, b, ranks)
         for (k, b, pid), ranks in enters.items():
-            per_stream.setdefault(k, []).append(self._enter(pid, b, ranks))
+            batch = per_stream.get(k)
+            if batch is None:
+                batch = per_stream[k] = agent_pb2.PhaseRequestBatch()
+            self._enter(batch, pid, b, ranks)
             self.max_entered = max(self.max_entered, b)
         t = time.perf_counter()
         for b, pid in {(b, pid) for (_, b, pid) in enters}:
             self.instances[b][pid].sent(t)
-        writes = [calls[k].write(agent_pb2.PhaseRequestBatch(requests=reqs))
-                  for k, reqs in per_stream.items()]
+        writes = [calls[k].write(batch) for k, batch in per_stream.items()]
         if len(writes) == 1:
             await writes[0]
         else:  # the streams' writes overlap instead of waiting for each other
