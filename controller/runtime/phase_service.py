@@ -207,9 +207,8 @@ class PhaseService:
         compute_gap_s: float = 0.0,
     ) -> None:
         """Ask for admission of one rank; ``enter_many`` with one rank."""
-        self._dispatch(self.coordinator.enter_many(
-            job_id, (rank,), phase, request_id, self.now(), timeout_s, iteration, nbytes,
-            compute_gap_s, self.route(sink)))
+        self.enter_many(job_id, (rank,), phase, request_id, timeout_s, sink, iteration, nbytes,
+                        compute_gap_s)
 
     def enter_many(
         self,

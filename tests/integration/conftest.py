@@ -1,5 +1,5 @@
-"""Store fixtures for integration tests against a real etcd (``etcd`` comes from
-tests/conftest.py)."""
+"""Fixtures for integration tests against a real etcd (``etcd`` comes from tests/conftest.py):
+stores on a test's own prefix, and the emulated devices a test's controller drives."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest_asyncio
 
 from lightrail.controller.store.etcd import EtcdStore
 from lightrail.controller.store.etcd_server import EmbeddedEtcd
+from lightrail.emulator.ocs import EmulatedFabricDevices
 
 StoreFactory = Callable[[], Awaitable[EtcdStore]]
 """Opens one more store (another replica's connection) on the test's prefix."""
@@ -40,3 +41,9 @@ async def store_factory(etcd: EmbeddedEtcd, store_prefix: str) -> AsyncIterator[
 async def store(store_factory: StoreFactory) -> EtcdStore:
     """A connected store on the test's own prefix."""
     return await store_factory()
+
+
+@pytest_asyncio.fixture
+async def devices() -> EmulatedFabricDevices:
+    """The emulated switches a test's controller drives (they outlive the controller)."""
+    return EmulatedFabricDevices()

@@ -27,11 +27,6 @@ PLACE = [RankPlacement(0, "host0", 0), RankPlacement(1, "host1", 0)]
 
 
 @pytest_asyncio.fixture
-async def devices() -> EmulatedFabricDevices:
-    return EmulatedFabricDevices()
-
-
-@pytest_asyncio.fixture
 async def ctl(etcd: EmbeddedEtcd, devices: EmulatedFabricDevices
               ) -> AsyncIterator[RunningController]:
     cfg = embedded_config(etcd.endpoint, FabricSection.model_validate(

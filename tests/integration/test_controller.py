@@ -35,11 +35,6 @@ N = 4
 
 
 @pytest_asyncio.fixture
-async def devices() -> EmulatedFabricDevices:
-    return EmulatedFabricDevices()
-
-
-@pytest_asyncio.fixture
 async def ctl(etcd: EmbeddedEtcd, devices: EmulatedFabricDevices
               ) -> AsyncIterator[RunningController]:
     cfg = embedded_config(

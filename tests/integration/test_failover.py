@@ -33,11 +33,6 @@ def xc(a: int, b: int) -> CrossConnect:
 
 
 @pytest_asyncio.fixture
-async def devices() -> EmulatedFabricDevices:
-    return EmulatedFabricDevices()
-
-
-@pytest_asyncio.fixture
 async def ctl(etcd: EmbeddedEtcd, devices: EmulatedFabricDevices
               ) -> AsyncIterator[RunningController]:
     cfg = embedded_config(etcd.endpoint, FabricSection.model_validate(
