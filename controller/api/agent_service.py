@@ -80,9 +80,8 @@ class _StreamSink:
     def deliver_admitted(self, decision: Admitted, entry: AdmittedBatch) -> None:
         phase_id = self._decoder.phase_id_of(decision.phase)
         if phase_id is None:
-            for admit in decision.per_rank():
-                if admit.request_id == entry.request_id and admit.rank in entry.ranks:
-                    fill_reply(self._batch.replies.add(), admit)
+            for admit in decision.admits(entry):
+                fill_reply(self._batch.replies.add(), admit)
             self._last = None
             self._event.set()
             return

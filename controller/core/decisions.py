@@ -88,11 +88,15 @@ class Admitted:
         """How many ranks were admitted."""
         return sum(len(e.ranks) for e in self.entries)
 
+    def admits(self, entry: AdmittedBatch) -> list[Admit]:
+        """One ``Admit`` per rank of ``entry`` (one of ``entries``)."""
+        waited_s = self.at_s - entry.arrived_s
+        return [Admit(self.job_id, r, entry.request_id, self.phase, self.noop, waited_s,
+                      self.device_s, steps=self.steps) for r in entry.ranks]
+
     def per_rank(self) -> list[Admit]:
         """One ``Admit`` per rank, in arrival order."""
-        return [Admit(self.job_id, r, e.request_id, self.phase, self.noop,
-                      self.at_s - e.arrived_s, self.device_s, steps=self.steps)
-                for e in self.entries for r in e.ranks]
+        return [a for e in self.entries for a in self.admits(e)]
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,9 +59,6 @@ class Instance:
     were not found on the switches: nobody joins it without a switch first."""
     arrived: set[int] = field(default_factory=set)
     """The ranks of the group that entered this instance (waiting, holding or released)."""
-    held_back: bool = False
-    """True while the instance may not take circuits yet (``scheduling.held_back``): a rank of
-    its group has not entered it. It then neither switches nor claims ports."""
 
 
 @dataclass(slots=True, eq=False)

@@ -40,9 +40,7 @@ def schedule(
             state.maybe_drop(job, inst)
             continue
         if held_back(inst):
-            inst.held_back = True  # it neither switches nor claims ports (liveness)
-            continue
-        inst.held_back = False
+            continue  # it neither switches nor claims ports (liveness)
         if state.views.ready(inst.plan) and not any(
             not t.ports.isdisjoint(claimed.get(t.switch_id, ())) for t in inst.plan.targets
         ):
@@ -112,7 +110,7 @@ def claimed_by_older(state: CoordinatorState, plan: Plan) -> bool:
     """True when a waiting (not yet switching) phase needs one of ``plan``'s ports or must
     break a cross-connect ``plan`` would hold."""
     for q in state.queue:
-        if q.op_id is not None or not q.waiting or q.held_back:
+        if q.op_id is not None or not q.waiting or held_back(q):
             continue
         for qt in q.plan.targets:
             for t in plan.targets:

@@ -61,11 +61,8 @@ class PerRankSink:
         raise NotImplementedError
 
     def deliver_admitted(self, decision: Admitted, entry: AdmittedBatch) -> None:
-        waited_s = decision.at_s - entry.arrived_s
-        for r in entry.ranks:
-            self.deliver(Admit(decision.job_id, r, entry.request_id, decision.phase,
-                               decision.noop, waited_s, decision.device_s,
-                               steps=decision.steps))
+        for admit in decision.admits(entry):
+            self.deliver(admit)
 
 
 class ReconcileResult(Protocol):
