@@ -19,8 +19,10 @@ Protocol, per phase instance (job, phase key):
    reconfiguration as soon as no cross-connect they must break is held and none of their ports
    is being switched or claimed by an older waiting phase. The reconfiguration is a
    ``Reconfigure`` decision carrying only what changes.
-3. ``reconfigured``: on confirmation every waiting rank of the phase is admitted; on failure
-   each gets ``DEVICE_FAILURE`` and the switch's view is dropped until it is read back.
+3. ``reconfigured``: on confirmation every waiting rank of the phase is admitted, once its
+   whole plan is confirmed (the op changed only what was missing: if a kept cross-connect was
+   lost meanwhile, the phase switches again); on failure each gets ``DEVICE_FAILURE`` and the
+   switch's view is dropped until it is read back.
 4. ``release``: the rank's holds are dropped; the last release lets waiting phases switch, and
    the predicted next phase is provisioned (``provisioning``).
 
@@ -240,11 +242,17 @@ class PhaseCoordinator:
                     inst.verified = False
 
     def distrust(self, switch_id: str) -> None:
-        """The switch may have changed behind our back (alarm, reboot): its ports are unknown
-        (nothing admitted or switched there) until ``set_confirmed`` with a read-back. Held
-        cross-connects stay visible to the hold checks."""
-        views = self._s.views
-        views.forget(switch_id, list(views.confirmed[switch_id]))
+        """The switch may have changed behind our back (alarm, reboot): every port in its view
+        is unknown (nothing admitted or switched there) until ``set_confirmed`` with a
+        read-back, and instances held on it take no more joiners without a check (a held
+        cross-connect stays in the view, for the hold checks, but its ports are unknown
+        too)."""
+        s = self._s
+        s.views.distrust(switch_id)
+        for job in s.jobs.values():
+            for inst in [*job.instances.values(), *job.retired]:
+                if inst.holders and any(t.switch_id == switch_id for t in inst.plan.targets):
+                    inst.verified = False
 
     def schedule(self, now: float) -> list[Decision]:
         """Re-examine waiting phases (after ``set_confirmed`` made ports known again)."""
@@ -642,7 +650,7 @@ class PhaseCoordinator:
         out: list[Decision] = []
         if error is None:
             job.reconfigurations += 1
-            if not s.views.ready(inst.plan):
+            if inst.waiting and not s.views.ready(inst.plan):
                 return schedule(s, now)
             inst.verified = True
             admitted = s.admit_waiting(job, inst, now, False, device_s)

@@ -55,8 +55,9 @@ class Instance:
     op_id: int | None = None
     queued: bool = False
     verified: bool = True
-    """False for an instance re-created from holds reported after a restart whose circuits
-    were not found on the switches: nobody joins it without a switch first."""
+    """False while its holders' circuits are not known to be there (re-created from holds
+    reported after a restart and not found on the switches; a read-back that lost one; a
+    switch distrusted after an alarm): nobody joins it without its plan confirmed first."""
     arrived: set[int] = field(default_factory=set)
     """The ranks of the group that entered this instance (waiting, holding or released)."""
 

@@ -115,10 +115,12 @@ def _restart(state: CoordinatorState, job: JobRecord, rank: int, message: str) -
     cross-connects to or from the failed endpoint, which carry no live traffic any more."""
     job_id = job.layout.job_id
     out: list[Decision] = []
-    for inst in job.instances.values():
+    for inst in [*job.instances.values(), *job.retired]:
         out.extend(state.refuse_waiting(job, inst, ErrorCode.PLACEMENT_CHANGED, message))
         if rank in inst.holders:
             state.remove_holder(inst, rank)
+    for inst in list(job.retired):  # a retired instance the failed rank held last is done
+        state.maybe_drop(job, inst)
     state.queue = [i for i in state.queue if i.job_id != job_id]
     for inst in job.instances.values():
         inst.queued = False

@@ -107,20 +107,17 @@ def _claim_ports(
 
 
 def claimed_by_older(state: CoordinatorState, plan: Plan) -> bool:
-    """True when a waiting (not yet switching) phase needs one of ``plan``'s ports or must
-    break a cross-connect ``plan`` would hold."""
+    """True when a queued phase claims one of ``plan``'s ports, as ``schedule`` counts claims:
+    one that is switching, or one whose whole group waits for circuits. (A cross-connect it
+    must break that ``plan`` would hold lies on its ports: a plan's ports cover its
+    cross-connects.)"""
     for q in state.queue:
-        if q.op_id is not None or not q.waiting or held_back(q):
+        if q.op_id is None and (not q.waiting or held_back(q)):
             continue
         for qt in q.plan.targets:
             for t in plan.targets:
-                if t.switch_id != qt.switch_id:
-                    continue
-                if not t.ports.isdisjoint(qt.ports):
+                if t.switch_id == qt.switch_id and not t.ports.isdisjoint(qt.ports):
                     return True
-                for xc in state.views.conflicts(qt):
-                    if xc in t.cross_connects:
-                        return True
     return False
 
 

@@ -152,6 +152,15 @@ class SwitchViews:
             self._drop(view, confirmed, p)
             unknown.add(p)
 
+    def distrust(self, switch_id: str) -> None:
+        """The switch may have changed behind our back: ``forget`` every port of its view, and
+        mark the ports of the held cross-connects ``forget`` keeps unknown as well (they stay
+        in the view for the hold checks, but nobody is admitted onto them before a
+        read-back)."""
+        view = self.confirmed[switch_id]
+        self.forget(switch_id, list(view))
+        self.unknown[switch_id].update(view)
+
     def begin(self, ports: Mapping[str, frozenset[int]]) -> None:
         """A reconfiguration starts switching ``ports`` (switch id -> ports)."""
         for sid, p in ports.items():

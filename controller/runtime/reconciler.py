@@ -156,6 +156,7 @@ class _Worker:
         "index",
         "log",
         "makes",
+        "pending",
         "queue",
         "reconfigurations",
         "stale",
@@ -171,6 +172,9 @@ class _Worker:
         self.queue: asyncio.Queue[_Request | None] = asyncio.Queue()
         self.task: asyncio.Task[None] | None = None
         self.busy = False
+        self.pending = 0
+        """Requests put on ``queue`` and not served yet: while there are any, nothing runs
+        inline (it would overtake them)."""
         self.idle = asyncio.Event()
         """Set when a request served inline (``Reconciler.reconcile``) ends."""
         self.caps: SwitchCapabilities | None = None
@@ -371,12 +375,13 @@ class Reconciler:
         if self._lifecycle is not _Lifecycle.RUNNING:
             raise ReconcilerStopped(f"reconciler is {self._lifecycle.value}")
         _check_request(switch_id, worker.caps, ports, target)
-        if not worker.busy and worker.queue.empty():
+        if not worker.busy and not worker.pending:
             if not worker.stale and worker.satisfied(ports, target):
                 return NOOP
             if inline:
                 return await self._reconcile_inline(worker, ports, target)
         future: asyncio.Future[ReconcileOutcome] = asyncio.get_running_loop().create_future()
+        worker.pending += 1
         worker.queue.put_nowait(_ReconcileRequest(ports, target, future))
         return await future
 
@@ -408,6 +413,7 @@ class Reconciler:
         future: asyncio.Future[frozenset[CrossConnect]] = (
             asyncio.get_running_loop().create_future()
         )
+        worker.pending += 1
         worker.queue.put_nowait(_ReadBackRequest(future))
         return await future
 
@@ -456,16 +462,19 @@ class Reconciler:
                 request = await queue.get()
                 if request is None:
                     return
-                while worker.busy:  # a request served inline in its caller's task
-                    worker.idle.clear()
-                    await worker.idle.wait()
-                if request.future.done():  # the caller gave up while queued
-                    continue
-                worker.busy = True
                 try:
-                    await self._serve(worker, request)
+                    while worker.busy:  # a request served inline in its caller's task
+                        worker.idle.clear()
+                        await worker.idle.wait()
+                    if request.future.done():  # the caller gave up while queued
+                        continue
+                    worker.busy = True
+                    try:
+                        await self._serve(worker, request)
+                    finally:
+                        worker.busy = False
                 finally:
-                    worker.busy = False
+                    worker.pending -= 1
         finally:
             self._fail_pending(worker)
 

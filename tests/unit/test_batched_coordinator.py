@@ -451,3 +451,41 @@ def test_a_failed_over_rank_does_not_join_the_instance_its_peers_still_hold() ->
     done = complete(c, out, 0.6)
     assert admitted_ranks(done) == [0, 1]
     assert c.held_by_job("job") == 2
+
+
+def test_a_second_failover_of_a_rank_holding_a_retired_instance_leaves_no_hold() -> None:
+    """Review finding: rank 1 kept holding the instance rank 0's failover retired, then failed
+    over itself: its hold on the retired instance was never dropped (nobody could release
+    it), blocking those ports for every later phase."""
+    ring = PhaseKey(ProcessGroup.of([0, 1]), Collective.ALL_REDUCE)
+    c = PhaseCoordinator(rail_fabric("t", 2, 1, delay_s=0.0, spares=2), provisioning=False)
+    c.register_job("job", "t", [RankPlacement(0, "host0", 0), RankPlacement(1, "host1", 0)])
+    complete(c, c.enter_many("job", [0, 1], ring, 1, 0.0), 0.1)
+    for d in c.replace_rank("job", 0, "host2", 0, 0.2):  # rank 1 keeps the retired ring
+        if isinstance(d, Rewire):
+            c.reconfigured(d.op_id, 0.3)
+    for d in c.replace_rank("job", 1, "host3", 0, 0.4):  # rank 1 fails while holding it
+        if isinstance(d, Rewire):
+            c.reconfigured(d.op_id, 0.5)
+    assert c.held_by_job("job") == 0
+    # the rewires moved the ring: it is admitted at once on the new placement; once its ranks
+    # release it, no hold may remain on any switch (the coordinator's own hold counts)
+    assert admitted_ranks(c.enter_many("job", [0, 1], ring, 2, 0.6)) == [0, 1]
+    c.release_many("job", [0, 1], ring, 0.7)
+    assert not any(c._s.views._held.values())  # nothing public counts holds
+
+
+def test_after_an_alarm_nobody_joins_held_circuits_before_a_read_back() -> None:
+    """Review finding: after ``distrust`` the held cross-connects stayed confirmed, so a rank
+    re-entering the held instance was admitted onto circuits nobody had read back."""
+    ring = PhaseKey(ProcessGroup.of([0, 1, 2]), Collective.ALL_REDUCE)
+    c = PhaseCoordinator(rail_fabric("t", 3, 1, delay_s=0.0), provisioning=False)
+    c.register_job("job", "t", [RankPlacement(r, f"host{r}", 0) for r in range(3)])
+    assert admitted_ranks(complete(c, c.enter_many("job", [0, 1, 2], ring, 1, 0.0), 0.1)) == [
+        0, 1, 2]
+    on_switch = c.confirmed("ocs-rail0")
+    c.release_many("job", [2], ring, 0.2)  # rank 2 leaves early; 0 and 1 still hold
+    c.distrust("ocs-rail0")  # an alarm: the switch may have rebooted
+    assert admitted_ranks(c.enter_many("job", [2], ring, 2, 0.3)) == []
+    c.set_confirmed("ocs-rail0", on_switch)  # the read-back finds the circuits there
+    assert admitted_ranks(c.schedule(0.4)) == [2]

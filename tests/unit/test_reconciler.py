@@ -463,3 +463,34 @@ async def test_device_without_readback_trusts_the_apply_result() -> None:
         assert outcome.added == {xc(1, 5)}
         assert w.ocs(sid).command_count == commands + 1  # the apply, no read-back
         assert rec.confirmed(sid) == {xc(1, 5)}
+
+
+async def test_an_inline_request_never_overtakes_a_queued_one() -> None:
+    """Review finding: once the worker had taken a queued request off its queue and waited
+    for an inline one to end, a hot-path task that found the worker idle in that moment ran
+    inline before it."""
+    sid = unique("ocs")
+    t = ManualTime(start_s=0.0, auto=False)
+    w = World(t, {sid: NXN40})
+    async with running(await w.reconciler()) as rec:
+        await rec.read_back(sid)
+        first = asyncio.create_task(
+            rec.reconcile(sid, frozenset({1, 41}), frozenset({xc(1, 41)}), inline=True))
+        await t.wait_sleepers(1)  # the inline apply is settling
+        queued = asyncio.create_task(rec.read_back(sid))  # submitted second: must run second
+        worker = rec._workers[sid]  # the reconciler exposes no "busy": watch it directly
+
+        async def hot_path() -> object:
+            while not first.done() and worker.busy:  # runnable the moment ``first`` ends
+                await asyncio.sleep(0)
+            return await rec.reconcile(sid, frozenset({2, 42}), frozenset({xc(2, 42)}),
+                                       inline=True)
+
+        third = asyncio.create_task(hot_path())
+        await asyncio.sleep(0)
+        await t.advance(DELAY_S)
+        assert await asyncio.wait_for(queued, 2.0) == frozenset({xc(1, 41)})  # not xc(2, 42)
+        await t.wait_sleepers(1)
+        await t.advance(DELAY_S)
+        await asyncio.wait_for(asyncio.gather(first, third), 2.0)
+    assert w.ocs(sid).cross_connects == {xc(1, 41), xc(2, 42)}
