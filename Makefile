@@ -1,16 +1,16 @@
 # Lightrail — `make demo` and `make test` work on a fresh Debian machine.
 # They create .venv (pinned requirements.lock) and, when run as root, apt-get install
-# the Debian package the tests and the demo need (etcd-server).
+# the Debian packages they need (etcd-server; python3-venv, without which Debian's python3
+# cannot create the venv).
 
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-APT_PACKAGES := etcd-server
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint typecheck check proto bench system-deps clean
 
-$(STAMP): requirements.lock pyproject.toml
+$(STAMP): requirements.lock pyproject.toml | system-deps
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.lock
@@ -22,6 +22,7 @@ venv: $(STAMP)
 system-deps:
 	@missing=""; \
 	command -v etcd >/dev/null 2>&1 || missing="$$missing etcd-server"; \
+	$(PYTHON) -c "import ensurepip, venv" >/dev/null 2>&1 || missing="$$missing python3-venv"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = "0" ]; then \
 	    echo "installing Debian packages:$$missing"; \
