@@ -491,7 +491,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         except asyncio.CancelledError:
             # The caller went away: withdraw its wait (or its hold, if admitted meanwhile) so
             # no ghost holds circuits that nobody will release.
-            self._service.cancel(request.job_id, request.rank, request.request_id, sink)
+            self._service.cancel(request.job_id, request.rank, request.request_id)
             raise
         finally:
             self._service.detach(sink)

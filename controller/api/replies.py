@@ -27,27 +27,3 @@ def fill_reply(reply: agent_pb2.PhaseReply, decision: Admit | Reject) -> None:
         e.request_id = decision.request_id
         e.code = ERROR_TO_PB[decision.code]
         e.message = decision.message
-
-
-def reply_to_pb(decision: Admit | Reject) -> agent_pb2.PhaseReply:
-    """Encode an admission or refusal for a PhaseStream."""
-    if isinstance(decision, Admit):
-        return agent_pb2.PhaseReply(
-            admitted=agent_pb2.Admission(
-                job_id=decision.job_id,
-                rank=decision.rank,
-                request_id=decision.request_id,
-                noop=decision.noop,
-                steps=decision.steps,
-                device_s=decision.device_s,
-            )
-        )
-    return agent_pb2.PhaseReply(
-        error=agent_pb2.PhaseError(
-            job_id=decision.job_id,
-            rank=decision.rank,
-            request_id=decision.request_id,
-            code=ERROR_TO_PB[decision.code],
-            message=decision.message,
-        )
-    )

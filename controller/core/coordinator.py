@@ -114,7 +114,6 @@ class PhaseCoordinator:
         self.fabric = fabric
         self.default_timeout_s = default_timeout_s
         self.provisioning = provisioning
-        self.learn_iterations = learn_iterations
         self.advisor = advisor
         self._s = CoordinatorState(fabric)
         self._prov = Provisioner(self._s, learn_iterations, advisor)
@@ -710,7 +709,3 @@ class PhaseCoordinator:
         if out or ended:
             out.extend(schedule(s, now))
         return out
-
-def confirmed_snapshot(coordinator: PhaseCoordinator) -> Mapping[str, frozenset[CrossConnect]]:
-    """Every switch's confirmed cross-connects, for status displays."""
-    return {sid: coordinator.confirmed(sid) for sid in coordinator.fabric.switches}

@@ -227,7 +227,7 @@ class PhaseService:
             job_id, ranks, phase, request_id, self.now(), timeout_s, iteration, nbytes,
             compute_gap_s, self.route(sink)))
 
-    def cancel(self, job_id: str, rank: int, request_id: int, sink: ReplySink) -> None:
+    def cancel(self, job_id: str, rank: int, request_id: int) -> None:
         """The caller of ``request_id`` went away: withdraw its wait or ghost hold."""
         decisions = self.coordinator.cancel(job_id, rank, request_id, self.now())
         if decisions:

@@ -88,7 +88,7 @@ async def test_cancel_withdraws_the_wait() -> None:
         svc.enter("job", 0, P, 1, 5.0, sink)
         svc.enter("job", 2, P, 2, 5.0, peer)
         await asyncio.wait_for(rec.started.wait(), 5)
-        svc.cancel("job", 0, 1, sink)  # the RPC was cancelled while the switch ran
+        svc.cancel("job", 0, 1)  # the RPC was cancelled while the switch ran
         rec.gate.set()
         await svc.drain(5)
     assert sink.got == []
