@@ -297,11 +297,6 @@ async def _restore_jobs(repo: EtcdJobRepository, core: _Core, recovery_grace_s: 
     # Layouts and plans live as long as the daemon: keep the cyclic GC from rescanning
     # them on every collection (large jobs hold ~100k plan objects).
     gc.freeze()
-    # The hot path allocates short-lived, acyclic objects (decisions, batches, messages) that
-    # reference counting frees; collecting the young generation every 700 allocations (the
-    # default) costs 10-15 % of boundaries/s in bench/hot_path.py. Every 100k is enough for
-    # the few cycles there are.
-    gc.set_threshold(100_000, 50, 100)
     metrics.JOBS.set(len(coordinator.job_ids()))
 
 
