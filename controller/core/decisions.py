@@ -116,7 +116,8 @@ class Reject:
 @dataclass(frozen=True, slots=True)
 class Reconfigure:
     """Make the switches match ``targets``: on each ``SwitchTarget.ports`` exactly
-    ``SwitchTarget.cross_connects``. Report back with ``PhaseCoordinator.reconfigured(op_id)``."""
+    ``SwitchTarget.cross_connects`` (only what changes). ``plan`` is the phase's whole plan,
+    for the record. Report back with ``PhaseCoordinator.reconfigured(op_id)``."""
 
     op_id: int
     job_id: str
@@ -124,6 +125,7 @@ class Reconfigure:
     targets: tuple[SwitchTarget, ...]
     provisioning: bool = False
     """True when no rank asked yet: the schedule predicts ``phase`` comes next (Opus)."""
+    plan: Plan = field(kw_only=True)
 
 
 @dataclass(frozen=True, slots=True)

@@ -157,7 +157,7 @@ class Provisioner:
             return out
         op_id, targets = s.start_switch(None, job, phase, plan)
         job.provisioned[phase] = op_id
-        out.append(Reconfigure(op_id, job_id, phase, targets, provisioning=True))
+        out.append(Reconfigure(op_id, job_id, phase, targets, provisioning=True, plan=plan))
         return out
 
     def _free_ports(self, plan: Plan) -> dict[str, frozenset[int]] | None:

@@ -50,7 +50,7 @@ def schedule(
             continue
         op_id, targets = state.start_switch(inst, job, inst.phase, inst.plan)
         inst.op_id = op_id
-        out.append(Reconfigure(op_id, inst.job_id, inst.phase, targets))
+        out.append(Reconfigure(op_id, inst.job_id, inst.phase, targets, plan=inst.plan))
     return out
 
 

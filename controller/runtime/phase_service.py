@@ -160,16 +160,11 @@ class PhaseService:
             return
         dirty, self._dirty_plans = self._dirty_plans, {}
         for job_id, rec in dirty.items():
-            # what the job's last reconfiguration changed: per switch the cross-connects it
-            # made and every port it touched (cross-connects it kept are not in it)
             self._write(f"plans/{job_id}", {
                     "phase": str(rec.phase),
                     "switches": {
-                        t.switch_id: {
-                            "made": sorted([x.ingress, x.egress] for x in t.cross_connects),
-                            "ports": sorted(t.ports),
-                        }
-                        for t in rec.targets
+                        t.switch_id: sorted([x.ingress, x.egress] for x in t.cross_connects)
+                        for t in rec.plan.targets
                     },
                 })
 
