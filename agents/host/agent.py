@@ -3,14 +3,15 @@ bidirectional PhaseStream to the controller (DESIGN.md "Phase protocol").
 
 Batching: requests accumulate while a write is in flight and go out together as one
 ``PhaseRequestBatch``, the enters and releases of one phase instance as one
-``EnterMany`` / ``ReleaseMany``; the controller answers with one ``AdmitMany`` per phase
-instance. The controller's cost follows the
-number of streams, so one stream per host (or per rack relay) is what lets it scale.
+``EnterMany`` / ``ReleaseMany`` (phases named by per-stream ids, ``DefinePhase``); the
+controller answers with one ``AdmitMany`` per phase instance. The controller's cost follows
+the number of streams, so one stream per host (or per rack relay) is what lets it scale.
 
 Reconnect: when the stream breaks the agent reconnects with bounded exponential backoff and
-re-sends, in one batch, a ``HeldPhase`` for every rank that holds a phase and the pending
-``EnterPhase`` of every rank still waiting (same request ids), so a restarted controller learns
-who holds which circuits before it switches anything.
+re-sends, in one batch, the last release of every idle rank (it may have been lost), a
+``HeldPhase`` for every rank that holds a phase and the pending enter of every rank still
+waiting (as ``EnterMany`` again), then a ``SyncDone`` for those ranks, so a restarted
+controller learns who holds which circuits before it switches anything.
 """
 
 from __future__ import annotations
@@ -118,6 +119,8 @@ class _Encoder:
             r.phase_id = pid
             r.iteration = iteration
             r.ranks.extend(ranks)
+        for m in singles:  # holds, and releases beyond the phase-id limit: before any enter
+            self._single(reqs, m)
         later: list[_Out] = []
         for (job_id, phase, iteration, request_id), group in enters.items():
             pid = self._phase_id(reqs, phase)
@@ -136,7 +139,7 @@ class _Encoder:
             if first.nbytes:
                 e.nbytes = first.nbytes
                 e.compute_gap_s = first.compute_gap_s
-        for m in singles + later:
+        for m in later:
             self._single(reqs, m)
         return out
 
