@@ -530,8 +530,16 @@ def test_reconfigure_or_not_stays_when_delta_is_large() -> None:
         (0, True), (4, True), (2, True)]
     assert not [d for d in out if isinstance(d, Decided)]  # one decision per phase instance
     assert not only(out, Reconfigure)
-    # the ranks hold the circuits they run on (the reversed ring) until they release
+    # the ranks hold the circuits they run on (the reversed ring): nothing else may break them
+    # meanwhile. The pair host0 <-> host2 needs 3 -> N+1, whose port the held 3 -> N+2 uses.
     assert c.held_by_job("job") == 3
+    c.release("job", 0, THREE, 0.4)
+    c.release("job", 4, THREE, 0.4)
+    pair = PhaseKey(ProcessGroup.of([0, 4]), Collective.SEND_RECV)
+    out = c.enter("job", 0, pair, 4, 0.5) + c.enter("job", 4, pair, 5, 0.5)
+    assert not only(out, Reconfigure)  # rank 2 still holds the ring
+    out = c.release("job", 2, THREE, 0.6)
+    assert [d.phase for d in out if isinstance(d, Reconfigure)] == [pair]
 
 
 def test_reconfigure_or_not_switches_when_delta_is_microseconds() -> None:
