@@ -1,8 +1,10 @@
 """Hot-path benchmark of the phase protocol (DESIGN.md "Phase protocol"): EnterPhase -> admission.
 
 Run: ``.venv/bin/python bench/hot_path.py [--quick] [--n 8 64 256 2048] [--repeat 3]
-[--transport batch32 unary agent8 agent32] [--delay-ms 0] [--json]`` (``make bench``: the
-defaults). A script, not a test (pytest does not collect ``bench/``).
+[--workload ring-pair mixed] [--transport batch32 unary agent8 agent32] [--delay-ms 0]
+[--measured B] [--max-measured-s S] [--cell-timeout-s S] [--pair-dependency] [--no-pin]
+[--json]`` (``make bench``: the defaults; ``--help`` says what each does). A script, not a
+test (pytest does not collect ``bench/``).
 
 Method (after the way the Opus artifact's C++ controller was measured)
 -----------------------------------------------------------------------
@@ -17,7 +19,8 @@ Method (after the way the Opus artifact's C++ controller was measured)
 * Fabric ``rail: {hosts: N, gpus_per_host: 1}``: ONE rank per emulated host, all on GPU 0, so
   every rank's NIC lands on the single rail-0 OCS (N x N ports). With the usual 8 GPUs per host,
   N=8 would be one host and no phase would need a circuit; here every phase reconfigures rail 0.
-* One job of N ranks loops over phase boundaries. A *boundary* b is two phases:
+* One job of N ranks loops over phase boundaries. In the ``ring-pair`` workload (the C++
+  reference's method) a *boundary* b is two phases:
   1. ``ALL_REDUCE`` over ``ProcessGroup.of(range(N))`` (a ring over the N hosts: N
      cross-connects);
   2. ``SEND_RECV`` over the PP pair {0, P} with P = 8, or N/2 when N < 16 (N=8: ranks 0 and 4):
@@ -29,13 +32,17 @@ Method (after the way the Opus artifact's C++ controller was measured)
   ring at once; the coordinator holds that ring back until ranks 0 and P have entered it too
   (``lightrail.controller.core.scheduling.held_back``), so no artificial pipeline dependency
   is needed any more (``--pair-dependency`` restores it for the per-rank transports).
+* The ``mixed`` workload (batch transports, N >= 10) makes a boundary of nine phase instances:
+  the DP ring, four PP pairs {i, i + N/2} and an EP all-to-all over five ranks as its four
+  shift matchings (``bench/lean_load.py`` ``Workload``); its phases/s counts all nine.
 * Iteration number = boundary index b; every phase has ``seq`` 0.
 * Transports: ``batch32`` (default) = the batched wire, one PhaseStream per 32 ranks with
   ``EnterMany`` / ``ReleaseMany`` up and ``AdmitMany`` down, driven by a lean generator (one
   writer coroutine, one reader per stream, ranks as integer lists: ``bench/lean_load.py``);
   ``unary`` = one ``lightrail.agents.client.ControllerClient`` (own gRPC channel) per rank;
-  ``agent8`` / ``agent32`` = one ``lightrail.agents.host.agent.HostAgent`` (per-rank messages
-  on one PhaseStream) per 8 / 32 ranks, a task per rank.
+  ``agent8`` / ``agent32`` = one ``lightrail.agents.host.agent.HostAgent`` per 8 / 32 ranks
+  and a task per rank (the agent batches the enters that reach it together into
+  ``EnterMany``), ring-pair only.
 
 What is counted
 ---------------
@@ -836,7 +843,7 @@ def print_table(results: Sequence[CellResult], opts: Options, elapsed_s: float) 
     print("latency = each rank's admission - the last rank's enter send, per phase instance; "
           "includes delta. One rank per emulated host (rail: hosts=N, gpus_per_host=1). "
           "batch32 = EnterMany/AdmitMany streams of 32 ranks (bench/lean_load.py); agentK = K "
-          "ranks on one HostAgent PhaseStream (per-rank messages); unary = a channel per rank.")
+          "ranks on one HostAgent PhaseStream (a task per rank); unary = a channel per rank.")
     pinned = (f"controller on core {opts.cpus[0]}, generator and etcd on core {opts.cpus[1]}"
               if opts.cpus else "not pinned")
     print(f"cpu: {pinned} ({os.cpu_count()} cores). ctrl us/b = controller CPU per measured "
@@ -916,7 +923,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
                    default=list(DEFAULT_TRANSPORTS),
                    help="batch32 (default): EnterMany streams of 32 ranks, lean generator; "
                         "unary: a channel per rank; agent8 / agent32: a HostAgent stream per "
-                        "8 / 32 ranks, per-rank messages")
+                        "8 / 32 ranks, a task per rank")
     p.add_argument("--repeat", type=int, default=DEFAULT_REPEAT,
                    help=f"interleaved runs per cell (default {DEFAULT_REPEAT})")
     p.add_argument("--no-pin", action="store_true",

@@ -109,7 +109,6 @@ async def test_apply_and_read_back(harness: Harness) -> None:
     start, writes = len(h.device.change_log), h.writes()
     moved = frozenset({xc(1, 10), xc(2, 11), xc(5, 13)})
     result = await h.driver.apply(moved, PORTS)
-    # every wire driver reads back the ports it changed; the in-process one does not
     # every driver reads back the ports it changed
     assert result == ApplyResult(removed=(xc(2, 9),), added=(xc(2, 11),), verified=True)
     assert h.writes() - writes == h.expected_writes(1, 1)

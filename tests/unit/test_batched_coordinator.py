@@ -140,8 +140,9 @@ def test_a_waiting_rank_sent_again_moves_to_the_new_route() -> None:
 
 
 def test_next_step_ring_does_not_jump_the_coming_pair() -> None:
-    """The liveness bug of bench/hot_path.py's "Known controller hazard": ranks outside the
-    pair finish ring b and enter ring b + 1 before ranks 0 and 4 ask for the pair. Ring
+    """The liveness bug that once made bench/hot_path.py need an artificial pipeline
+    dependency: ranks outside the pair finish ring b and enter ring b + 1 before ranks 0 and
+    4 ask for the pair. Ring
     b + 1's circuits are there, but admitting those ranks would make them hold the circuits
     the pair must break while the ring's collective waits for ranks 0 and 4, which wait for
     the pair: a deadlock until the admission timeout. Ring b + 1 must wait (held back: ranks
