@@ -8,7 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck check proto bench system-deps clean
+.PHONY: demo test lint typecheck check proto bench system-deps clean loadgen loadgen-deps
 
 $(STAMP): requirements.lock pyproject.toml | system-deps
 	$(PYTHON) -m venv $(VENV)
@@ -50,8 +50,48 @@ check: lint typecheck test
 proto: $(STAMP)
 	$(PY) scripts/gen_proto.py
 
+# The compiled load generator of bench/hot_path.py (bench/loadgen/loadgen.cc, gRPC C++ from
+# Debian). `make loadgen` fails naming the packages when they are missing; `make bench` builds
+# it when they are there and otherwise runs the Python generator.
+LOADGEN_DIR := bench/loadgen
+LOADGEN_BUILD := $(LOADGEN_DIR)/build
+LOADGEN := $(LOADGEN_BUILD)/loadgen
+LOADGEN_PROTO := lightrail/v1/agent.proto
+LOADGEN_GEN := $(LOADGEN_BUILD)/lightrail/v1/agent
+LOADGEN_OBJS := $(LOADGEN_BUILD)/loadgen.o $(LOADGEN_GEN).pb.o $(LOADGEN_GEN).grpc.pb.o
+LOADGEN_APT := libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler pkg-config
+LOADGEN_CXXFLAGS := -std=c++17 -O2 -Wall -Wextra -I$(LOADGEN_BUILD)
+LOADGEN_HAVE := command -v protoc >/dev/null 2>&1 && command -v grpc_cpp_plugin >/dev/null 2>&1 \
+	&& command -v pkg-config >/dev/null 2>&1 && pkg-config --exists grpc++ protobuf
+
+loadgen: $(LOADGEN)
+
+loadgen-deps:
+	@if ! { $(LOADGEN_HAVE); }; then \
+	  echo "make loadgen: gRPC C++ / protobuf not found (protoc, grpc_cpp_plugin, pkg-config grpc++ protobuf) - run: sudo apt-get install -y $(LOADGEN_APT)" >&2; \
+	  exit 1; \
+	fi
+
+$(LOADGEN_GEN).pb.cc $(LOADGEN_GEN).grpc.pb.cc $(LOADGEN_GEN).pb.h $(LOADGEN_GEN).grpc.pb.h &: \
+		proto/$(LOADGEN_PROTO) | loadgen-deps
+	mkdir -p $(LOADGEN_BUILD)
+	protoc -Iproto --cpp_out=$(LOADGEN_BUILD) --grpc_out=$(LOADGEN_BUILD) \
+	  --plugin=protoc-gen-grpc="$$(command -v grpc_cpp_plugin)" $(LOADGEN_PROTO)
+
+$(LOADGEN_BUILD)/%.o: $(LOADGEN_BUILD)/%.cc | loadgen-deps
+	$(CXX) $(LOADGEN_CXXFLAGS) $$(pkg-config --cflags grpc++ protobuf) -c $< -o $@
+
+$(LOADGEN_BUILD)/loadgen.o: $(LOADGEN_DIR)/loadgen.cc $(LOADGEN_GEN).pb.h $(LOADGEN_GEN).grpc.pb.h \
+		| loadgen-deps
+	$(CXX) $(LOADGEN_CXXFLAGS) $$(pkg-config --cflags grpc++ protobuf) -c $< -o $@
+
+$(LOADGEN): $(LOADGEN_OBJS) | loadgen-deps
+	$(CXX) -O2 -pthread $^ -o $@ $$(pkg-config --libs grpc++ protobuf)
+
 bench: $(STAMP) system-deps
+	@if { $(LOADGEN_HAVE); }; then $(MAKE) --no-print-directory loadgen; \
+	else echo "make bench: gRPC C++ not installed, the Python load generator runs (sudo apt-get install -y $(LOADGEN_APT); make loadgen)"; fi
 	$(PY) bench/hot_path.py
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache $(LOADGEN_BUILD)
