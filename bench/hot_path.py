@@ -2,20 +2,21 @@
 
 Run: ``.venv/bin/python bench/hot_path.py [--quick] [--n 8 64 256 2048] [--repeat 3]
 [--workload ring-pair mixed] [--transport batch32 unary agent8 agent32] [--delay-ms 0]
-[--measured B] [--max-measured-s S] [--cell-timeout-s S] [--pair-dependency] [--no-pin]
-[--json]`` (``make bench``: the defaults; ``--help`` says what each does). A script, not a
-test (pytest does not collect ``bench/``).
+[--generator cxx python] [--measured B] [--max-measured-s S] [--cell-timeout-s S]
+[--pair-dependency] [--no-pin] [--json]`` (``make bench``: ``make loadgen`` when gRPC C++ is
+installed, then the defaults; ``--help`` says what each does). A script, not a test (pytest
+does not collect ``bench/``).
 
 Method (after the way the Opus artifact's C++ controller was measured)
 -----------------------------------------------------------------------
 * The controller runs as a SEPARATE PROCESS (``lightrail controller --config FILE``) against a
   private etcd (``lightrail.controller.store.etcd_server.EmbeddedEtcd``); this process is only
-  the load generator (uvloop). With two or more cores the controller is pinned to the first
-  core and this process and etcd to the second (``--no-pin`` to leave them free), so the two
-  sides never take turns on one core; the report says which core each got. One etcd +
-  controller per (N, delay, run); runs are interleaved (run 1 of every cell, then run 2, ...)
-  and each cell is summarised by its median and range: this machine's speed swings by tens of
-  percent.
+  the load side (uvloop). With two or more cores the controller is pinned to the first core
+  and this process, etcd and the C++ load generator (children inherit the affinity) to the
+  second (``--no-pin`` to leave them free), so the two sides never take turns on one core; the
+  report says which core each got. One etcd + controller per (N, delay, run); runs are
+  interleaved (run 1 of every cell, then run 2, ...) and each cell is summarised by its median
+  and range: this machine's speed swings by tens of percent.
 * Fabric ``rail: {hosts: N, gpus_per_host: 1}``: ONE rank per emulated host, all on GPU 0, so
   every rank's NIC lands on the single rail-0 OCS (N x N ports). With the usual 8 GPUs per host,
   N=8 would be one host and no phase would need a circuit; here every phase reconfigures rail 0.
@@ -37,8 +38,15 @@ Method (after the way the Opus artifact's C++ controller was measured)
   shift matchings (``bench/lean_load.py`` ``Workload``); its phases/s counts all nine.
 * Iteration number = boundary index b; every phase has ``seq`` 0.
 * Transports: ``batch32`` (default) = the batched wire, one PhaseStream per 32 ranks with
-  ``EnterMany`` / ``ReleaseMany`` up and ``AdmitMany`` down, driven by a lean generator (one
-  writer coroutine, one reader per stream, ranks as integer lists: ``bench/lean_load.py``);
+  ``EnterMany`` / ``ReleaseMany`` up and ``AdmitMany`` down, driven by a lean generator
+  (``bench/lean_load.py`` ``LeanLoad``: the workload, the stop rule and the timing points).
+  ``--generator cxx`` (the default once ``make loadgen`` has built ``bench/loadgen``) runs it
+  as a C++ program (``bench/cxx_load.py``: this process writes LeanLoad's plan, streams and
+  moves into a spec; the binary sends the same messages in the same order on the same
+  streams, a blocking reader thread per stream handling the completion its batch brings,
+  writes included, under one mutex), without the Python client's own ~110 µs of CPU per
+  write + read and two task hops per phase instance, which inflate the latency at small N;
+  ``--generator python`` runs it here (one writer coroutine, one reader per stream);
   ``unary`` = one ``lightrail.agents.client.ControllerClient`` (own gRPC channel) per rank;
   ``agent8`` / ``agent32`` = one ``lightrail.agents.host.agent.HostAgent`` per 8 / 32 ranks
   and a task per rank (the agent batches the enters that reach it together into
@@ -54,8 +62,9 @@ What is counted
   boundaries / window, window = from the first enter of the first measured boundary to the
   last release of the last one. ``phases/s`` = 2 x boundaries/s (phase instances).
 * CPU: controller (and etcd) process CPU time from ``/proc/PID/stat`` and this process's
-  ``time.process_time()``: as % of one core over the cell, and per measured boundary in µs
-  (and per rank-boundary: divided by N) for the batch cells.
+  ``time.process_time()`` (plus, for ``--generator cxx``, the binary's own CPU, all threads,
+  as it reports it): as % of one core over the cell, and per measured boundary in µs (and per
+  rank-boundary: divided by N) for the batch cells.
 
 Reference: the Opus artifact's C++ controller, measured this way on a 2-core machine at delay 0:
 N=8 p99 0.48 ms, 1255 phases/s; N=64 p99 1.21 ms, 572/s; N=256 p99 3.67 ms, 214/s. Since it
@@ -81,8 +90,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+# This process starts the controller, etcd and bench/loadgen while gRPC threads run in it;
+# gRPC's fork handlers are for fork-without-exec (they only log "skipping fork() handlers"
+# here). Set before grpc is imported, as tests/conftest.py does.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 import grpc
 import uvloop
+from cxx_load import BUILD_HINT, LOADGEN, CxxLoad, loadgen_built
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from lean_load import WORKLOADS, LeanLoad, LoadError, Workload, pair_peer
 
@@ -102,6 +117,9 @@ DEFAULT_TRANSPORTS = ("batch32",)
 DEFAULT_NS = (8, 64, 256, 2048)
 DEFAULT_DELAYS_MS = (0.0,)
 DEFAULT_REPEAT = 3
+GENERATORS = ("cxx", "python")
+"""Load side of the batch cells: ``bench/loadgen`` (C++, ``cxx_load.CxxLoad``) or
+``lean_load.LeanLoad`` (Python)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +167,8 @@ class CellResult:
     ranks_per_stream: int
     repeat: int = 0
     workload: str = "ring-pair"
+    generator: str = "python"
+    """The load side: ``cxx`` or ``python`` (per-rank transports: always python)."""
     boundaries: int = 0
     p50_ms: float = 0.0
     p99_ms: float = 0.0
@@ -544,7 +564,9 @@ class Options:
     measured: int | None = None
     """Measured boundaries per cell instead of the table's (profiling)."""
     workloads: tuple[str, ...] = ("ring-pair",)
-    """Measured boundaries per cell instead of the table's (profiling)."""
+    """The workloads of the batch cells."""
+    generator: str = "python"
+    """The batch cells' load side (``GENERATORS``)."""
 
 
 def log(msg: str) -> None:
@@ -571,16 +593,19 @@ async def run_lean_cell(
     ctrl: ControllerProcess, etcd: EmbeddedEtcd, transport: str, n: int, delay_ms: float,
     opts: Options, repeat: int, workload: str,
 ) -> CellResult:
-    """One batched (EnterMany) cell of ``workload``: ``bench/lean_load.py``."""
+    """One batched (EnterMany) cell of ``workload``: ``bench/lean_load.py``, run in this
+    process (``opts.generator`` python) or by ``bench/loadgen`` (cxx; its CPU counts as the
+    generator's)."""
     per_stream = min(RANKS_PER_AGENT[transport], n)
-    result = CellResult(transport, n, delay_ms, per_stream, repeat, workload)
+    result = CellResult(transport, n, delay_ms, per_stream, repeat, workload, opts.generator)
     job_id = f"bench-{transport}-{workload}-n{n}-r{repeat}"
     admin = ControllerClient(ctrl.target, retry_budget_s=5.0)
     counts = counts_for(n, opts.quick)
     if opts.measured is not None:
         counts = Counts(counts.warmup, opts.measured)
-    load = LeanLoad(ctrl.target, job_id, Workload.build(workload, n), per_stream,
-                    counts.warmup, counts.measured, opts.max_measured_s)
+    kind = CxxLoad if opts.generator == "cxx" else LeanLoad
+    load = kind(ctrl.target, job_id, Workload.build(workload, n), per_stream,
+                counts.warmup, counts.measured, opts.max_measured_s)
     marks: list[_CpuMark] = []
     load.on_measured = lambda: marks.append(_mark(ctrl, etcd))
     try:
@@ -593,6 +618,10 @@ async def run_lean_cell(
         finally:
             with contextlib.suppress(Exception):
                 await admin.unregister_job(job_id)
+        if isinstance(load, CxxLoad) and load.cpu is not None:  # the binary's own CPU
+            end.generator_s += load.cpu.end_s
+            if marks and load.cpu.at_measured_s is not None:
+                marks[0].generator_s += load.cpu.at_measured_s
         wall = end.wall_s - start.wall_s
         result.wall_s = wall
         result.controller_cpu_pct = (end.controller_s - start.controller_s) / wall * 100
@@ -846,8 +875,11 @@ def print_table(results: Sequence[CellResult], opts: Options, elapsed_s: float) 
           "ranks on one HostAgent PhaseStream (a task per rank); unary = a channel per rank.")
     pinned = (f"controller on core {opts.cpus[0]}, generator and etcd on core {opts.cpus[1]}"
               if opts.cpus else "not pinned")
-    print(f"cpu: {pinned} ({os.cpu_count()} cores). ctrl us/b = controller CPU per measured "
-          "boundary (agent/unary cells: over the whole cell, warm-up included).")
+    gen = ("cxx (bench/loadgen/loadgen.cc, its CPU in gen us/b and gen%)"
+           if opts.generator == "cxx" else "python (bench/lean_load.py)")
+    print(f"cpu: {pinned} ({os.cpu_count()} cores); batch cells' generator: {gen}. ctrl us/b = "
+          "controller CPU per measured boundary (agent/unary cells: over the whole cell, "
+          "warm-up included).")
     print(f"matrix took {elapsed_s:.1f} s ({'quick' if opts.quick else 'full'} counts, "
           f"{opts.repeat} interleaved runs per cell)")
 
@@ -881,6 +913,7 @@ async def amain(opts: Options) -> int:
         os.sched_setaffinity(0, {opts.cpus[1]})  # etcd, started from here, inherits it
         log(f"pinned: controller -> core {opts.cpus[0]}, generator + etcd -> core "
             f"{opts.cpus[1]}")
+    log(f"batch cells' generator: {opts.generator}")
     start = time.perf_counter()
     results: list[CellResult] = []
     for rep in range(opts.repeat):
@@ -898,6 +931,7 @@ async def amain(opts: Options) -> int:
             "quick": opts.quick,
             "cpu_count": os.cpu_count(),
             "pinned": list(opts.cpus) if opts.cpus else None,
+            "generator": opts.generator,
             "results": [
                 {k: round(v, 4) if isinstance(v, float) else v for k, v in asdict(r).items()}
                 for r in results
@@ -932,6 +966,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     p.add_argument("--workload", nargs="+", choices=WORKLOADS, default=list(WORKLOADS),
                    help="batch cells: ring-pair (the C++ reference's method) and/or mixed (DP "
                         "ring, 4 PP pairs, EP all-to-all of 4 matchings; N >= 10)")
+    p.add_argument("--generator", choices=GENERATORS, default=None,
+                   help="batch cells' load side: cxx (bench/loadgen, the default when built: "
+                        "make loadgen) or python (bench/lean_load.py)")
     p.add_argument("--measured", type=int, default=None, metavar="B",
                    help="batch cells: measure B boundaries (with --max-measured-s: profiling)")
     p.add_argument("--max-measured-s", type=float, default=None,
@@ -949,12 +986,20 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         p.error("--delay-ms: must be >= 0")
     if a.repeat < 1:
         p.error("--repeat: must be >= 1")
+    generator = a.generator
+    if generator == "cxx" and not loadgen_built():
+        p.error(f"--generator cxx: {LOADGEN} is not built: {BUILD_HINT}")
+    if generator is None:
+        generator = "cxx" if loadgen_built() else "python"
+        if generator == "python":
+            log(f"generator: python, since {LOADGEN.relative_to(REPO)} is not built "
+                f"({BUILD_HINT})")
     max_s = a.max_measured_s if a.max_measured_s is not None else (2.0 if a.quick else 6.0)
     cores = sorted(os.sched_getaffinity(0))
     cpus = None if a.no_pin or len(cores) < 2 else (cores[0], cores[1])
     return Options(tuple(a.n), tuple(a.delay_ms), tuple(a.transport), a.quick, a.json,
                    a.pair_dependency, max_s, a.cell_timeout_s, a.repeat, cpus, a.measured,
-                   tuple(a.workload))
+                   tuple(a.workload), generator)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
