@@ -106,11 +106,15 @@ async def _recorded(load: LeanLoad, recorder: Recorder) -> list[list[bytes]]:
     return recorder.by_first_rank()
 
 
-@pytest.mark.parametrize("n", [8, 64])
-async def test_it_sends_what_lean_load_sends(n: int) -> None:
+@pytest.mark.parametrize(("n", "measured", "max_measured_s", "stop_at"), [
+    (8, 4, 60.0, 6), (64, 4, 60.0, 6),
+    (8, 50, 0.0, 7),  # capped at once: warm-up + 5 boundaries
+])
+async def test_it_sends_what_lean_load_sends(n: int, measured: int, max_measured_s: float,
+                                             stop_at: int) -> None:
     # ring-pair completes one phase instance at a time, so every request id is determined
     work = Workload.build("ring-pair", n)
-    args = ("unset", "job-a", work, 32, 2, 4, 60.0)
+    args = ("unset", "job-a", work, 32, 2, measured, max_measured_s)
     python, cxx = LeanLoad(*args), CxxLoad(*args)
     measured: list[str] = []
     python.on_measured = lambda: measured.append("python")
@@ -123,7 +127,8 @@ async def test_it_sends_what_lean_load_sends(n: int) -> None:
         assert _settled(g) == _settled(w)
         assert g[:len(w)] == w[:len(g)]
     assert measured == ["python", "cxx"]
-    assert (cxx.stop_at, cxx.max_entered) == (python.stop_at, python.max_entered) == (6, 5)
+    assert (cxx.stop_at, cxx.max_entered) == (python.stop_at, python.max_entered) \
+        == (stop_at, stop_at - 1)
     for inst in cxx.measured_instances():
         assert inst.admitted == inst.expected
         assert inst.first_send_s <= inst.last_send_s < inst.released_s
