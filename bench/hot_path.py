@@ -992,8 +992,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     if generator is None:
         generator = "cxx" if loadgen_built() else "python"
         if generator == "python":
-            log(f"generator: python, since {LOADGEN.relative_to(REPO)} is not built "
-                f"({BUILD_HINT})")
+            log(f"generator: python, since {LOADGEN.relative_to(REPO)} is not built; to build "
+                f"it: {BUILD_HINT}")
     max_s = a.max_measured_s if a.max_measured_s is not None else (2.0 if a.quick else 6.0)
     cores = sorted(os.sched_getaffinity(0))
     cpus = None if a.no_pin or len(cores) < 2 else (cores[0], cores[1])
