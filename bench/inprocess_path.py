@@ -20,6 +20,8 @@ import sys
 import time
 from collections.abc import Sequence
 
+import uvloop
+
 from lightrail.controller.core.coordinator import PhaseCoordinator
 from lightrail.controller.core.decisions import Admit, Admitted, AdmittedBatch, Reject
 from lightrail.controller.domain.fabric import rail_fabric
@@ -126,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging("warning", "console")
     print(f"{'N':>5} {'boundaries':>10} {'us/boundary':>24} {'us/rank-boundary':>24}")
     for n in a.n:
-        per_b = [asyncio.run(run(n, a.boundaries)) / a.boundaries * 1e6
+        per_b = [uvloop.run(run(n, a.boundaries)) / a.boundaries * 1e6
                  for _ in range(a.repeat)]
         med = statistics.median(per_b)
         print(f"{n:>5} {a.boundaries:>10} {med:>10.0f} [{min(per_b):.0f}-{max(per_b):.0f}] "

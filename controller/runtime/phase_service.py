@@ -31,6 +31,7 @@ from lightrail.controller.domain.events import JobEvent, JobEventKind
 from lightrail.controller.domain.model import PhaseKey
 from lightrail.controller.domain.timing import Backoff, BackoffState
 from lightrail.controller.runtime import metrics
+from lightrail.controller.runtime.eager import start_eager
 from lightrail.controller.runtime.events import EventBus
 from lightrail.controller.runtime.reconciler import ReconcilerStopped
 from lightrail.drivers.base import CrossConnect, DeviceAlarm, DeviceUnreachable, DriverError
@@ -437,10 +438,14 @@ class PhaseService:
             fut.set_result(device_s)
 
     def _start_reconfiguration(self, rec: Reconfigure) -> None:
+        """Run the reconfiguration eagerly (``eager.start_eager``): on an idle switch that
+        answers without suspending, it is confirmed and its ranks admitted before this
+        returns; else it goes on in a task (awaited by ``drain``)."""
         assert self._tg is not None, "PhaseService.start() not called"
-        task = self._tg.create_task(self._reconfigure(rec), name=f"reconfigure-op{rec.op_id}")
-        self._inflight.add(task)
-        task.add_done_callback(self._inflight.discard)
+        task = start_eager(self._tg, self._reconfigure(rec), f"reconfigure-op{rec.op_id}")
+        if task is not None:
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
 
     async def _reconfigure(self, rec: Reconfigure) -> None:
         t0 = self.now()
@@ -551,16 +556,18 @@ class PhaseService:
             self._reading_back.discard(switch_id)
 
     def _arm_timer(self) -> None:
+        """Keep one loop timer at or before the coordinator's next deadline. A timer armed
+        earlier than needed stays (it fires, expires nothing and re-arms): most decisions
+        move the next deadline later, and re-arming on each would cost a cancel and a
+        ``call_later`` per phase instance."""
         deadline = self.coordinator.next_deadline()
-        if deadline == self._timer_at:
+        if deadline is None or (self._timer_at is not None and self._timer_at <= deadline):
             return
         if self._timer is not None:
             self._timer.cancel()
-            self._timer = None
         self._timer_at = deadline
-        if deadline is not None:
-            assert self._loop is not None
-            self._timer = self._loop.call_later(max(0.0, deadline - self.now()), self._on_timer)
+        assert self._loop is not None
+        self._timer = self._loop.call_later(max(0.0, deadline - self.now()), self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
@@ -574,6 +581,7 @@ class PhaseService:
             await asyncio.wait(set(self._inflight), timeout=timeout_s)
         if self._timer is not None:
             self._timer.cancel()
+            self._timer = self._timer_at = None
         for task in list(self._read_back_tasks):
             task.cancel()
         if self._read_back_tasks:
