@@ -116,9 +116,9 @@ async def test_it_sends_what_lean_load_sends(n: int, measured: int, max_measured
     work = Workload.build("ring-pair", n)
     args = ("unset", "job-a", work, 32, 2, measured, max_measured_s)
     python, cxx = LeanLoad(*args), CxxLoad(*args)
-    measured: list[str] = []
-    python.on_measured = lambda: measured.append("python")
-    cxx.on_measured = lambda: measured.append("cxx")
+    called: list[str] = []
+    python.on_measured = lambda: called.append("python")
+    cxx.on_measured = lambda: called.append("cxx")
     want = await _recorded(python, Recorder())
     got = await _recorded(cxx, Recorder())
     assert len(want) == len(got) == -(-n // 32)
@@ -126,7 +126,7 @@ async def test_it_sends_what_lean_load_sends(n: int, measured: int, max_measured
         # both cancel their calls right after the last write: its releases may not arrive
         assert _settled(g) == _settled(w)
         assert g[:len(w)] == w[:len(g)]
-    assert measured == ["python", "cxx"]
+    assert called == ["python", "cxx"]
     assert (cxx.stop_at, cxx.max_entered) == (python.stop_at, python.max_entered) \
         == (stop_at, stop_at - 1)
     for inst in cxx.measured_instances():
