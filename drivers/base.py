@@ -329,21 +329,36 @@ class Driver(Protocol):
     def events(self) -> AsyncIterator[DeviceAlarm]: ...
 
 
+def _side_bounds(caps: SwitchCapabilities) -> tuple[int, int, int, int]:
+    """(first, last) ingress and (first, last) egress port ids, as ``is_ingress`` /
+    ``is_egress`` define them."""
+    n = caps.port_count
+    if caps.kind is SwitchKind.NXN:
+        return 1, n, n + 1, 2 * n
+    return 1, n, 1, n
+
+
 def check_partial_permutation(
     switch_id: str, caps: SwitchCapabilities, xcs: Iterable[CrossConnect]
 ) -> None:
     """Raise ``InvalidPort`` or ``CrossConnectConflict`` unless ``xcs`` is a valid partial
-    permutation for a switch with ``caps``."""
+    permutation for a switch with ``caps``: each ingress an ingress port and each egress an
+    egress port (``SwitchCapabilities.is_ingress`` / ``is_egress``), ingress < egress on a
+    duplex switch, and no port used by two different cross-connects."""
+    in_lo, in_hi, out_lo, out_hi = _side_bounds(caps)
+    duplex = caps.kind is SwitchKind.DUPLEX
     by_port: dict[int, CrossConnect] = {}
+    get = by_port.get
     for xc in xcs:
-        if not caps.is_ingress(xc.ingress):
-            raise InvalidPort(switch_id, xc.ingress, "not an ingress port")
-        if not caps.is_egress(xc.egress):
-            raise InvalidPort(switch_id, xc.egress, "not an egress port")
-        if caps.kind is SwitchKind.DUPLEX and xc.ingress >= xc.egress:
-            raise InvalidPort(switch_id, xc.ingress, "duplex cross-connect needs ingress < egress")
-        for port in xc.ports():
-            other = by_port.get(port)
+        ingress, egress = xc.ingress, xc.egress
+        if not in_lo <= ingress <= in_hi:
+            raise InvalidPort(switch_id, ingress, "not an ingress port")
+        if not out_lo <= egress <= out_hi:
+            raise InvalidPort(switch_id, egress, "not an egress port")
+        if duplex and ingress >= egress:
+            raise InvalidPort(switch_id, ingress, "duplex cross-connect needs ingress < egress")
+        for port in (ingress, egress):
+            other = get(port)
             if other is not None and other != xc:
                 raise CrossConnectConflict(switch_id, xc, other)
             by_port[port] = xc
@@ -358,14 +373,15 @@ def check_apply_request(
     """Validate an ``apply(target, ports)`` request before any device command: every port
     exists, every target cross-connect lies within ``ports``, and ``target`` is a partial
     permutation. Raises ``InvalidPort`` or ``CrossConnectConflict``."""
-    valid = caps.port_ids()
     scope = frozenset(ports)
-    for port in scope:
-        if port not in valid:
-            raise InvalidPort(switch_id, port, "no such port")
+    if scope:
+        valid = caps.port_ids()
+        if min(scope) < valid.start or max(scope) >= valid.stop:
+            bad = min(p for p in scope if p not in valid)
+            raise InvalidPort(switch_id, bad, "no such port")
     targets = tuple(target)
     for xc in targets:
-        for port in xc.ports():
+        for port in (xc.ingress, xc.egress):
             if port not in scope:
                 raise InvalidPort(
                     switch_id, port,
@@ -415,7 +431,7 @@ class CrossConnectDiff:
         """Every port a break or a make uses: the ports a read-back after the apply checks.
         No cross-connect in ``unchanged`` uses one of them (both states are partial
         permutations)."""
-        return frozenset(p for xc in self.breaks + self.makes for p in xc.ports())
+        return frozenset({p for xcs in (self.breaks, self.makes) for xc in xcs for p in xc})
 
 
 def minimal_diff(

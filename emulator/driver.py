@@ -7,7 +7,6 @@ naming to translate.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import AsyncIterator, Iterable
 
 import structlog
@@ -127,7 +126,7 @@ class EmulatedDriver:
         # Confirm like a real device: read back the ports it changed (not the whole switch).
         changed = diff.changed_ports()
         check_read_back(sid, target, changed, await device.get_cross_connects_on(changed))
-        return dataclasses.replace(result, verified=True)
+        return ApplyResult(result.removed, result.added, result.failed, verified=True)
 
     async def _apply_chunked(
         self,

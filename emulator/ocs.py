@@ -443,7 +443,8 @@ class EmulatedOcs:
 
     def _validate(self, breaks: Sequence[CrossConnect], makes: Sequence[CrossConnect]) -> None:
         sid = self.switch_id
-        limit = self._caps.max_batch
+        caps = self._caps
+        limit = caps.max_batch
         if limit is not None and len(breaks) + len(makes) > limit:
             raise DriverError(
                 sid, f"batch of {len(breaks) + len(makes)} exceeds max_batch {limit}"
@@ -459,26 +460,34 @@ class EmulatedOcs:
                 )
             occupied[xc.ingress] = None
             occupied[xc.egress] = None
+        denied, failed = self._denied, self._failed
+        faults = bool(denied or failed)  # the usual case has none: no lookups per port
+        duplex = caps.kind is SwitchKind.DUPLEX
         for xc in makes:
-            if not self._caps.is_ingress(xc.ingress):
+            if not caps.is_ingress(xc.ingress):
                 raise InvalidPort(sid, xc.ingress, "not an ingress port")
-            if not self._caps.is_egress(xc.egress):
+            if not caps.is_egress(xc.egress):
                 raise InvalidPort(sid, xc.egress, "not an egress port")
-            if self._caps.kind is SwitchKind.DUPLEX and xc.ingress >= xc.egress:
+            if duplex and xc.ingress >= xc.egress:
                 raise InvalidPort(sid, xc.ingress, "duplex cross-connect needs ingress < egress")
-            for port in xc.ports():
-                denial = self._denied.get(port)
-                if denial is not None:
-                    if denial.kind is DenialKind.INVALID_PORT:
-                        raise InvalidPort(sid, port, denial.reason)
-                    raise HardwareFault(sid, f"port {port}: {denial.reason}")
-                condition = self._failed.get(port)
-                if condition is not None:
-                    raise HardwareFault(sid, f"port {port} failed ({condition})")
+            for port in xc:
+                if faults:
+                    self._check_faults(port)
                 other = occupied[port] if port in occupied else by_port.get(port)
                 if other is not None:
                     raise CrossConnectConflict(sid, xc, other)
                 occupied[port] = xc
+
+    def _check_faults(self, port: int) -> None:
+        """Raise what the device answers for a make on a denied or failed ``port``."""
+        denial = self._denied.get(port)
+        if denial is not None:
+            if denial.kind is DenialKind.INVALID_PORT:
+                raise InvalidPort(self.switch_id, port, denial.reason)
+            raise HardwareFault(self.switch_id, f"port {port}: {denial.reason}")
+        condition = self._failed.get(port)
+        if condition is not None:
+            raise HardwareFault(self.switch_id, f"port {port} failed ({condition})")
 
     def _break(self, xc: CrossConnect, now_s: float) -> None:
         self._xcs.discard(xc)

@@ -348,12 +348,19 @@ class PhaseCoordinator:
     ) -> list[int]:
         """The ranks of a batch that enter now (idle, or re-attaching); refusals go to
         ``out``."""
-        job_id = job.layout.job_id
         slots = job.ranks
         world = len(slots)
         group = phase.group
         idle = RankState.IDLE
-        fresh: list[int] = []
+        # The usual batch (distinct ranks of the group, in range, all idle), checked with set
+        # operations and one comprehension: no per-rank branches.
+        if ranks and len(ranks) == len(set(ranks)) and group.includes(ranks) and (
+                min(ranks) >= 0 and max(ranks) < world):
+            fresh = [r for r in ranks if slots[r].state is idle]
+            if len(fresh) == len(ranks):
+                return fresh
+        job_id = job.layout.job_id
+        fresh = []
         seen: set[int] = set()
         for r in ranks:
             if r in seen:

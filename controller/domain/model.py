@@ -57,6 +57,10 @@ class ProcessGroup:
         """True when ``rank`` is in the group (O(1))."""
         return rank in self._members
 
+    def includes(self, ranks: Iterable[int]) -> bool:
+        """True when every one of ``ranks`` is in the group (a set operation, in C)."""
+        return self._members.issuperset(ranks)
+
     @property
     def group_id(self) -> int:
         """A stable 64-bit id of the rank set (BLAKE2b-64 of the ranks as little-endian uint32;

@@ -134,7 +134,8 @@ class PhaseService:
         self._admit_hist: dict[tuple[str, str], Histogram] = {}
         self._admit_count: dict[tuple[str, bool], Counter] = {}
         self._stall: dict[str, Counter] = {}
-        self._prov_gauges: dict[str, tuple[Gauge, ...]] = {}
+        self._prov_gauges: dict[str, tuple[tuple[Gauge, ...], tuple[int, ...]]] = {}
+        """Per job: its provisioning gauges (hit, late, miss) and the values last set."""
         self._inflight: set[asyncio.Task[None]] = set()
         self._reading_back: set[str] = set()
         self._settled = asyncio.Event()
@@ -495,13 +496,19 @@ class PhaseService:
         except UnknownJob:
             pass
         else:
-            gauges = self._prov_gauges.get(rec.job_id)
-            if gauges is None:
-                gauges = self._prov_gauges[rec.job_id] = tuple(
+            counts = (score.hits, score.late, score.misses)
+            cached = self._prov_gauges.get(rec.job_id)
+            if cached is None:
+                gauges = tuple(
                     metrics.PROVISIONING.labels(rec.job_id, o) for o in ("hit", "late", "miss"))
-            gauges[0].set(score.hits)
-            gauges[1].set(score.late)
-            gauges[2].set(score.misses)
+                last: tuple[int, ...] = (-1, -1, -1)
+            else:
+                gauges, last = cached
+            if counts != last:  # set only what moved: one lock per gauge set
+                for gauge, value, before in zip(gauges, counts, last, strict=True):
+                    if value != before:
+                        gauge.set(value)
+                self._prov_gauges[rec.job_id] = (gauges, counts)
         if self.listeners:
             done = ReconfigurationDone(rec.job_id, rec.phase, switches, device_s, error)
             for listener in self.listeners:

@@ -391,8 +391,8 @@ class Reconciler:
         """Serve a request in the caller's task while the worker is idle (``reconcile``
         with ``inline``); the worker waits for it before its next request."""
         worker.busy = True
-        try:
-            return await self._reconcile_now(worker, ports, target)
+        try:  # ``reconcile`` just found the view not satisfied, in this same step
+            return await self._reconcile_now(worker, ports, target, unsatisfied=True)
         except asyncio.CancelledError:
             worker.stale = True  # interrupted mid-command: read the device back first
             raise
@@ -527,8 +527,12 @@ class Reconciler:
             raise
 
     async def _reconcile_now(
-        self, worker: _Worker, ports: frozenset[int], target: frozenset[CrossConnect]
+        self, worker: _Worker, ports: frozenset[int], target: frozenset[CrossConnect],
+        *, unsatisfied: bool = False,
     ) -> ReconcileOutcome:
+        """Apply until the view holds ``target`` on ``ports`` (retrying as ``RetryPolicy``
+        allows). ``unsatisfied``: the caller checked the view against the target in the
+        same step (nothing ran since): the first attempt does not check it again."""
         changed: list[ApplyResult] = []  # what each attempt did on the device
         started_s: float | None = None
         failures = 0
@@ -538,7 +542,9 @@ class Reconciler:
                 if worker.stale:
                     await self._read_back(worker)
                     _check_request(worker.switch_id, worker.caps, ports, target)
-                if not worker.satisfied(ports, target):
+                    unsatisfied = False  # the view was read again
+                if unsatisfied or not worker.satisfied(ports, target):
+                    unsatisfied = False
                     current = worker.on_ports(ports)
                     if started_s is None:
                         started_s = self._clock()
@@ -562,8 +568,11 @@ class Reconciler:
                 await self._sleep(delay_s)
         if started_s is None:
             return NOOP
-        removed = frozenset(xc for r in changed for xc in r.removed)
-        added = frozenset(xc for r in changed for xc in r.added)
+        if len(changed) == 1:  # one attempt: the usual case
+            removed, added = frozenset(changed[0].removed), frozenset(changed[0].added)
+        else:
+            removed = frozenset(xc for r in changed for xc in r.removed)
+            added = frozenset(xc for r in changed for xc in r.added)
         confirmed_s = self._clock()
         device_s = confirmed_s - started_s
         worker.apply_seconds.observe(device_s)
