@@ -27,7 +27,12 @@ Method (after the way the Opus artifact's C++ controller was measured)
   2. ``SEND_RECV`` over the PP pair {0, P} with P = 8, or N/2 when N < 16 (N=8: ranks 0 and 4):
      two hosts on rail 0 that are not ring neighbours, so the pair breaks 4 ring cross-connects
      and makes 2, and the next ring restores them. Every phase therefore reconfigures rail 0:
-     2 reconfigurations per boundary (checked: the "recfg/b" column).
+     2 reconfigurations per boundary (checked: the "recfg/b" column counts the device applies
+     that changed cross-connects, ``lightrail_reconfigurations_total`` scraped from the
+     controller before and after the cell). With provisioning (the controller's default) the
+     pair's circuits are made as the ring is released, in the same message as the pair's
+     enters, so the pair is admitted without waiting on the wire, but its latency still
+     includes that switch.
   Each rank: enter, wait until every rank of the phase is admitted (a barrier, like a real
   collective), release, next phase. No compute gap. Ranks outside the pair go on to the next
   ring at once; the coordinator holds that ring back until ranks 0 and P have entered it too
@@ -85,6 +90,7 @@ import socket
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -100,6 +106,7 @@ import uvloop
 from cxx_load import BUILD_HINT, LOADGEN, CxxLoad, loadgen_built
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from lean_load import WORKLOADS, LeanLoad, LoadError, Workload, pair_peer
+from prometheus_client.parser import text_string_to_metric_families
 
 from lightrail.agents.client import ControllerClient
 from lightrail.agents.errors import Admission
@@ -176,6 +183,11 @@ class CellResult:
     boundaries_per_s: float = 0.0
     phases_per_s: float = 0.0
     reconfigurations_per_boundary: float = 0.0
+    """Device reconfigurations (applies that changed cross-connects, the controller's
+    ``lightrail_reconfigurations_total``) per boundary, over the whole cell."""
+    switched_admissions_per_boundary: float = 0.0
+    """Phase instances whose admission waited for a switch, per measured boundary (a phase
+    provisioned ahead, at the release of the one before, is admitted as a no-op)."""
     device_ms: float = 0.0
     wall_s: float = 0.0
     controller_cpu_pct: float = 0.0
@@ -239,11 +251,12 @@ class ControllerProcess:
                       f"reconfiguration_delay_ms: {delay_ms}}}")
         self.port = free_port()
         self.target = f"127.0.0.1:{self.port}"
+        self.metrics_target = f"127.0.0.1:{free_port()}"
         self.config_path = workdir / "controller.yaml"
         self.log_path = workdir / "controller.log"
         self.config_path.write_text(
             "controller: {replica_id: bench, "
-            f'listen: "{self.target}", metrics_listen: "127.0.0.1:{free_port()}", '
+            f'listen: "{self.target}", metrics_listen: "{self.metrics_target}", '
             "admission_timeout_s: 60}\n"
             f'etcd: {{endpoints: ["{etcd_endpoint}"], lease_ttl_s: 10}}\n'
             f"fabric: {fabric}\n"
@@ -251,6 +264,19 @@ class ControllerProcess:
             encoding="utf-8",
         )
         self.proc: asyncio.subprocess.Process | None = None
+
+    def device_reconfigurations(self) -> float:
+        """``lightrail_reconfigurations_total`` summed over the switches (applies that changed
+        cross-connects), from the controller's Prometheus endpoint; NaN when unreadable."""
+        try:
+            with urllib.request.urlopen(f"http://{self.metrics_target}/metrics",
+                                        timeout=5) as resp:
+                text = resp.read().decode()
+        except OSError:
+            return math.nan
+        return sum(s.value for fam in text_string_to_metric_families(text)
+                   if fam.name == "lightrail_reconfigurations"
+                   for s in fam.samples if s.name == "lightrail_reconfigurations_total")
 
     @property
     def pid(self) -> int | None:
@@ -539,7 +565,7 @@ class Generator:
         result.max_ms = max(lat)
         result.boundaries_per_s = len(measured) / window if window > 0 else 0.0
         result.phases_per_s = 2 * result.boundaries_per_s
-        result.reconfigurations_per_boundary = switched / len(measured)
+        result.switched_admissions_per_boundary = switched / len(measured)
         result.device_ms = sum(device) / len(device) if device else 0.0
 
 
@@ -612,9 +638,12 @@ async def run_lean_cell(
         await admin.register_job(job_id, [RankPlacement(r, f"host{r}", 0) for r in range(n)],
                                  tenant="bench")
         try:
+            switches0 = ctrl.device_reconfigurations()
             start = _mark(ctrl, etcd)
             await load.run(opts.cell_timeout_s)
             end = _mark(ctrl, etcd)
+            result.reconfigurations_per_boundary = (
+                (ctrl.device_reconfigurations() - switches0) / max(1, load.stop_at))
         finally:
             with contextlib.suppress(Exception):
                 await admin.unregister_job(job_id)
@@ -661,7 +690,7 @@ def summarize_lean(load: LeanLoad, result: CellResult) -> None:
     result.max_ms = max(lat)
     result.boundaries_per_s = len(bs) / window if window > 0 else 0.0
     result.phases_per_s = len(insts) / window if window > 0 else 0.0
-    result.reconfigurations_per_boundary = switched / len(bs)
+    result.switched_admissions_per_boundary = switched / len(bs)
     result.device_ms = sum(device) / len(device) if device else 0.0
 
 
@@ -690,6 +719,7 @@ async def run_cell(
         await admin.register_job(job_id, placements, tenant="bench")
         try:
             await t.connect(10.0)
+            switches0 = ctrl.device_reconfigurations()
             c0, e0, g0 = proc_cpu_s(ctrl.pid), proc_cpu_s(etcd_pid(etcd)), time.process_time()
             w0 = time.perf_counter()
             try:
@@ -706,6 +736,8 @@ async def run_cell(
                 result.controller_us_per_boundary = ctrl_s / total * 1e6
                 result.generator_us_per_boundary = gen_s / total * 1e6
             gen.summarize(result)
+            result.reconfigurations_per_boundary = (
+                (ctrl.device_reconfigurations() - switches0) / max(1, gen.stop_at))
         finally:
             await t.close()
             with contextlib.suppress(Exception):
@@ -866,9 +898,12 @@ def print_table(results: Sequence[CellResult], opts: Options, elapsed_s: float) 
               "(strict)")
     print()
     print("ring-pair boundary = one ALL_REDUCE ring over all N ranks + one SEND_RECV pair "
-          "{0, 8} ({0, 4} for N=8); every phase reconfigures rail 0 (recfg/b = "
-          "reconfigurations per boundary, 2 expected). mixed boundary = DP ring + 4 PP pairs + "
-          "EP all-to-all of 4 matchings (9 phase instances); phases/s = phase instances/s.")
+          "{0, 8} ({0, 4} for N=8); every phase reconfigures rail 0 (recfg/b = device "
+          "reconfigurations per boundary from the controller's "
+          "lightrail_reconfigurations_total, 2 expected; a phase provisioned at the release "
+          "of the one before is switched while its enter is read, inside its latency). "
+          "mixed boundary = DP ring + 4 PP pairs + EP all-to-all of 4 matchings "
+          "(9 phase instances); phases/s = phase instances/s.")
     print("latency = each rank's admission - the last rank's enter send, per phase instance; "
           "includes delta. One rank per emulated host (rail: hosts=N, gpus_per_host=1). "
           "batch32 = EnterMany/AdmitMany streams of 32 ranks (bench/lean_load.py); agentK = K "
