@@ -109,6 +109,11 @@ class _StreamSink:
     def wake(self) -> None:
         self._event.set()
 
+    @property
+    def pending(self) -> bool:
+        """True while replies wait for the writer."""
+        return len(self._batch.replies) > 0
+
     async def take(self) -> agent_pb2.PhaseReplyBatch | None:
         """The replies accumulated since the last call (None if none), after waiting for
         at least one or a wake-up."""
@@ -350,7 +355,15 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 return
             assert isinstance(batch, agent_pb2.PhaseRequestBatch)
             leader = self._is_leader()
-            for req in batch.requests:
+            flushed = False
+            for i, req in enumerate(batch.requests):
+                if i and not flushed and sink.pending:
+                    # Let the writer send what the earlier requests decided (an admission)
+                    # before the rest of the message is worked through: the admitted ranks
+                    # do not wait for the later requests (one loop turn, once per message).
+                    flushed = True
+                    await asyncio.sleep(0)
+                    leader = self._is_leader()  # the lease may have changed meanwhile
                 kind = req.WhichOneof("kind")
                 if kind == "enter_many":  # the hot path first
                     self._on_enter_many(req.enter_many, leader, sink, decoder)

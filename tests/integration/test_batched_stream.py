@@ -149,3 +149,28 @@ async def test_bad_batched_requests_are_refused_per_rank_naming_the_field(
         assert devices["ocs-rail0"].cross_connects == before  # nothing switched
     finally:
         await s.close()
+
+
+async def test_an_admission_goes_out_before_the_rest_of_its_message_is_worked_through(
+    ctl: RunningController,
+) -> None:
+    """A message whose first request is admitted at once and whose later requests are
+    answered too: the admission leaves in a reply batch of its own (the reader lets the
+    writer send it before going on), not together with the later answers."""
+    s = Stream(ctl.grpc_target)
+    try:
+        await s.send(define(PAIR_ID, PAIR), define(RING_ID, RING))
+        await s.send(enter(PAIR_ID, [0, 2], 1))
+        (r,) = await s.replies(1)  # switched onto the pair's circuits
+        assert list(r.admitted_many.ranks) == [0, 2] and not r.admitted_many.noop
+        await s.send(release(PAIR_ID, [0, 2]))
+        # the pair's circuits are still there: admitted at once; rank 42 is refused
+        await s.send(enter(PAIR_ID, [0, 2], 2, iteration=1), enter(RING_ID, [42], 3))
+        first = await asyncio.wait_for(s.call.read(), 5.0)
+        assert isinstance(first, agent_pb2.PhaseReplyBatch)
+        assert [x.WhichOneof("kind") for x in first.replies] == ["admitted_many"]
+        assert first.replies[0].admitted_many.noop
+        (refusal,) = await s.replies(1)
+        assert (refusal.error.rank, refusal.error.code) == (42, agent_pb2.INVALID_RANK)
+    finally:
+        await s.close()
