@@ -450,9 +450,12 @@ class PhaseCoordinator:
         self, job: JobRecord, rank: int, phase: PhaseKey, iteration: int, request_id: int,
         route: int, fresh: list[int], out: list[Decision],
     ) -> None:
-        """``rank`` is not idle: the same request again after the agent's stream broke
-        re-attaches (a held phase is answered at once, a waiting rank moves to the new batch
-        and route, appended to ``fresh``); anything else is ``RANK_BUSY``."""
+        """``rank`` is not idle: the same phase again (an agent whose stream broke, a client
+        retry) re-attaches: a held phase is answered at once; a waiting rank moves to the new
+        batch and route, appended to ``fresh``, and the request it waited in is answered
+        ``CANCELLED`` ("superseded"), on its own route, so that no caller waits for an answer
+        that will not come (the same request id on the same route is the same request: no
+        answer). Anything else is ``RANK_BUSY``."""
         s = self._s
         rs = job.ranks[rank]
         inst = rs.instance
@@ -463,8 +466,13 @@ class PhaseCoordinator:
                                     s.steps(job, phase),
                                     (AdmittedBatch(route, request_id, (rank,), 0.0),)))
                 return
+            old = rs.batch
             s.withdraw(job, rank)
             fresh.append(rank)
+            if old is not None and (old.request_id, old.route) != (request_id, route):
+                out.append(Reject(job.layout.job_id, rank, old.request_id, ErrorCode.CANCELLED,
+                                  f"superseded by request {request_id}: rank {rank} entered "
+                                  f"phase {phase} again", old.route))
             return
         held = inst.phase if inst is not None else None
         what = "holds" if rs.state is RankState.HOLDING else "waits for"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import urllib.request
 from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
 
 import grpc
 import pytest
@@ -166,6 +167,34 @@ async def test_timeout_is_an_explicit_error(client: ControllerClient) -> None:
         await client.enter("job", 0, PAIR, timeout_s=0.3)
     with pytest.raises(PhaseTimeout):
         await peer
+
+
+async def test_a_repeated_enter_answers_the_first_request_instead_of_stealing_its_reply(
+    ctl: RunningController, client: ControllerClient
+) -> None:
+    """Regression (issue 10): a client that sends EnterPhase again for the same phase while
+    its first request still waits took over the reply; the first call was never answered
+    (still open 15 s past its own timeout_s). Now the first call ends at once, refused as
+    CANCELLED ("superseded"), and the repeat waits in its place and is admitted."""
+    await client.register_job("job", PLACE)
+    request = agent_pb2.EnterPhaseRequest(
+        job_id="job", rank=0, request_id=1, timeout_s=3.0,
+        phase=agent_pb2.PhaseKey(group_ranks=[0, 2], collective=agent_pb2.SEND_RECV))
+    async with grpc.aio.insecure_channel(ctl.grpc_target) as ch:
+        stub = agent_pb2_grpc.AgentServiceStub(ch)
+        first = asyncio.ensure_future(stub.EnterPhase(request))
+        await asyncio.sleep(0.2)  # the first waits for rank 2
+        assert not first.done()
+        request.request_id = 2
+        second = asyncio.ensure_future(stub.EnterPhase(request))
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await asyncio.wait_for(first, 2.0)  # answered, not left open
+        assert "superseded by request 2" in (e.value.details() or "")
+        trailers: Any = e.value.trailing_metadata()  # grpc.aio.Metadata (stubs: tuples)
+        assert trailers["lightrail-error"] == "cancelled"
+        peer = await client.enter("job", 2, PAIR, timeout_s=3.0)
+        admitted = await asyncio.wait_for(second, 5.0)
+        assert not admitted.noop and not peer.noop
 
 
 async def test_timeout_is_optional_and_a_given_one_must_be_positive(

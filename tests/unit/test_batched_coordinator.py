@@ -131,7 +131,12 @@ def test_a_waiting_rank_sent_again_moves_to_the_new_route() -> None:
     assert c.enter_many("job", [0, 1, 2], RING, 1, 0.0, route=1) == []  # waits for the rest
     (rec,) = only(c.enter_many("job", [3, 4, 5, 6, 7], RING, 3, 0.0, route=3), Reconfigure)
     assert isinstance(rec, Reconfigure)
-    assert c.enter_many("job", [1], RING, 2, 0.1, route=2) == []  # its stream broke
+    # its stream broke: the rank moves to the new request; the old one is answered, on its
+    # own route, instead of never
+    (old,) = c.enter_many("job", [1], RING, 2, 0.1, route=2)
+    assert isinstance(old, Reject)
+    assert (old.rank, old.request_id, old.route, old.code) == (1, 1, 1, ErrorCode.CANCELLED)
+    assert "superseded by request 2" in old.message
     (adm,) = only(c.reconfigured(rec.op_id, 0.2), Admitted)
     assert isinstance(adm, Admitted)
     assert sorted((e.route, e.ranks) for e in adm.entries) == [

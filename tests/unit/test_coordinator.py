@@ -232,7 +232,11 @@ def test_repeated_enter_reattaches_instead_of_failing(coord: PerRankCoordinator)
     enter_all(coord, RING, WORLD[1:], 0.0)
     rec = only(coord.enter("job", 0, RING, 1, 0.0), Reconfigure)[0]
     assert isinstance(rec, Reconfigure)
-    assert coord.enter("job", 0, RING, 2, 0.1) == []
+    # the first request is answered (superseded), not left without an answer
+    (superseded,) = coord.enter("job", 0, RING, 2, 0.1)
+    assert isinstance(superseded, Reject)
+    assert (superseded.rank, superseded.request_id, superseded.code) == (0, 1,
+                                                                         ErrorCode.CANCELLED)
     out = coord.reconfigured(rec.op_id, 0.2)
     assert [(d.rank, d.request_id) for d in out if isinstance(d, Admit) and d.rank == 0] == [
         (0, 2)]
