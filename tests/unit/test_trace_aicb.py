@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from lightrail.agents.replay.trace import (
+    MAX_MESSAGE_BYTES,
     Direction,
     GroupKind,
     ParallelLayout,
@@ -305,3 +306,21 @@ def test_loader_rejects_unknown_formats_and_missing_paths(tmp_path: Path) -> Non
     assert info.value.field == "format"
     with pytest.raises(TraceError, match="no such file"):
         load_workload(tmp_path / "absent.json")
+
+
+def test_an_oversized_msg_size_is_refused_naming_the_field(tmp_path: Path) -> None:
+    """Regression (issue 10): msg_size 10^26 was accepted, crashed the host agent's encoder
+    (uint64 out of range) and made evaluate print an ideal iteration of 1.97e27 ms."""
+    huge = str(10**26)
+    path = write_csv(tmp_path, [*TP2_DP4[:3],
+                                row("CommType.all_reduce", "CommGroup.tp_group", "2", huge),
+                                *TP2_DP4[3:]])
+    with pytest.raises(TraceError) as info:
+        read_aicb_csv(path)
+    assert (info.value.field, info.value.value, info.value.line) == ("msg_size", huge, 6)
+    assert f"must be <= {MAX_MESSAGE_BYTES}" in str(info.value)
+    # the largest allowed size still reads
+    ok = write_csv(tmp_path, [*TP2_DP4[:3], row("CommType.all_reduce", "CommGroup.tp_group", "2",
+                                                 str(MAX_MESSAGE_BYTES)), *TP2_DP4[3:]])
+    assert max(op.nbytes for ops in read_aicb_csv(ok).ranks.values() for op in ops) == (
+        MAX_MESSAGE_BYTES)

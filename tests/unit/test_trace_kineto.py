@@ -516,3 +516,22 @@ def test_directory_without_traces_is_an_error(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("nothing here")
     with pytest.raises(TraceError, match=r"no \*\.json"):
         read_kineto(tmp_path)
+
+
+@pytest.mark.parametrize("where", ["In msg nelems", "Input Dims"])
+def test_an_oversized_collective_is_refused_naming_the_field(tmp_path: Path, where: str) -> None:
+    """Regression (issue 10): Input Dims [[10^30]] was accepted and crashed the host agent's
+    encoder an iteration later (uint64 out of range); the reader now refuses any size above
+    MAX_MESSAGE_BYTES, naming the field and the value."""
+    builder = TraceBuilder(rank=0, world=2)
+    builder.step(1, 0, 1000)
+    if where == "In msg nelems":
+        builder.call(100, nccl_meta(nelems=10**30), kernel=(130, 50))
+    else:
+        builder.call(100, None, annotation="nccl:all_reduce",
+                     annotation_args={"Input Dims": [[10**30]], "Input type": ["float"]},
+                     kernel=(130, 50))
+    with pytest.raises(TraceError) as info:
+        read_kineto(builder.write(tmp_path / "rank0.json"))
+    assert info.value.field.startswith(where)
+    assert "MAX_MESSAGE_BYTES" in str(info.value) and str(10**30) in str(info.value)

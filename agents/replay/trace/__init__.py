@@ -15,6 +15,7 @@ from lightrail.agents.replay.trace.aicb import (
 from lightrail.agents.replay.trace.kineto import read_kineto
 from lightrail.agents.replay.trace.loader import load_workload
 from lightrail.agents.replay.trace.model import (
+    MAX_MESSAGE_BYTES,
     CommOp,
     Direction,
     SourceFormat,
@@ -23,6 +24,7 @@ from lightrail.agents.replay.trace.model import (
 )
 
 __all__ = [
+    "MAX_MESSAGE_BYTES",
     "CommOp",
     "Direction",
     "GroupKind",

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lightrail.agents.replay.trace.model import (
+    MAX_MESSAGE_BYTES,
     CommOp,
     Direction,
     SourceFormat,
@@ -288,13 +289,16 @@ class _CsvRow:
     count: int
 
 
-def _csv_int(source: Path, line: int, column: str, value: str, *, minimum: int) -> int:
+def _csv_int(source: Path, line: int, column: str, value: str, *, minimum: int,
+             maximum: int | None = None) -> int:
     try:
         number = int(value.strip())
     except ValueError:
         raise TraceError(source, column, value, "not an integer", line=line) from None
     if number < minimum:
         raise TraceError(source, column, value, f"must be >= {minimum}", line=line)
+    if maximum is not None and number > maximum:
+        raise TraceError(source, column, value, f"must be <= {maximum}", line=line)
     return number
 
 
@@ -353,7 +357,7 @@ def _csv_row(source: Path, line: int, cells: Mapping[str, str]) -> _CsvRow:
     )
     raw_msg = cells["msg_size"].strip()
     msg_size = 0 if raw_msg in _NONE_VALUES else _csv_int(
-        source, line, "msg_size", raw_msg, minimum=0
+        source, line, "msg_size", raw_msg, minimum=0, maximum=MAX_MESSAGE_BYTES
     )
     raw_count = cells.get("count", "").strip()
     count = 1 if raw_count in _NONE_VALUES else _csv_int(
@@ -589,7 +593,7 @@ def _simai_slot(source: Path, line: int, fields: Sequence[str], at: int, which: 
     names = (f"{which.value}_compute_time", f"{which.value}_comm_type", f"{which.value}_comm_size")
     compute = _csv_int(source, line, names[0], fields[at], minimum=0)
     raw_type = fields[at + 1]
-    size = _csv_int(source, line, names[2], fields[at + 2], minimum=0)
+    size = _csv_int(source, line, names[2], fields[at + 2], minimum=0, maximum=MAX_MESSAGE_BYTES)
     if raw_type == "NONE":
         return _Slot(compute, None, GroupKind.TP, 0)  # a size on NONE is not demand
     base, _, suffix = raw_type.partition("_")

@@ -67,6 +67,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from lightrail.agents.replay.trace.model import (
+    MAX_MESSAGE_BYTES,
     CommOp,
     Direction,
     SourceFormat,
@@ -626,6 +627,9 @@ def _sizes(source: str, call: _Call, where: str) -> _Sizes:
         elem = _DTYPE_NBYTES.get(str(dtype)) if isinstance(dtype, str) else None
         if elem is None:
             raise TraceError(source, f"dtype ({where})", dtype, "unknown element type")
+        if in_elems * elem > MAX_MESSAGE_BYTES:
+            raise TraceError(source, f"In msg nelems ({where})", in_elems,
+                             f"{in_elems * elem} B > {MAX_MESSAGE_BYTES} B (MAX_MESSAGE_BYTES)")
         return _Sizes(in_elems * elem, in_elems, out_elems, elem)
     if call.dims is not None:
         return _sizes_from_dims(source, call, where)
@@ -660,6 +664,9 @@ def _sizes_from_dims(source: str, call: _Call, where: str) -> _Sizes:
         raise TraceError(
             source, f"Input Dims ({where})", dims, f"no tensor of a known type (types: {types})"
         )
+    if total > MAX_MESSAGE_BYTES:
+        raise TraceError(source, f"Input Dims ({where})", dims,
+                         f"{total} B > {MAX_MESSAGE_BYTES} B (MAX_MESSAGE_BYTES)")
     uniform = len(elem_sizes) == 1
     return _Sizes(total, elems if uniform else None, None, elem_sizes.pop() if uniform else None)
 

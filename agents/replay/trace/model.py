@@ -29,6 +29,12 @@ _K = TypeVar("_K")
 _V = TypeVar("_V")
 
 
+MAX_MESSAGE_BYTES = 2**50
+"""The largest collective a trace may record, in bytes (1 PiB: beyond any accelerator's memory
+by orders of magnitude, and far inside the wire's ``uint64`` ``nbytes``). A larger size is a
+corrupt or hostile input; the readers refuse it naming the field and value."""
+
+
 class TraceError(ValueError):
     """A trace or workload file that cannot be read as it claims to be.
 
@@ -113,10 +119,10 @@ class CommOp:
         direction: send/recv only: which side this rank is.
         peer: send/recv only: global rank of the other side, ``None`` when not recorded.
 
-    Raises ``ValueError`` when the fields contradict each other (negative sizes, a split list
-    that does not sum to ``nbytes`` or does not match the group size, a direction on a
-    collective that is not send/recv, a non-finite or negative gap).
-    """
+    Raises ``ValueError`` when the fields contradict each other (a size below 0 or above
+    ``MAX_MESSAGE_BYTES``, a split list that does not sum to ``nbytes`` or does not match the
+    group size, a direction on a collective that is not send/recv, a non-finite or negative
+    gap)."""
 
     collective: Collective
     group: ProcessGroup | None
@@ -131,8 +137,9 @@ class CommOp:
     peer: int | None = None
 
     def __post_init__(self) -> None:
-        if self.nbytes < 0:
-            raise ValueError(f"CommOp: negative nbytes {self.nbytes}")
+        if not 0 <= self.nbytes <= MAX_MESSAGE_BYTES:
+            raise ValueError(f"CommOp: nbytes {self.nbytes} outside 0..{MAX_MESSAGE_BYTES} "
+                             "(MAX_MESSAGE_BYTES)")
         if not math.isfinite(self.compute_gap_s) or self.compute_gap_s < 0:
             raise ValueError(f"CommOp: compute_gap_s must be finite and >= 0: {self.compute_gap_s}")
         if self.approximate and not self.notes:
