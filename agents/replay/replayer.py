@@ -124,7 +124,7 @@ def _to_replay(rank: int, op: CommOp) -> ReplayOp:
     group = op.group
     if group is None and op.collective is Collective.SEND_RECV and op.peer is not None:
         group = ProcessGroup.of([rank, op.peer])
-    if group is not None and rank not in group.ranks:
+    if group is not None and not group.contains(rank):
         group = None
     if group is not None and group.size < 2:
         group = None

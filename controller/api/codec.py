@@ -21,11 +21,16 @@ import grpc
 
 from lightrail.controller.domain.errors import ErrorCode
 from lightrail.controller.domain.events import JobEvent, JobEventKind
-from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup, RankPlacement
+from lightrail.controller.domain.model import (
+    MAX_WORLD_SIZE,
+    Collective,
+    PhaseKey,
+    ProcessGroup,
+    RankPlacement,
+)
 from lightrail.controller.domain.parallelism import ParallelismError, ParallelismSpec, RankOrder
 from lightrail.v1 import agent_pb2
 
-MAX_WORLD_SIZE = 1 << 20
 MAX_TIMEOUT_S = 24 * 3600.0
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 

@@ -15,6 +15,10 @@ from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+MAX_WORLD_SIZE = 1 << 20
+"""The most ranks a job may have (1,048,576): the bound of every rank number and rank list on
+the wire (``controller.api.codec``) and of the world sizes the trace readers accept."""
+
 
 class Collective(enum.Enum):
     """Collective operations (NCCL / torch.distributed names)."""

@@ -18,7 +18,7 @@ from lightrail.agents.replay.trace import (
     Workload,
     read_kineto,
 )
-from lightrail.controller.domain.model import Collective, ProcessGroup
+from lightrail.controller.domain.model import MAX_WORLD_SIZE, Collective, ProcessGroup
 
 Event = dict[str, object]
 
@@ -535,3 +535,20 @@ def test_an_oversized_collective_is_refused_naming_the_field(tmp_path: Path, whe
         read_kineto(builder.write(tmp_path / "rank0.json"))
     assert info.value.field.startswith(where)
     assert "MAX_MESSAGE_BYTES" in str(info.value) and str(10**30) in str(info.value)
+
+
+def test_a_world_of_a_million_ranks_is_expanded_in_linear_time(tmp_path: Path) -> None:
+    """Regression (issue 10): a trace of rank 0 in a world of 10^6 ranks hung (still running
+    after 300 s): the check whether an unrecorded rank may copy rank 0's sequence scanned the
+    world group's rank tuple per rank. Now group membership is a set lookup and the copies
+    share one sequence; a world beyond MAX_WORLD_SIZE is refused naming the field."""
+    world = 10**6
+    workload = one_call_trace(tmp_path, nccl_meta(ranks=None, size=world), world=world)
+    assert len(workload.ranks) == world
+    assert workload.ranks[world - 1] is workload.ranks[1]  # one shared copy
+    (op,) = workload.ranks[world - 1]
+    assert op.approximate and "copied from rank 0: this rank is not in the trace" in op.notes
+    with pytest.raises(TraceError) as info:
+        one_call_trace(tmp_path, nccl_meta(ranks=None, size=2), world=MAX_WORLD_SIZE + 1)
+    assert info.value.field == "distributedInfo.world_size"
+    assert info.value.value == MAX_WORLD_SIZE + 1

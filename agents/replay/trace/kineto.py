@@ -74,7 +74,7 @@ from lightrail.agents.replay.trace.model import (
     TraceError,
     Workload,
 )
-from lightrail.controller.domain.model import Collective, ProcessGroup
+from lightrail.controller.domain.model import MAX_WORLD_SIZE, Collective, ProcessGroup
 
 __all__ = ["read_kineto"]
 
@@ -380,8 +380,9 @@ def _distributed_info(source: str, doc: Mapping[str, object]) -> _DistInfo:
     world = _opt_int(source, "distributedInfo.world_size", info.get("world_size"))
     if rank is not None and rank < 0:
         raise TraceError(source, "distributedInfo.rank", rank, "negative rank")
-    if world is not None and world < 1:
-        raise TraceError(source, "distributedInfo.world_size", world, "must be >= 1")
+    if world is not None and not 1 <= world <= MAX_WORLD_SIZE:
+        raise TraceError(source, "distributedInfo.world_size", world,
+                         f"must be 1..{MAX_WORLD_SIZE} (MAX_WORLD_SIZE)")
     table: dict[str, tuple[int, ...]] = {}
     configs = info.get("pg_config")
     if isinstance(configs, list):
@@ -836,7 +837,7 @@ def _to_timed(
     where = f"{call.name!r} call at ts={call.issue_us:.3f}us"
     sizes = _sizes(source, call, where)
     group = _resolve_group(source, call, where, world_size, pg_table)
-    if group.group is not None and rank not in group.group.ranks:
+    if group.group is not None and not group.group.contains(rank):
         raise TraceError(source, f"Process Group Ranks ({where})", group.group.ranks,
                          f"does not contain this file's rank {rank}")
     notes = list(group.notes)
@@ -1156,23 +1157,29 @@ def _expand_partial(
         return ops, tails
     recorded = sorted(ops)
     added: dict[int, int] = {}
+    # Linear in the world size: group membership is a set lookup, and the ranks copied from
+    # one source share one sequence (a world of 10^6 ranks once took hours here).
     for target in missing:
         for source in recorded:
             seq = ops[source]
             if seq and all(
-                op.group is not None and target in op.group.ranks
+                op.group is not None and op.group.contains(target)
                 and op.collective is not Collective.SEND_RECV
                 for op in seq
             ):
                 added[target] = source
                 break
+    copies: dict[int, tuple[CommOp, ...]] = {}
     for target, source in added.items():
-        note = f"copied from rank {source}: rank {target} is not in the trace"
-        ops[target] = tuple(
-            replace(op, approximate=True, notes=(*op.notes, note), split_nbytes=None,
-                    recv_split_nbytes=None)
-            for op in ops[source]
-        )
+        copied = copies.get(source)
+        if copied is None:
+            note = f"copied from rank {source}: this rank is not in the trace"
+            copied = copies[source] = tuple(
+                replace(op, approximate=True, notes=(*op.notes, note), split_nbytes=None,
+                        recv_split_nbytes=None)
+                for op in ops[source]
+            )
+        ops[target] = copied
         tails[target] = tails[source]
     by_source: dict[int, list[int]] = {}
     for target, source in added.items():

@@ -212,7 +212,7 @@ class Workload:
             if not 0 <= rank < self.world_size:
                 raise ValueError(f"Workload: rank {rank} outside 0..{self.world_size - 1}")
             for i, op in enumerate(ops):
-                if op.group is not None and rank not in op.group.ranks:
+                if op.group is not None and not op.group.contains(rank):
                     raise ValueError(
                         f"Workload: rank {rank} op #{i} on group {op.group.ranks} without it"
                     )
