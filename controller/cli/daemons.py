@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from lightrail.controller.cli.common import DEFAULT_TARGET, positive_int, run_async
 from lightrail.controller.config import ConfigError, load_config
 from lightrail.controller.logs import configure_logging
+from lightrail.controller.store.errors import StoreError
 
 if TYPE_CHECKING:
     from lightrail.agents.host.health import HealthSource
@@ -59,6 +60,10 @@ def cmd_controller(args: argparse.Namespace) -> int:
                 await run_controller(cfg, stop, drivers=driver_registry(), on_started=announce)
         except LeadershipLost as exc:
             print(f"lightrail controller: {exc}", file=sys.stderr)
+            return 1
+        except StoreError as exc:  # one line naming the endpoints, not a traceback
+            print(f"lightrail controller: etcd {', '.join(cfg.etcd.endpoints)}: {exc}",
+                  file=sys.stderr)
             return 1
         return 0
 

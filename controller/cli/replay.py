@@ -128,7 +128,12 @@ async def replay_main(
 
     async def run(target: str, shown_as: str) -> int:
         """Replay against the controller at ``target``; the summary names it ``shown_as``."""
-        hosts = await _hosts(target)
+        try:
+            hosts = await _hosts(target)
+        except grpc.aio.AioRpcError as exc:  # one line naming the address, not a traceback
+            err.print(f"lightrail replay: controller {shown_as}: {exc.code().name}: "
+                      f"{exc.details()}", markup=False, highlight=False, soft_wrap=True)
+            return 1
         try:
             replayer = Replayer(workload, target, hosts, job_id=job_id, iterations=iterations,
                                 time_scale=time_scale, max_ops=max_ops)

@@ -112,13 +112,24 @@ def translated(op: str) -> Iterator[None]:
         aetcd.WatchTimeoutError,
         TimeoutError,
     ) as e:
-        raise StoreUnavailable(f"{op}: etcd unavailable: {e!r}") from e
+        raise StoreUnavailable(f"{op}: etcd unavailable: {_describe(e)}") from e
     except aetcd.RevisionCompactedError as e:
         raise RevisionCompacted(f"{op}: {e}", int(e.compacted_revision)) from e
     except (aetcd.ClientError, aetcd.rpc.AioRpcError) as e:
         if _is_transport_failure(e):
-            raise StoreUnavailable(f"{op}: etcd unavailable: {e!r}") from e
-        raise StoreRequestFailed(f"{op}: etcd error: {e!r}") from e
+            raise StoreUnavailable(f"{op}: etcd unavailable: {_describe(e)}") from e
+        raise StoreRequestFailed(f"{op}: etcd error: {_describe(e)}") from e
+
+
+def _describe(error: BaseException) -> str:
+    """One line for ``error``: a gRPC status as ``CODE: details`` (its repr spans lines),
+    anything else as its repr."""
+    if isinstance(error, aetcd.rpc.AioRpcError):
+        return f"{error.code().name}: {error.details()}"
+    cause = error.__cause__ or error.__context__
+    if isinstance(cause, aetcd.rpc.AioRpcError):
+        return f"{type(error).__name__} ({cause.code().name}: {cause.details()})"
+    return " ".join(repr(error).split())
 
 
 def _is_transport_failure(error: BaseException) -> bool:

@@ -1,0 +1,58 @@
+"""The daemons and the replay, run as processes, answer an unreachable etcd or controller with
+one line naming the address and the cause, and a non-zero exit code, not a traceback
+(issue 10, section 3: 61 and 39 lines before)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+ENTRY = "import sys; from lightrail.controller.cli.main import main; sys.exit(main())"
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def lightrail(*args: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", ENTRY, *args], capture_output=True, text=True,
+                          timeout=timeout_s, check=False)
+
+
+def test_controller_with_etcd_unreachable_says_so_in_one_line(tmp_path: Path) -> None:
+    port = closed_port()
+    config = tmp_path / "controller.yaml"
+    config.write_text(
+        f'controller: {{replica_id: t, listen: "127.0.0.1:{closed_port()}", '
+        f'metrics_listen: "127.0.0.1:{closed_port()}"}}\n'
+        f'etcd: {{endpoints: ["127.0.0.1:{port}"], lease_ttl_s: 5}}\n'
+        "fabric: {builtin: demo-4x2}\n",
+        encoding="utf-8")
+    done = lightrail("controller", "--config", str(config))
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 1, done.stderr
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"lightrail controller: etcd 127.0.0.1:{port}: ")
+    assert "etcd unavailable" in lines[0] and "Traceback" not in done.stderr
+
+
+def test_replay_with_the_controller_unreachable_says_so_in_one_line(tmp_path: Path) -> None:
+    trace = tmp_path / "job.csv"  # an AICB workload: one all-reduce over 2 ranks
+    trace.write_text(
+        "[rank0 ~ rank1]\n"
+        "comm_type,comm_group,comm_group_size,msg_size,stage,dst,src,additional,"
+        "_elapsed_time,algbw,busbw,count\n"
+        "CommType.all_reduce,CommGroup.dp_group,2,1024,step,None,None,,None,None,None,1\n",
+        encoding="utf-8")
+    port = closed_port()
+    done = lightrail("replay", str(trace), "--controller", f"127.0.0.1:{port}",
+                     "--no-progress")
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 1, done.stderr
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"lightrail replay: controller 127.0.0.1:{port}: UNAVAILABLE: ")
