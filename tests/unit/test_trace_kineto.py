@@ -552,3 +552,23 @@ def test_a_world_of_a_million_ranks_is_expanded_in_linear_time(tmp_path: Path) -
         one_call_trace(tmp_path, nccl_meta(ranks=None, size=2), world=MAX_WORLD_SIZE + 1)
     assert info.value.field == "distributedInfo.world_size"
     assert info.value.value == MAX_WORLD_SIZE + 1
+
+
+@pytest.mark.parametrize("base_us", [0.0, 1e16])
+def test_nesting_tolerance_is_relative_to_the_timestamps(tmp_path: Path, base_us: float) -> None:
+    """Regression (issue 10): with 17-digit timestamps (~1e16 us, per-rank epoch offsets)
+    float64 rounding puts a child event's end 2 us past its parent's; a fixed 1e-3 us
+    tolerance split them and the collective "recorded no size". The tolerance is now a few
+    ulps of the timestamps: the same 2 us overrun at small timestamps still does not nest."""
+    builder = TraceBuilder(rank=0, world=2)
+    builder.step(1, base_us, 10_000)
+    builder.call(base_us + 100, nccl_meta(), annotation="nccl:all_reduce",
+                 annotation_args={}, kernel=(base_us + 130, 50))
+    child = next(e for e in builder.events if e["name"] == "nccl:all_reduce")
+    child["ts"], child["dur"] = base_us + 102, 20.0  # parent: ts 100, dur 20: 2 us past it
+    path = builder.write(tmp_path / "rank0.json")
+    if base_us:
+        assert only_op(read_kineto(path)).nbytes == 1024 * 4
+    else:
+        with pytest.raises(TraceError, match="records no size"):
+            read_kineto(path)

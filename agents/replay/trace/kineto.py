@@ -80,6 +80,14 @@ __all__ = ["read_kineto"]
 
 _US = 1e-6
 _EPS_US = 1e-3
+
+
+def _eps_us(at_us: float) -> float:
+    """The tolerance of a comparison of timestamps near ``at_us`` (µs): ``_EPS_US``, or four
+    ulps of ``at_us`` when that is more (float64 timestamps of ~1e16 µs, as traces with
+    per-rank epoch offsets record them, are 2 µs apart: a child event can round past its
+    parent by that much)."""
+    return max(_EPS_US, 4 * math.ulp(at_us))
 _GZIP_MAGIC = b"\x1f\x8b"
 _STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 _RANK_IN_NAME_RE = re.compile(r"(?:rank|worker)[_\-]?(\d+)", re.IGNORECASE)
@@ -409,7 +417,8 @@ def _calls_from_cpu(comm_events: Mapping[str, list[_RawEvent]]) -> list[_Call]:
         cluster: list[_RawEvent] = []
         for ev in evs:
             outer = cluster[0] if cluster else None
-            if outer and ev.start_us <= outer.end_us and ev.end_us <= outer.end_us + _EPS_US:
+            if outer and ev.start_us <= outer.end_us and (
+                    ev.end_us <= outer.end_us + _eps_us(outer.end_us)):
                 cluster.append(ev)
                 continue
             if cluster:
@@ -469,11 +478,12 @@ class _CallIndex:
         starts = self._starts.get(launch.thread)
         if not starts:
             return None
-        pos = bisect.bisect_right(starts, launch.ts_us + _EPS_US) - 1
+        eps = _eps_us(launch.ts_us)
+        pos = bisect.bisect_right(starts, launch.ts_us + eps) - 1
         if pos < 0:
             return None
         span = self._spans[launch.thread][pos]
-        inside = span.start_us - _EPS_US <= launch.ts_us <= span.end_us + _EPS_US
+        inside = span.start_us - eps <= launch.ts_us <= span.end_us + eps
         return self._indices[launch.thread][pos] if inside else None
 
 
@@ -1084,7 +1094,7 @@ def _select_step(
 
 def _complete(rank_ops: _RankOps, number: int) -> bool:
     span = rank_ops.file.steps[number].span
-    if span.end_us > rank_ops.file.window.end_us + _EPS_US:
+    if span.end_us > rank_ops.file.window.end_us + _eps_us(span.end_us):
         return False
     if not rank_ops.file.has_nccl_kernels:
         return True
