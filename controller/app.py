@@ -163,9 +163,12 @@ async def _serve(
             core = _start_core(tg, ccfg, fabric, store, election, opened.drivers)
             state = await _read_back_switches(core, fabric)
             repo = EtcdJobRepository(store)
-            await _restore_jobs(repo, core, ccfg.recovery_grace_s)
+            await _restore_jobs(repo, core)
             health_store = EtcdHealthStore(store, core.writer.put)
             failover = await _start_failover(tg, core, repo, health_store, ccfg)
+            if core.coordinator.unsynced_hosts():
+                tg.create_task(_recovery_verdict(core, failover, ccfg.recovery_grace_s),
+                               name="recovery-verdict")
 
             def is_leader() -> bool:
                 return election.is_leader.is_set()
@@ -287,17 +290,32 @@ async def _read_back_switches(core: _Core, fabric: Fabric) -> dict[str, frozense
     return state
 
 
-async def _restore_jobs(repo: EtcdJobRepository, core: _Core, recovery_grace_s: float) -> None:
-    """Register the jobs stored in etcd and give each ``recovery_grace_s`` seconds to recover;
-    then freeze the GC generations and set the job gauge. Raises ``CorruptJobRecord``."""
+async def _restore_jobs(repo: EtcdJobRepository, core: _Core) -> None:
+    """Register the jobs stored in etcd, each frozen until its ranks resync or their hosts are
+    declared dead (``PhaseCoordinator.mark_recovering``); then freeze the GC generations and
+    set the job gauge. Raises ``CorruptJobRecord``."""
     coordinator = core.coordinator
     await _recover_jobs(repo, coordinator)
     for job_id in coordinator.job_ids():
-        coordinator.mark_recovering(job_id, core.service.now() + recovery_grace_s)
+        coordinator.mark_recovering(job_id)
     # Layouts and plans live as long as the daemon: keep the cyclic GC from rescanning
     # them on every collection (large jobs hold ~100k plan objects).
     gc.freeze()
     metrics.JOBS.set(len(coordinator.job_ids()))
+
+
+async def _recovery_verdict(core: _Core, failover: FailoverManager, window_s: float) -> None:
+    """``window_s`` after a restart, the hosts that still keep a recovered job frozen and have
+    not been heard from since (no heartbeat) are declared dead: their agents did not come back.
+    A host that was heard from is not: its ranks stay frozen until they resync or its
+    heartbeat deadline passes (``FailoverManager``'s watchdog). No circuit of a live rank is
+    ever unfrozen by this timer."""
+    await asyncio.sleep(window_s)
+    dead = sorted(h for h in core.coordinator.unsynced_hosts()
+                  if failover.heartbeat_age_s(h) is None)
+    if dead:
+        log.warning("recovery_hosts_dead", hosts=dead, window_s=window_s)
+        core.service.hosts_dead(dead)
 
 
 async def _start_failover(

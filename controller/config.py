@@ -92,8 +92,10 @@ class ControllerSection(_Strict):
         description="a host silent this long counts as failed (all its GPUs fail over)")
     recovery_grace_s: float = Field(
         default=10.0, ge=0, le=3600,
-        description="after a restart, how long a recovered job's circuits stay frozen while "
-                    "its agents reconnect and report what their ranks hold")
+        description="after a restart, how long the hosts of a recovered job have to come "
+                    "back: a host not heard from by then is declared dead and its ranks stop "
+                    "keeping the job's circuits frozen (a live host's ranks stay frozen until "
+                    "they resync or its heartbeat deadline passes: no timer is a go-ahead)")
 
 
 class EtcdSection(_Strict):

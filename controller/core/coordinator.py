@@ -205,13 +205,39 @@ class PhaseCoordinator:
 
     # --- recovery ---------------------------------------------------------------------------
 
-    def mark_recovering(self, job_id: str, until_s: float) -> None:
-        """A job recovered from etcd after a restart: until every rank is accounted for
-        (``synced``) or ``until_s`` passes, none of its circuits is switched, because ranks
-        whose agents have not reconnected yet may still hold them. Admissions onto circuits
-        that are already there go on. Raises ``UnknownJob``."""
+    def mark_recovering(self, job_id: str) -> None:
+        """A job recovered from etcd after a restart: until every rank is accounted for -
+        resynced by its agent (``synced``) or on a host declared dead (``hosts_dead``) -
+        none of its circuits is switched, because ranks whose agents have not reconnected yet
+        may still hold them (DESIGN.md, the safety invariant: no timer is a go-ahead).
+        Admissions onto circuits that are already there go on. Raises ``UnknownJob``."""
         job = self._job(job_id)
-        self._s.recovering[job_id] = Recovery(until_s, set(range(len(job.ranks))))
+        self._s.recovering[job_id] = Recovery(set(range(len(job.ranks))))
+
+    def unsynced_hosts(self) -> set[str]:
+        """The hosts of every rank that keeps a recovered job's circuits frozen."""
+        s = self._s
+        out: set[str] = set()
+        for job_id, rec in s.recovering.items():
+            placements = s.jobs[job_id].layout.placements
+            out.update(placements[r].host for r in rec.unsynced)
+        return out
+
+    def hosts_dead(self, hosts: Iterable[str], now: float) -> list[Decision]:
+        """A host-dead verdict (its heartbeat deadline passed, or it never came back after a
+        restart): the ranks placed on ``hosts`` will not resync, so they stop keeping any
+        recovered job's circuits frozen. Returns what can switch now."""
+        dead = set(hosts)
+        s = self._s
+        ended: list[str] = []
+        for job_id, rec in s.recovering.items():
+            placements = s.jobs[job_id].layout.placements
+            rec.unsynced = {r for r in rec.unsynced if placements[r].host not in dead}
+            if not rec.unsynced:
+                ended.append(job_id)
+        for job_id in ended:
+            del s.recovering[job_id]
+        return schedule(s, now) if ended else []
 
     def recovering(self, job_id: str) -> bool:
         """True while ``job_id`` waits for its ranks to resync."""
@@ -682,28 +708,20 @@ class PhaseCoordinator:
         return out
 
     def next_deadline(self) -> float | None:
-        """The earliest deadline of a waiting rank or of a job's recovery, or None."""
+        """The earliest deadline of a waiting rank, or None."""
         s = self._s
-        best: float | None = None
         while s.deadlines:
             first = s.deadlines[0]
             if s.waiter_live(first):
-                best = first.at_s
-                break
+                return first.at_s
             heapq.heappop(s.deadlines)
-        for rec in s.recovering.values():
-            if best is None or rec.until_s < best:
-                best = rec.until_s
-        return best
+        return None
 
     def expire(self, now: float) -> list[Decision]:
         """Refuse every waiting rank whose deadline has passed with ``DEADLINE_EXCEEDED``;
         the message says what the phase was waiting for."""
         s = self._s
         out: list[Decision] = []
-        ended = [j for j, rec in s.recovering.items() if rec.until_s <= now]
-        for job_id in ended:
-            del s.recovering[job_id]
         while s.deadlines and s.deadlines[0].at_s <= now:
             d = heapq.heappop(s.deadlines)
             if not s.waiter_live(d):
@@ -721,6 +739,6 @@ class PhaseCoordinator:
             if not inst.waiting and inst.op_id is None:
                 s.dequeue(inst)
                 s.maybe_drop(job, inst)
-        if out or ended:
+        if out:
             out.extend(schedule(s, now))
         return out

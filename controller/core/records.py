@@ -145,10 +145,9 @@ class JobRecord:
 
 @dataclass(slots=True)
 class Recovery:
-    """A job recovered after a restart: ``unsynced`` ranks not yet accounted for, until
-    ``until_s``."""
+    """A job recovered after a restart: ``unsynced`` ranks not yet accounted for (neither
+    resynced by their agent nor on a host declared dead). No timer ends it."""
 
-    until_s: float
     unsynced: set[int]
 
 

@@ -347,6 +347,8 @@ class FailoverManager:
                     continue
                 del self._last_heartbeat[host]  # report the silence once
                 log.error("heartbeat_lost", host=host, silent_s=now - last)
+                # a host-dead verdict: its ranks no longer keep recovered jobs frozen
+                self._service.hosts_dead([host])
                 gpus = self._service.coordinator.fabric.hosts[host].gpu_count
                 for gpu in range(gpus):
                     self.report(host, gpu, GpuState.FAILED,

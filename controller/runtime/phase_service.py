@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -254,6 +254,12 @@ class PhaseService:
         ``ReleaseError``."""
         self.coordinator.resume_held(job_id, rank, phase, iteration)
 
+    def hosts_dead(self, hosts: Iterable[str]) -> None:
+        """A host-dead verdict for ``hosts`` (``PhaseCoordinator.hosts_dead``)."""
+        decisions = self.coordinator.hosts_dead(hosts, self.now())
+        if decisions:
+            self._dispatch(decisions)
+
     def synced(self, job_id: str, ranks: list[int]) -> None:
         """An agent finished resyncing ``ranks`` of ``job_id`` after a reconnect."""
         decisions = self.coordinator.synced(job_id, ranks, self.now())
@@ -497,18 +503,13 @@ class PhaseService:
             pass
         else:
             counts = (score.hits, score.late, score.misses)
-            cached = self._prov_gauges.get(rec.job_id)
-            if cached is None:
-                gauges = tuple(
-                    metrics.PROVISIONING.labels(rec.job_id, o) for o in ("hit", "late", "miss"))
-                last: tuple[int, ...] = (-1, -1, -1)
-            else:
-                gauges, last = cached
-            if counts != last:  # set only what moved: one lock per gauge set
-                for gauge, value, before in zip(gauges, counts, last, strict=True):
-                    if value != before:
-                        gauge.set(value)
-                self._prov_gauges[rec.job_id] = (gauges, counts)
+            gauges, last = self._prov_gauges.get(rec.job_id) or (tuple(
+                metrics.PROVISIONING.labels(rec.job_id, o) for o in ("hit", "late", "miss")),
+                (-1, -1, -1))
+            for gauge, value, before in zip(gauges, counts, last, strict=True):
+                if value != before:  # set only what moved: one lock per gauge set
+                    gauge.set(value)
+            self._prov_gauges[rec.job_id] = (gauges, counts)
         if self.listeners:
             done = ReconfigurationDone(rec.job_id, rec.phase, switches, device_s, error)
             for listener in self.listeners:
@@ -563,10 +564,8 @@ class PhaseService:
             self._reading_back.discard(switch_id)
 
     def _arm_timer(self) -> None:
-        """Keep one loop timer at or before the coordinator's next deadline. A timer armed
-        earlier than needed stays (it fires, expires nothing and re-arms): most decisions
-        move the next deadline later, and re-arming on each would cost a cancel and a
-        ``call_later`` per phase instance."""
+        """Keep one loop timer at or before the next deadline; one armed earlier stays (it
+        fires, expires nothing, re-arms): no cancel and ``call_later`` per phase instance."""
         deadline = self.coordinator.next_deadline()
         if deadline is None or (self._timer_at is not None and self._timer_at <= deadline):
             return

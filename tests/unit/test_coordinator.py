@@ -287,22 +287,33 @@ def test_holds_are_counted_per_instance(coord: PerRankCoordinator) -> None:
 
 def test_recovered_job_switches_nothing_until_its_ranks_resync(coord: PerRankCoordinator) -> None:
     """After a restart, a rank whose agent has not reconnected may still hold circuits the
-    new controller cannot see: switching waits for every rank's SyncDone or the grace period."""
-    coord.mark_recovering("job", until_s=10.0)
+    new controller cannot see: switching waits for every rank's SyncDone (or a host-dead
+    verdict)."""
+    coord.mark_recovering("job")
     assert coord.enter("job", 0, PP01, 1, 0.0) == []
     assert coord.enter("job", 2, PP01, 2, 0.0) == []
     assert coord.synced("job", [0, 1, 2, 3], 0.1) == []
-    assert coord.next_deadline() == pytest.approx(5.0)  # the waiters' own deadline is sooner
+    assert coord.next_deadline() == pytest.approx(5.0)  # the waiters' own deadline
     out = coord.synced("job", [4, 5, 6, 7], 0.2)
     assert len(only(out, Reconfigure)) == 1 and not coord.recovering("job")
 
 
-def test_recovery_grace_period_ends(coord: PerRankCoordinator) -> None:
-    coord.mark_recovering("job", until_s=1.0)
-    assert coord.enter("job", 0, PP01, 1, 0.0, timeout_s=30.0) == []
-    assert coord.enter("job", 2, PP01, 2, 0.0, timeout_s=30.0) == []
-    assert coord.next_deadline() == pytest.approx(1.0)
-    out = coord.expire(1.0)
+def test_no_timer_unfreezes_a_recovered_job_only_a_host_dead_verdict_does(
+    coord: PerRankCoordinator,
+) -> None:
+    """Regression (issue 10): the end of a grace period used to let a recovered job's circuits
+    change although some of its ranks never resynced. Now time alone changes nothing; ranks
+    on hosts declared dead stop counting, the others must resync."""
+    coord.mark_recovering("job")
+    assert coord.enter("job", 0, PP01, 1, 0.0, timeout_s=300.0) == []
+    assert coord.enter("job", 2, PP01, 2, 0.0, timeout_s=300.0) == []
+    assert coord.next_deadline() == pytest.approx(300.0)  # no recovery deadline
+    assert only(coord.expire(200.0), Reconfigure) == [] and coord.recovering("job")
+    assert coord.synced("job", [0, 1, 2, 3], 1.0) == []  # host0 and host1 resynced
+    assert coord.unsynced_hosts() == {"host2", "host3"}
+    assert coord.hosts_dead(["host2"], 2.0) == []  # host3's ranks 6, 7 still unaccounted
+    assert coord.recovering("job") and coord.unsynced_hosts() == {"host3"}
+    out = coord.hosts_dead(["host3"], 3.0)
     assert len(only(out, Reconfigure)) == 1 and not coord.recovering("job")
 
 
@@ -453,11 +464,11 @@ def test_resumed_hold_on_missing_circuits_admits_nobody_blindly(
 ) -> None:
     """Review finding: after a restart a reported hold on circuits the switches do not have
     must not let peers join without a switch."""
-    coord.mark_recovering("job", until_s=0.05)
+    coord.mark_recovering("job")
     coord.resume_held("job", 0, RING)
     # the others wait: recovering, and the circuits are missing
     assert enter_all(coord, RING, WORLD[1:], 0.01) == []
-    out = coord.expire(0.05)
+    out = coord.synced("job", WORLD, 0.05)  # every agent resynced: the recovery ends
     assert not only(out, Admit)
     (rec,) = only(out, Reconfigure)
     assert isinstance(rec, Reconfigure)
