@@ -40,6 +40,7 @@ from pathlib import Path
 
 from lightrail.agents.replay.trace.model import (
     MAX_MESSAGE_BYTES,
+    MAX_OPS_PER_ITERATION,
     CommOp,
     Direction,
     SourceFormat,
@@ -361,7 +362,7 @@ def _csv_row(source: Path, line: int, cells: Mapping[str, str]) -> _CsvRow:
     )
     raw_count = cells.get("count", "").strip()
     count = 1 if raw_count in _NONE_VALUES else _csv_int(
-        source, line, "count", raw_count, minimum=1
+        source, line, "count", raw_count, minimum=1, maximum=MAX_OPS_PER_ITERATION
     )
     if comm_type in _AICB_COLLECTIVES:
         if group is None:
@@ -511,6 +512,11 @@ def read_aicb_csv(path: Path) -> Workload:
         demand = _Demand(row.line, _AICB_COLLECTIVES[row.comm_type], row.group, row.msg_size,
                          0.0, direction, step)
         demands.extend([demand] * row.count)
+        if len(demands) > MAX_OPS_PER_ITERATION:
+            raise TraceError(path, "count", row.count,
+                             f"the iteration reaches {len(demands)} collectives per rank, more "
+                             f"than {MAX_OPS_PER_ITERATION} (MAX_OPS_PER_ITERATION)",
+                             line=row.line)
     for comm_type, count in sorted(skipped.items()):
         assumptions.append(f"{count} '{comm_type}' row(s) in the iteration are not demand: skipped")
     if any(d.collective is Collective.SEND_RECV for d in demands):

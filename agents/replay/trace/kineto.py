@@ -341,6 +341,8 @@ def _parse_rank_file(source: str, data: bytes) -> _RankFile:
         first_us = min(first_us, start)
         last_us = max(last_us, end)
         cat = event.get("cat")
+        if cat is not None and not isinstance(cat, str):
+            raise TraceError(source, f"traceEvents[{index}].cat", cat, "not a string")
         args = _args_of(event)
         thread = f"{event.get('pid')}/{event.get('tid')}"
         raw = _RawEvent(name, thread, start, end, args)

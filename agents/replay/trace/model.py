@@ -35,6 +35,12 @@ by orders of magnitude, and far inside the wire's ``uint64`` ``nbytes``). A larg
 corrupt or hostile input; the readers refuse it naming the field and value."""
 
 
+MAX_OPS_PER_ITERATION = 100_000
+"""The most collectives one rank may issue in one iteration of a workload (a 1,000-layer model
+with 100 micro-batches stays below it); a generated schedule that repeats a row more often is
+refused naming the ``count``, instead of expanding without bound."""
+
+
 class TraceError(ValueError):
     """A trace or workload file that cannot be read as it claims to be.
 
