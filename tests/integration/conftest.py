@@ -10,6 +10,9 @@ from contextlib import AsyncExitStack
 import pytest
 import pytest_asyncio
 
+from lightrail.controller.app import RunningController
+from lightrail.controller.cli.embedded import embedded_config, running_controller
+from lightrail.controller.config import FabricSection
 from lightrail.controller.store.etcd import EtcdStore
 from lightrail.controller.store.etcd_server import EmbeddedEtcd
 from lightrail.emulator.ocs import EmulatedFabricDevices
@@ -47,3 +50,17 @@ async def store(store_factory: StoreFactory) -> EtcdStore:
 async def devices() -> EmulatedFabricDevices:
     """The emulated switches a test's controller drives (they outlive the controller)."""
     return EmulatedFabricDevices()
+
+
+@pytest_asyncio.fixture
+async def ctl(etcd: EmbeddedEtcd, devices: EmulatedFabricDevices
+              ) -> AsyncIterator[RunningController]:
+    """A controller on the built-in demo-4x2 fabric (2 ms reconfiguration delay, 5 s admission
+    timeout) driving ``devices``, against the test's etcd."""
+    cfg = embedded_config(
+        etcd.endpoint,
+        FabricSection.model_validate({"builtin": "demo-4x2", "reconfiguration_delay_ms": 2}),
+        admission_timeout_s=5.0,
+    )
+    async with running_controller(cfg, devices=devices) as rc:
+        yield rc

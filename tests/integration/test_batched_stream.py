@@ -13,10 +13,7 @@ import pytest_asyncio
 from lightrail.agents.client import ControllerClient
 from lightrail.controller.api.codec import phase_key_to_pb
 from lightrail.controller.app import RunningController
-from lightrail.controller.cli.embedded import embedded_config, running_controller
-from lightrail.controller.config import FabricSection
 from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup, RankPlacement
-from lightrail.controller.store.etcd_server import EmbeddedEtcd
 from lightrail.drivers.base import CrossConnect
 from lightrail.emulator.ocs import EmulatedFabricDevices
 from lightrail.v1 import agent_pb2, agent_pb2_grpc
@@ -29,17 +26,11 @@ N = 4
 
 
 @pytest_asyncio.fixture
-async def ctl(etcd: EmbeddedEtcd, devices: EmulatedFabricDevices
-              ) -> AsyncIterator[RunningController]:
-    cfg = embedded_config(
-        etcd.endpoint,
-        FabricSection.model_validate({"builtin": "demo-4x2", "reconfiguration_delay_ms": 2}),
-        admission_timeout_s=5.0,
-    )
-    async with running_controller(cfg, devices=devices) as rc, \
-            ControllerClient(rc.grpc_target, retry_budget_s=2.0) as admin:
+async def ctl(ctl: RunningController) -> AsyncIterator[RunningController]:
+    """The conftest's demo controller with the job of ``PLACE`` registered."""
+    async with ControllerClient(ctl.grpc_target, retry_budget_s=2.0) as admin:
         assert await admin.register_job("job", PLACE) == 8
-        yield rc
+        yield ctl
 
 
 class Stream:

@@ -19,8 +19,6 @@ from lightrail.agents.client import ControllerClient, JobRegistrationError
 from lightrail.agents.errors import PhaseError, PhaseTimeout
 from lightrail.agents.host.agent import HostAgent
 from lightrail.controller.app import RunningController
-from lightrail.controller.cli.embedded import embedded_config, running_controller
-from lightrail.controller.config import FabricSection
 from lightrail.controller.domain.errors import ErrorCode
 from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup, RankPlacement
 from lightrail.controller.store.etcd import EtcdStore
@@ -33,18 +31,6 @@ PLACE = [RankPlacement(r, f"host{r // 2}", r % 2) for r in range(8)]
 RING = PhaseKey(ProcessGroup.of(range(8)), Collective.ALL_REDUCE)
 PAIR = PhaseKey(ProcessGroup.of([0, 2]), Collective.SEND_RECV)  # host0 <-> host1 on rail 0
 N = 4
-
-
-@pytest_asyncio.fixture
-async def ctl(etcd: EmbeddedEtcd, devices: EmulatedFabricDevices
-              ) -> AsyncIterator[RunningController]:
-    cfg = embedded_config(
-        etcd.endpoint,
-        FabricSection.model_validate({"builtin": "demo-4x2", "reconfiguration_delay_ms": 2}),
-        admission_timeout_s=5.0,
-    )
-    async with running_controller(cfg, devices=devices) as rc:
-        yield rc
 
 
 @pytest_asyncio.fixture
