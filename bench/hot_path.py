@@ -267,7 +267,8 @@ class ControllerProcess:
 
     def device_reconfigurations(self) -> float:
         """``lightrail_reconfigurations_total`` summed over the switches (applies that changed
-        cross-connects), from the controller's Prometheus endpoint; NaN when unreadable."""
+        cross-connects), from the controller's Prometheus endpoint; NaN when unreadable.
+        Blocking (urllib): callers in the loop run it with ``asyncio.to_thread``."""
         try:
             with urllib.request.urlopen(f"http://{self.metrics_target}/metrics",
                                         timeout=5) as resp:
@@ -638,12 +639,12 @@ async def run_lean_cell(
         await admin.register_job(job_id, [RankPlacement(r, f"host{r}", 0) for r in range(n)],
                                  tenant="bench")
         try:
-            switches0 = ctrl.device_reconfigurations()
+            switches0 = await asyncio.to_thread(ctrl.device_reconfigurations)
             start = _mark(ctrl, etcd)
             await load.run(opts.cell_timeout_s)
             end = _mark(ctrl, etcd)
-            result.reconfigurations_per_boundary = (
-                (ctrl.device_reconfigurations() - switches0) / max(1, load.stop_at))
+            switches = await asyncio.to_thread(ctrl.device_reconfigurations) - switches0
+            result.reconfigurations_per_boundary = switches / max(1, load.stop_at)
         finally:
             with contextlib.suppress(Exception):
                 await admin.unregister_job(job_id)
@@ -719,7 +720,7 @@ async def run_cell(
         await admin.register_job(job_id, placements, tenant="bench")
         try:
             await t.connect(10.0)
-            switches0 = ctrl.device_reconfigurations()
+            switches0 = await asyncio.to_thread(ctrl.device_reconfigurations)
             c0, e0, g0 = proc_cpu_s(ctrl.pid), proc_cpu_s(etcd_pid(etcd)), time.process_time()
             w0 = time.perf_counter()
             try:
@@ -736,8 +737,8 @@ async def run_cell(
                 result.controller_us_per_boundary = ctrl_s / total * 1e6
                 result.generator_us_per_boundary = gen_s / total * 1e6
             gen.summarize(result)
-            result.reconfigurations_per_boundary = (
-                (ctrl.device_reconfigurations() - switches0) / max(1, gen.stop_at))
+            switches = await asyncio.to_thread(ctrl.device_reconfigurations) - switches0
+            result.reconfigurations_per_boundary = switches / max(1, gen.stop_at)
         finally:
             await t.close()
             with contextlib.suppress(Exception):
