@@ -6,12 +6,16 @@ has, since all of them wrap the same ``EmulatedOcs`` objects::
 
     GET    /devices                 {"devices": [<summary>, ...]}
     GET    /devices/{id}            <summary> + {"cross_connects": [{"ingress", "egress"}]}
+    GET    /devices/{id}/changes    {"device", "changes": [{"at_s", "action" (make|break),
+                                    "ingress", "egress"}, ...]}: the change log, oldest first;
+                                    ``?since=K`` skips the first K entries
     POST   /devices/{id}/faults     one fault (below) -> 200 {"device", "applied"}
                                     (reboot: 202, answered once the device is down)
     DELETE /devices/{id}/faults     clear every fault -> 200 {"device", "applied"}
 
     summary: {"id", "kind" (nxn|duplex), "port_count", "settle_time_s", "max_batch",
-              "cross_connect_count", "command_count", "change_count", "rebooting",
+              "cross_connect_count", "command_count", "write_count", "change_count",
+              "rebooting",
               "injected": [faults injected through this API since the last clear]}
 
 Fault bodies (``fault`` selects the ``EmulatedOcs`` method; other members are its arguments)::
@@ -35,6 +39,10 @@ message names the field and the value: unknown fault, unknown or missing member,
 out-of-range number, a port the device lacks, a body that is not a JSON object), 404 for an
 unknown device or path, 405 for a wrong method, 409 for a reboot while one is running.
 
+``at_s`` in the change log is the device's clock: ``time.monotonic`` of the emulator process,
+which on Linux (``CLOCK_MONOTONIC``) is the same clock in every process of the machine, so a
+replay's hold times and a standalone emulator's change log compare directly.
+
 ``ControlClient`` is the async client for tests and the CLI.
 """
 
@@ -53,7 +61,13 @@ import structlog
 from aiohttp import web
 
 from lightrail.drivers.base import AlarmSeverity, CrossConnect, SwitchKind
-from lightrail.emulator.ocs import DenialKind, EmulatedFabricDevices, EmulatedOcs
+from lightrail.emulator.ocs import (
+    ChangeAction,
+    ChangeRecord,
+    DenialKind,
+    EmulatedFabricDevices,
+    EmulatedOcs,
+)
 
 FAULTS = (
     "unreachable", "drop_next_calls", "slow", "deny_port", "allow_port", "partial_apply",
@@ -262,6 +276,7 @@ class ControlServer:
         app = web.Application()
         app.router.add_get("/devices", self._list)
         app.router.add_get("/devices/{id}", self._show)
+        app.router.add_get("/devices/{id}/changes", self._changes)
         app.router.add_post("/devices/{id}/faults", self._inject)
         app.router.add_delete("/devices/{id}/faults", self._clear)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=self._shutdown_timeout_s)
@@ -323,6 +338,7 @@ class ControlServer:
             "max_batch": caps.max_batch,
             "cross_connect_count": len(device.cross_connects),
             "command_count": device.command_count,
+            "write_count": device.write_count,
             "change_count": len(device.change_log),
             "rebooting": task is not None and not task.done(),
             "injected": list(self._injected.get(device.switch_id, [])),
@@ -344,6 +360,19 @@ class ControlServer:
             {"ingress": x.ingress, "egress": x.egress} for x in sorted(device.cross_connects)
         ]
         return web.json_response(body)
+
+    async def _changes(self, request: web.Request) -> web.Response:
+        try:
+            device = self._device(request)
+            raw = request.query.get("since", "0")
+            if not raw.isdigit():
+                raise ControlInputError("since", raw, f"must be an integer >= 0, got {raw!r}")
+        except ControlInputError as e:
+            return e.response()
+        changes = device.change_log[int(raw):]
+        return web.json_response({"device": device.switch_id, "changes": [
+            {"at_s": c.at_s, "action": c.action.value, "ingress": c.cross_connect.ingress,
+             "egress": c.cross_connect.egress} for c in changes]})
 
     async def _inject(self, request: web.Request) -> web.Response:
         try:
@@ -469,6 +498,7 @@ class DeviceState:
     kind: SwitchKind
     port_count: int
     command_count: int
+    write_count: int
     change_count: int
     cross_connect_count: int
     rebooting: bool
@@ -494,6 +524,7 @@ class DeviceState:
             kind=SwitchKind(doc["kind"]),
             port_count=_as_int(doc["port_count"]),
             command_count=_as_int(doc["command_count"]),
+            write_count=_as_int(doc["write_count"]),
             change_count=_as_int(doc["change_count"]),
             cross_connect_count=_as_int(doc["cross_connect_count"]),
             rebooting=bool(doc["rebooting"]),
@@ -562,6 +593,24 @@ class ControlClient:
     async def device(self, switch_id: str) -> DeviceState:
         """One device with its cross-connects."""
         return DeviceState.from_json(await self._call("GET", f"/devices/{switch_id}"))
+
+    async def change_log(self, switch_id: str, since: int = 0) -> list[ChangeRecord]:
+        """The device's change log from entry ``since``, oldest first (``ChangeRecord``s
+        stamped with the emulator's ``time.monotonic``)."""
+        doc = await self._call("GET", f"/devices/{switch_id}/changes?since={since}")
+        items = doc.get("changes")
+        if not isinstance(items, list):
+            raise ControlApiError(200, "changes must be a list", None, None)
+        try:
+            return [ChangeRecord(float(c["at_s"]), switch_id, ChangeAction(c["action"]),
+                                 CrossConnect(_as_int(c["ingress"]), _as_int(c["egress"])))
+                    for c in items]
+        except (KeyError, TypeError, ValueError) as e:
+            raise ControlApiError(200, f"unexpected change record: {e}", None, None) from e
+
+    async def change_logs(self) -> dict[str, list[ChangeRecord]]:
+        """Every device's change log, by switch id."""
+        return {d.switch_id: await self.change_log(d.switch_id) for d in await self.devices()}
 
     async def inject(self, switch_id: str, fault: Mapping[str, object]) -> Json:
         """Send one fault body (module docstring); returns the answer."""

@@ -1,6 +1,7 @@
 """An embedded controller for the demo, ``lightrail replay`` without ``--controller`` and tests:
-a private single-member etcd (child process, temporary directory) and the controller daemon
-on loopback ports chosen by the OS, both stopped on exit.
+a private single-member etcd (child process, temporary directory), the emulated switches as
+their own process (``lightrail emulate``) and the controller daemon on loopback ports chosen by
+the OS, all stopped on exit.
 """
 
 from __future__ import annotations
@@ -137,9 +138,73 @@ async def spawn_controller(
             yield ChildController(info["grpc"], info["metrics"], proc.pid)
         finally:
             if proc.returncode is None:
-                proc.terminate()
+                with contextlib.suppress(ProcessLookupError):  # killed by the caller
+                    proc.terminate()
                 try:
                     await asyncio.wait_for(proc.wait(), cfg.controller.shutdown_timeout_s * 2)
+                except TimeoutError:
+                    proc.kill()
+                    await proc.wait()
+
+
+@dataclass(frozen=True, slots=True)
+class ChildEmulator:
+    """A ``lightrail emulate`` child process: its fault-control API (``control_url``, see
+    ``lightrail.emulator.control``), the fabric section whose switches point at its devices
+    (``section``: give it to the controller's config) and its process id."""
+
+    control_url: str
+    section: FabricSection
+    switches: dict[str, str]
+    pid: int
+
+
+@asynccontextmanager
+async def spawn_emulator(
+    section: FabricSection,
+    *,
+    protocol: str = "tl1",
+    start_timeout_s: float = 30.0,
+    log_level: str = "warning",
+) -> AsyncIterator[ChildEmulator]:
+    """Run ``lightrail emulate`` on ``section`` as a child process: every switch served on a
+    loopback port in its model's protocol (``protocol``, tl1 or restconf, for ``model:
+    emulated`` switches), with the control API. The devices live in that process, so they
+    outlive any controller. ``switches`` maps each switch id to its ``host:port``. Stops it
+    with SIGTERM (then SIGKILL after 10 s) on exit.
+
+    Raises ``RuntimeError`` with the child's exit code if it exits before serving and
+    ``TimeoutError`` if it does not announce itself within ``start_timeout_s``.
+    """
+    with tempfile.TemporaryDirectory(prefix="lightrail-emu-") as tmp:
+        path = Path(tmp) / "fabric.yaml"
+        path.write_text(yaml.safe_dump({"fabric": section.model_dump(mode="json")}),
+                        encoding="utf-8")
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "lightrail.controller.cli.main", "emulate",
+            "--fabric", str(path), "--protocol", protocol, "--log-level", log_level,
+            stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL,
+        )
+        try:
+            assert proc.stdout is not None
+            try:
+                line = await asyncio.wait_for(proc.stdout.readline(), start_timeout_s)
+            except TimeoutError:
+                raise TimeoutError(
+                    f"emulator process did not serve within {start_timeout_s} s") from None
+            if not line:
+                rc = await proc.wait()
+                raise RuntimeError(f"emulator process exited with code {rc} before serving")
+            info = json.loads(line)
+            served = FabricSection.model_validate(info["fabric"])
+            addresses = {sid: f"{s['host']}:{s['port']}" for sid, s in info["switches"].items()}
+            yield ChildEmulator(info["control"], served, addresses, proc.pid)
+        finally:
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):  # killed by the caller
+                    proc.terminate()
+                try:
+                    await asyncio.wait_for(proc.wait(), 10.0)
                 except TimeoutError:
                     proc.kill()
                     await proc.wait()

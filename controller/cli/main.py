@@ -1,8 +1,8 @@
 """``lightrail``: the command line of the controller, the host agent, replay and operators.
 
-Subcommands: controller, agent, replay, demo, check-config, status, switches, circuits, jobs,
-hosts. Operator commands print tables, or JSON with ``--json``. Exit codes: 0 success, 1 a
-runtime failure (message on stderr), 2 bad usage or invalid input.
+Subcommands: controller, agent, emulate, replay, demo, check-config, status, switches,
+circuits, jobs, hosts. Operator commands print tables, or JSON with ``--json``. Exit codes:
+0 success, 1 a runtime failure (message on stderr), 2 bad usage or invalid input.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from lightrail.controller.cli import daemons, operator, replay, slices
+from lightrail.controller.cli import daemons, emulate, operator, replay, slices
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lightrail", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     daemons.add_parsers(sub)
+    emulate.add_parsers(sub)
     replay.add_parsers(sub)
     slices.add_parsers(sub)
     operator.add_parsers(sub)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 from collections.abc import Awaitable, Callable
@@ -204,24 +205,33 @@ async def _replay_embedded(
 ) -> int:
     """``run(target, fabric)`` against an embedded etcd, emulated rails of the built-in fabric
     ``fabric_name`` (``delay_ms`` reconfiguration delay; plus one spare host wired to both rails
-    when ``spare_host``, for failover) reached over ``devices`` (tl1, restconf, emulated), and a
-    controller child process; ``fabric`` is the section's name. ``err``, when given, gets a
-    one-line note before startup. Returns ``run``'s exit code."""
-    from lightrail.controller.cli.embedded import embedded_config, spawn_controller
+    when ``spare_host``, for failover) and a controller child process. ``devices`` tl1 or
+    restconf: the switches run in a ``lightrail emulate`` child process and the controller
+    drives them over sockets; emulated: the controller's in-process driver. ``fabric`` is the
+    section's name. ``err``, when given, gets a one-line note before startup. Returns ``run``'s
+    exit code."""
+    from lightrail.controller.cli.embedded import (
+        embedded_config,
+        spawn_controller,
+        spawn_emulator,
+    )
     from lightrail.controller.store.etcd_server import EmbeddedEtcd
-    from lightrail.emulator.ocs import EmulatedFabricDevices
-    from lightrail.emulator.servers.fabric import emulated_rails, rail_section
+    from lightrail.emulator.servers.fabric import rail_section
 
     section = rail_section(fabric_name, spares=1 if spare_host else 0, delay_ms=delay_ms)
     fabric_name = section.name or fabric_name
     if err is not None:
         how = {"tl1": "TL1 (Polatis dialect) over TCP", "restconf": "RESTCONF over HTTP",
                "emulated": "the in-process driver"}[devices]
-        err.print(f"starting an embedded etcd, emulated switches speaking {how}, and a "
-                  f"controller process (fabric {fabric_name}) ...")
-    async with EmbeddedEtcd() as etcd, \
-            emulated_rails(section, EmulatedFabricDevices(), devices) as served:
-        cfg = embedded_config(etcd.endpoint, served)
+        where = ("in the controller" if devices == "emulated"
+                 else "in an emulator process")
+        err.print(f"starting an embedded etcd, emulated switches {where} speaking {how}, and "
+                  f"a controller process (fabric {fabric_name}) ...")
+    async with EmbeddedEtcd() as etcd, contextlib.AsyncExitStack() as stack:
+        if devices != "emulated":
+            emulator = await stack.enter_async_context(spawn_emulator(section, protocol=devices))
+            section = emulator.section
+        cfg = embedded_config(etcd.endpoint, section)
         async with spawn_controller(cfg) as child:
             return await run(child.grpc_target, fabric_name)
 
