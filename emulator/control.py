@@ -9,6 +9,10 @@ has, since all of them wrap the same ``EmulatedOcs`` objects::
     GET    /devices/{id}/changes    {"device", "changes": [{"at_s", "action" (make|break),
                                     "ingress", "egress"}, ...]}: the change log, oldest first;
                                     ``?since=K`` skips the first K entries
+    GET    /devices/{id}/commands   {"device", "commands": [{"connection", "user", "code",
+                                    "at_s"}, ...]}: every command the device's TL1 front end
+                                    received, with the user logged in on its connection
+                                    (``?since=K`` as above; 404 for a device without one)
     POST   /devices/{id}/faults     one fault (below) -> 200 {"device", "applied"}
                                     (reboot: 202, answered once the device is down)
     DELETE /devices/{id}/faults     clear every fault -> 200 {"device", "applied"}
@@ -52,7 +56,7 @@ import asyncio
 import contextlib
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -68,6 +72,10 @@ from lightrail.emulator.ocs import (
     EmulatedFabricDevices,
     EmulatedOcs,
 )
+from lightrail.emulator.servers.tl1 import ReceivedCommand
+
+CommandLog = Callable[[], Sequence[ReceivedCommand]]
+"""The commands a device's protocol front end received so far, oldest first."""
 
 FAULTS = (
     "unreachable", "drop_next_calls", "slow", "deny_port", "allow_port", "partial_apply",
@@ -240,7 +248,9 @@ def _fault_args(name: str, body: Mapping[str, object], device: EmulatedOcs) -> J
 
 class ControlServer:
     """The control API over ``devices`` on ``host`` (127.0.0.1) and ``port`` (0: any free
-    port; ``port`` gives the bound one after ``start``). Use as ``async with``."""
+    port; ``port`` gives the bound one after ``start``). ``command_logs`` gives, per switch id,
+    the command log of its TL1 front end (``GET /devices/{id}/commands``). Use as
+    ``async with``."""
 
     def __init__(
         self,
@@ -249,8 +259,10 @@ class ControlServer:
         host: str = "127.0.0.1",
         port: int = 0,
         shutdown_timeout_s: float = 1.0,
+        command_logs: Mapping[str, CommandLog] | None = None,
     ) -> None:
         self._devices = devices
+        self._command_logs = dict(command_logs or {})
         self._host = host
         self._port = port
         self._shutdown_timeout_s = shutdown_timeout_s
@@ -277,6 +289,7 @@ class ControlServer:
         app.router.add_get("/devices", self._list)
         app.router.add_get("/devices/{id}", self._show)
         app.router.add_get("/devices/{id}/changes", self._changes)
+        app.router.add_get("/devices/{id}/commands", self._commands)
         app.router.add_post("/devices/{id}/faults", self._inject)
         app.router.add_delete("/devices/{id}/faults", self._clear)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=self._shutdown_timeout_s)
@@ -364,15 +377,29 @@ class ControlServer:
     async def _changes(self, request: web.Request) -> web.Response:
         try:
             device = self._device(request)
-            raw = request.query.get("since", "0")
-            if not raw.isdigit():
-                raise ControlInputError("since", raw, f"must be an integer >= 0, got {raw!r}")
+            since = _since(request)
         except ControlInputError as e:
             return e.response()
-        changes = device.change_log[int(raw):]
+        changes = device.change_log[since:]
         return web.json_response({"device": device.switch_id, "changes": [
             {"at_s": c.at_s, "action": c.action.value, "ingress": c.cross_connect.ingress,
              "egress": c.cross_connect.egress} for c in changes]})
+
+    async def _commands(self, request: web.Request) -> web.Response:
+        try:
+            device = self._device(request)
+            since = _since(request)
+            log = self._command_logs.get(device.switch_id)
+            if log is None:
+                raise ControlInputError(
+                    "id", device.switch_id,
+                    f"device {device.switch_id!r} records no commands (only devices served "
+                    "over TL1 do)", 404)
+        except ControlInputError as e:
+            return e.response()
+        return web.json_response({"device": device.switch_id, "commands": [
+            {"connection": c.connection, "user": c.user, "code": c.code, "at_s": c.at_s}
+            for c in log()[since:]]})
 
     async def _inject(self, request: web.Request) -> web.Response:
         try:
@@ -461,6 +488,14 @@ class ControlServer:
         error = task.exception()
         if error is not None:  # a bug in the device model: make it loud
             self._log.error("reboot failed", error=repr(error))
+
+
+def _since(request: web.Request) -> int:
+    """The ``since`` query parameter (default 0). Raises ``ControlInputError``."""
+    raw = request.query.get("since", "0")
+    if not raw.isdigit():
+        raise ControlInputError("since", raw, f"must be an integer >= 0, got {raw!r}")
+    return int(raw)
 
 
 def _as_int(value: object) -> int:
@@ -607,6 +642,20 @@ class ControlClient:
                     for c in items]
         except (KeyError, TypeError, ValueError) as e:
             raise ControlApiError(200, f"unexpected change record: {e}", None, None) from e
+
+    async def commands(self, switch_id: str, since: int = 0) -> list[ReceivedCommand]:
+        """The commands the device's TL1 front end received from entry ``since``, oldest
+        first, each with the user logged in on its connection."""
+        doc = await self._call("GET", f"/devices/{switch_id}/commands?since={since}")
+        items = doc.get("commands")
+        if not isinstance(items, list):
+            raise ControlApiError(200, "commands must be a list", None, None)
+        try:
+            return [ReceivedCommand(_as_int(c["connection"]), str(c["code"]), "", None,
+                                    None if c["user"] is None else str(c["user"]),
+                                    float(c["at_s"])) for c in items]
+        except (KeyError, TypeError, ValueError) as e:
+            raise ControlApiError(200, f"unexpected command record: {e}", None, None) from e
 
     async def change_logs(self) -> dict[str, list[ChangeRecord]]:
         """Every device's change log, by switch id."""

@@ -11,7 +11,7 @@ import contextlib
 import json
 import sys
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,11 +166,13 @@ async def spawn_emulator(
     protocol: str = "tl1",
     start_timeout_s: float = 30.0,
     log_level: str = "warning",
+    accounts: Mapping[str, str] | None = None,
 ) -> AsyncIterator[ChildEmulator]:
     """Run ``lightrail emulate`` on ``section`` as a child process: every switch served on a
     loopback port in its model's protocol (``protocol``, tl1 or restconf, for ``model:
     emulated`` switches), with the control API. The devices live in that process, so they
-    outlive any controller. ``switches`` maps each switch id to its ``host:port``. Stops it
+    outlive any controller. ``accounts`` (user -> password) are extra TL1 logins (``--account``).
+    ``switches`` maps each switch id to its ``host:port``. Stops it
     with SIGTERM (then SIGKILL after 10 s) on exit.
 
     Raises ``RuntimeError`` with the child's exit code if it exits before serving and
@@ -183,6 +185,7 @@ async def spawn_emulator(
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "lightrail.controller.cli.main", "emulate",
             "--fabric", str(path), "--protocol", protocol, "--log-level", log_level,
+            *(f"--account={u}:{p}" for u, p in (accounts or {}).items()),
             stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL,
         )
         try:

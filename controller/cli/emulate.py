@@ -90,6 +90,14 @@ def load_fabric_source(source: str, *, delay_ms: float | None, spares: int
     return cfg.fabric, rest
 
 
+def _account(text: str) -> tuple[str, str]:
+    """argparse type of ``--account USER:PASSWORD``."""
+    user, sep, password = text.partition(":")
+    if not sep or not user or not password:
+        raise argparse.ArgumentTypeError("expected USER:PASSWORD, both non-empty")
+    return user, password
+
+
 def cmd_emulate(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, "console")
     try:
@@ -116,9 +124,11 @@ async def _serve(args: argparse.Namespace, section: FabricSection, rest: dict[st
     fabric = build_fabric(section)
     devices = EmulatedFabricDevices()
     try:
-        async with serve_switches(fabric, devices, protocol=args.protocol,
-                                  host=args.listen) as served, \
-                ControlServer(devices, host=args.listen, port=args.control_port) as control:
+        async with serve_switches(fabric, devices, protocol=args.protocol, host=args.listen,
+                                  accounts=dict(args.account)) as served, \
+                ControlServer(devices, host=args.listen, port=args.control_port,
+                              command_logs={sid: s.commands for sid, s in served.items()
+                                            if s.commands is not None}) as control:
             out = served_section(section, served)
             fabric_doc = out.model_dump(mode="json", exclude_defaults=True)
             if args.write_config:  # before serving is announced; a small local file
@@ -171,6 +181,10 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
                    help="reconfiguration delay of a built-in fabric's switches (default 10)")
     c.add_argument("--spares", type=non_negative_int, default=0,
                    help="spare hosts added to a built-in fabric (default 0)")
+    c.add_argument("--account", type=_account, action="append", default=[],
+                   metavar="USER:PASSWORD",
+                   help="an extra login the TL1 devices accept (repeatable; e.g. one per "
+                        "controller replica, so each device's command log names the sender)")
     c.add_argument("--write-config", default=None, metavar="PATH",
                    help="write a controller config whose fabric points at the served devices")
     c.add_argument("--log-level", default="warning",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -21,7 +21,7 @@ from lightrail.drivers.siph.options import SiphOptions
 from lightrail.emulator.ocs import EmulatedFabricDevices
 from lightrail.emulator.servers.mzi import MziMeshServer
 from lightrail.emulator.servers.restconf import RestconfServer
-from lightrail.emulator.servers.tl1 import Tl1Server
+from lightrail.emulator.servers.tl1 import ReceivedCommand, Tl1Server
 
 EMULATOR_USER = "admin"
 EMULATOR_PASSWORD = "root"  # the emulated devices' built-in account, not a real secret
@@ -92,13 +92,15 @@ async def serve_fabric(
 class ServedSwitch:
     """One switch served on a socket: the driver ``model`` the controller must use, the
     listening ``host``/``port``, and the complete driver ``options`` that reach it (address,
-    credentials or the names of the environment variables holding them, calibration)."""
+    credentials or the names of the environment variables holding them, calibration);
+    ``commands`` reads the command log of a TL1 front end (None for other protocols)."""
 
     switch_id: str
     model: str
     host: str
     port: int
     options: Mapping[str, OptionValue]
+    commands: Callable[[], list[ReceivedCommand]] | None = None
 
 
 def served_model(switch: Switch, protocol: str) -> str:
@@ -136,6 +138,7 @@ async def serve_switches(
     protocol: str = "tl1",
     host: str = "127.0.0.1",
     environ: Mapping[str, str] | None = None,
+    accounts: Mapping[str, str] | None = None,
 ) -> AsyncIterator[dict[str, ServedSwitch]]:
     """Serve every switch of ``fabric`` on ``host`` (one OS-chosen TCP port each) in the
     protocol of its model (``served_model``; ``model: emulated`` switches speak ``protocol``),
@@ -144,8 +147,10 @@ async def serve_switches(
 
     A SiPh mesh is emulated with the calibration its options select (the device's true
     calibration is the one the driver is configured with). TL1 and RESTCONF devices accept the
-    account of ``_account`` (``environ``: default ``os.environ``). Raises ``ValueError`` naming
-    the switch for a model no emulator speaks, ``protocol`` not in tl1/restconf, or SiPh
+    account of ``_account`` (``environ``: default ``os.environ``); TL1 devices also accept the
+    logins of ``accounts`` (user -> password: e.g. one per controller replica, so the command
+    log says which replica sent what). Raises ``ValueError`` naming the switch for a model no
+    emulator speaks, ``protocol`` not in tl1/restconf, or SiPh
     options that do not validate; ``OSError`` when a port cannot be bound.
     """
     if protocol not in ("tl1", "restconf"):
@@ -158,6 +163,7 @@ async def serve_switches(
             model = models[sid]
             device = devices.ensure(sid, sw.capabilities)
             options: dict[str, OptionValue] = {"host": host}
+            commands: Callable[[], list[ReceivedCommand]] | None = None
             if model == "siph":
                 kept = {k: v for k, v in sw.options.items() if k not in ("host", "port")}
                 try:
@@ -173,17 +179,22 @@ async def serve_switches(
             else:
                 user, password, credentials = _account(sw.options, env)
                 if model == "tl1":
-                    tl1 = Tl1Server(device, host=host, users={user: password})
+                    tl1 = Tl1Server(device, host=host, users={**(accounts or {}), user: password})
                     await stack.enter_async_context(tl1)
                     port = tl1.port
+                    commands = _command_log(tl1)
                 else:
                     rc = RestconfServer(device, host=host, username=user, password=password)
                     await stack.enter_async_context(rc)
                     port = rc.port
                 options.update(credentials)
             options["port"] = port
-            served[sid] = ServedSwitch(sid, model, host, port, options)
+            served[sid] = ServedSwitch(sid, model, host, port, options, commands)
         yield served
+
+
+def _command_log(server: Tl1Server) -> Callable[[], list[ReceivedCommand]]:
+    return lambda: server.commands
 
 
 def served_section(section: FabricSection, served: Mapping[str, ServedSwitch]) -> FabricSection:

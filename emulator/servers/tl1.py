@@ -74,6 +74,7 @@ import asyncio
 import contextlib
 import enum
 import itertools
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -167,12 +168,17 @@ class WireFault(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class ReceivedCommand:
-    """A command the server received (passwords are never recorded)."""
+    """A command the server received (passwords are never recorded): the connection number,
+    the user logged in on it at the time (None before ``ACT-USER``; a login command carries the
+    user it is for only once accepted), the command code, AID and CTAG, and ``at_s``, when it
+    arrived (``time.monotonic``, the device clock of ``EmulatedOcs``)."""
 
     connection: int
     code: str
     aid: str
     ctag: str | None
+    user: str | None = None
+    at_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -405,7 +411,8 @@ class Tl1Server:
         except Tl1SyntaxError as e:
             self._spawn(conn, self._deny_now(conn, "0", _Deny("ICNV", f"Parse error: {e}")))
             return
-        self._commands.append(ReceivedCommand(conn.number, cmd.code, cmd.aid, cmd.ctag))
+        self._commands.append(ReceivedCommand(conn.number, cmd.code, cmd.aid, cmd.ctag,
+                                              conn.user, time.monotonic()))
         if cmd.ctag is None or not CTAG_RE.match(cmd.ctag):
             self._spawn(conn, self._deny_now(conn, "0", _Deny("IICT", "Invalid correlation tag")))
             return

@@ -5,6 +5,8 @@ the control API; bad fabrics refused with one line naming what is wrong."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import itertools
 import json
 import os
 import signal
@@ -21,7 +23,7 @@ from lightrail.controller.cli.embedded import spawn_emulator
 from lightrail.controller.config import build_fabric, load_config
 from lightrail.drivers.base import CrossConnect, DeviceUnreachable
 from lightrail.drivers.registry import DriverRegistry
-from lightrail.emulator.control import ControlClient
+from lightrail.emulator.control import ControlApiError, ControlClient
 from lightrail.emulator.ocs import ChangeAction
 from lightrail.emulator.servers.fabric import rail_section
 
@@ -148,3 +150,34 @@ def test_invalid_fabric_file_names_the_field(tmp_path: Path) -> None:
     assert "fabric.rail.hosts" in r.stderr and "Traceback" not in r.stderr
     r = run_cli("--fabric", str(MIXED), "--delay-ms", "5")
     assert r.returncode == 2 and "built-in fabrics only" in r.stderr
+
+
+async def test_command_log_names_the_login_that_sent_each_command() -> None:
+    section = rail_section("demo-4x2", delay_ms=1)
+    async with spawn_emulator(section, accounts={"ctl-a": "secret-a"}) as emulator, \
+            ControlClient(emulator.control_url) as client:
+        sw = build_fabric(emulator.section).switches["ocs-rail1"]
+        options = {**sw.options, "username": "ctl-a", "password": "secret-a"}
+        spec = dataclasses.replace(sw.spec, options=options)
+        driver = DriverRegistry().create(spec)
+        await driver.open()
+        await driver.get_cross_connects()
+        await driver.close()
+        commands = await client.commands("ocs-rail1")
+        assert commands and commands[0].code == "ACT-USER" and commands[0].user is None
+        after_login = [c for c in commands[1:] if c.code != "CANC-USER"]
+        assert after_login and {c.user for c in after_login} == {"ctl-a"}
+        assert all(a.at_s <= b.at_s for a, b in itertools.pairwise(commands))
+        assert await client.commands("ocs-rail1", since=len(commands)) == []
+        assert await client.commands("ocs-rail0") == []  # nobody talked to it
+
+
+async def test_command_log_of_a_restconf_device_is_not_found() -> None:
+    async with spawn_emulator(rail_section("demo-4x2", delay_ms=1), protocol="restconf"
+                              ) as emulator, ControlClient(emulator.control_url) as client:
+        with pytest.raises(ControlApiError) as err:
+            await client.commands("ocs-rail0")
+        assert err.value.status == 404 and err.value.field == "id"
+        with pytest.raises(ControlApiError) as err:
+            await client.change_log("ocs-rail0", since=-1)
+        assert err.value.status == 400 and err.value.field == "since"
