@@ -12,9 +12,11 @@ through the sub-phases of an all-to-all, and always releases. ``BlockingRankSess
 for synchronous training loops.
 
 Errors: every refusal is a ``lightrail.agents.errors.PhaseError`` subclass; transient transport
-failures
-(UNAVAILABLE) are retried with backoff within ``retry_budget_s`` and then raise
+failures (UNAVAILABLE) are retried with backoff within ``retry_budget_s`` and then raise
 ``ControllerUnavailable``.
+
+Replicas: ``ControllerClient`` takes several controller addresses (``a:1,b:2``) and follows a
+standby's redirect to the leader (``lightrail.agents.leader``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from typing import Protocol, TypeVar
 import grpc
 
 from lightrail.agents.errors import Admission, ControllerUnavailable, PhaseError, error_for
+from lightrail.agents.leader import LeaderTargets, NoLeader
 from lightrail.controller.api.codec import (
     ERROR_METADATA_KEY,
     EVENT_TO_PB,
@@ -104,28 +107,45 @@ class JobRegistrationError(Exception):
 
 
 class ControllerClient:
-    """A gRPC client of AgentService. ``target`` is ``host:port`` or ``unix:///path``.
+    """A gRPC client of AgentService. ``target`` is ``host:port`` or ``unix:///path``, or
+    several controller replicas' addresses (``a:1,b:2,c:3``, or a sequence): each call goes to
+    the leader, following a standby's redirect (``lightrail.agents.leader.LeaderTargets``).
 
     Use inside a running event loop (gRPC objects are created there), as an async context
-    manager. A call that finds the controller UNAVAILABLE is retried for up to
-    ``retry_budget_s`` seconds, waiting ``backoff_initial_s`` doubling up to ``backoff_max_s``
-    seconds between tries (``lightrail.controller.domain.timing.Backoff``).
+    manager. A call that finds no leader (every replica unreachable or redirecting nowhere) is
+    retried for up to ``retry_budget_s`` seconds, waiting ``backoff_initial_s`` doubling up to
+    ``backoff_max_s`` seconds between passes (``lightrail.controller.domain.timing.Backoff``),
+    then raises ``ControllerUnavailable`` listing the addresses tried. Raises ``ValueError``
+    for an empty address list.
     """
 
     def __init__(
         self,
-        target: str,
+        target: str | Sequence[str],
         *,
         retry_budget_s: float = 10.0,
         backoff_initial_s: float = 0.05,
         backoff_max_s: float = 1.0,
     ) -> None:
-        self.target = target
+        self._targets = LeaderTargets(target)
+        self.target = str(self._targets)
         self._retry_budget_s = retry_budget_s
         self._backoff = Backoff(initial_s=backoff_initial_s, max_s=backoff_max_s)
-        self._channel = grpc.aio.insecure_channel(target)
-        self._stub = agent_pb2_grpc.AgentServiceStub(self._channel)
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[str, agent_pb2_grpc.AgentServiceAsyncStub] = {}
         self._ids = itertools.count(1)
+
+    @property
+    def leader(self) -> str:
+        """The address that answered last as the leader (the first one before any call)."""
+        return self._targets.current
+
+    def _stub(self, address: str) -> agent_pb2_grpc.AgentServiceAsyncStub:
+        stub = self._stubs.get(address)
+        if stub is None:
+            channel = self._channels[address] = grpc.aio.insecure_channel(address)
+            stub = self._stubs[address] = agent_pb2_grpc.AgentServiceStub(channel)
+        return stub
 
     async def __aenter__(self) -> ControllerClient:
         return self
@@ -134,25 +154,29 @@ class ControllerClient:
         await self.close()
 
     async def close(self) -> None:
-        """Close the channel."""
-        await self._channel.close(None)
+        """Close the channels."""
+        channels, self._channels, self._stubs = list(self._channels.values()), {}, {}
+        for channel in channels:
+            await channel.close(None)
 
-    async def _retry(self, call: Callable[[], Awaitable[T]]) -> T:
+    async def _retry(self, call: Callable[[agent_pb2_grpc.AgentServiceAsyncStub],
+                                          Awaitable[T]]) -> T:
+        """``call`` on the leader's stub (``LeaderTargets.call``), passes repeated with backoff
+        while no replica leads, for up to ``retry_budget_s``. Raises ``ControllerUnavailable``
+        then, and the leader's ``grpc.aio.AioRpcError`` answers."""
         loop = asyncio.get_running_loop()
         start = loop.time()
         backoff = BackoffState(self._backoff)
         while True:
             try:
-                return await call()
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() is not grpc.StatusCode.UNAVAILABLE or _refusal(exc) is not None:
-                    raise
+                return await self._targets.call(lambda address: call(self._stub(address)))
+            except NoLeader as exc:
                 delay = backoff.next_s()
                 if loop.time() - start + delay > self._retry_budget_s:
                     raise ControllerUnavailable(
                         ErrorCode.NOT_LEADER,
                         f"controller {self.target} unavailable for "
-                        f"{loop.time() - start:.1f} s: {exc.details()}",
+                        f"{loop.time() - start:.1f} s: {exc}",
                     ) from None
                 await asyncio.sleep(delay)
 
@@ -178,7 +202,7 @@ class ControllerClient:
         if parallelism is not None:
             req.parallelism.CopyFrom(parallelism_to_pb(parallelism, microbatches))
         try:
-            resp = await self._retry(lambda: self._stub.RegisterJob(req))
+            resp = await self._retry(lambda stub: stub.RegisterJob(req))
         except grpc.aio.AioRpcError as exc:
             raise JobRegistrationError(exc.code(), exc.details() or "") from None
         return int(resp.world_size)
@@ -187,7 +211,7 @@ class ControllerClient:
         """Remove a job. Raises ``JobRegistrationError`` for an unknown job."""
         try:
             await self._retry(
-                lambda: self._stub.UnregisterJob(agent_pb2.UnregisterJobRequest(job_id=job_id))
+                lambda stub: stub.UnregisterJob(agent_pb2.UnregisterJobRequest(job_id=job_id))
             )
         except grpc.aio.AioRpcError as exc:
             raise JobRegistrationError(exc.code(), exc.details() or "") from None
@@ -207,7 +231,7 @@ class ControllerClient:
         )
         deadline_s = None if timeout_s is None else timeout_s + 5.0
         try:
-            resp = await self._retry(lambda: self._stub.EnterPhase(req, timeout=deadline_s))
+            resp = await self._retry(lambda stub: stub.EnterPhase(req, timeout=deadline_s))
         except grpc.aio.AioRpcError as exc:
             raise _phase_error(exc) from None
         return Admission(resp.noop, max(1, resp.steps), resp.device_s)
@@ -219,16 +243,30 @@ class ControllerClient:
         req = agent_pb2.ReleasePhaseRequest(
             job_id=job_id, rank=rank, phase=phase_key_to_pb(phase), iteration=iteration)
         try:
-            await self._retry(lambda: self._stub.ReleasePhase(req))
+            await self._retry(lambda stub: stub.ReleasePhase(req))
         except grpc.aio.AioRpcError as exc:
             raise _phase_error(exc) from None
 
     async def watch(self, job_id: str) -> AsyncIterator[JobEvent]:
-        """Events of ``job_id`` until it is unregistered. Raises ``PhaseError`` with
-        ``UNKNOWN_JOB`` for an unknown job."""
-        call = self._stub.WatchJob(agent_pb2.WatchJobRequest(job_id=job_id))
+        """Events of ``job_id`` until it is unregistered, from the leader (one pass over the
+        addresses to open the stream, following redirects). Raises ``PhaseError`` with
+        ``UNKNOWN_JOB`` for an unknown job, ``ControllerUnavailable`` when no replica leads."""
+        req = agent_pb2.WatchJobRequest(job_id=job_id)
+        calls: list[grpc.aio.UnaryStreamCall[agent_pb2.WatchJobRequest, agent_pb2.JobEvent]] = []
+
+        async def first(address: str) -> agent_pb2.JobEvent | None:
+            # a standby's redirect arrives with the first read
+            call = self._stub(address).WatchJob(req)
+            calls.append(call)
+            return _event_or_none(await call.read())
+
         try:
-            async for ev in call:
+            try:
+                ev = await self._targets.call(first)
+            except NoLeader as exc:
+                raise ControllerUnavailable(ErrorCode.NOT_LEADER, str(exc)) from None
+            call = calls[-1]
+            while ev is not None:
                 yield JobEvent(
                     job_id=ev.job_id,
                     kind=_EVENT_FROM_PB.get(ev.kind, JobEventKind.PHASE_ERROR),
@@ -236,11 +274,21 @@ class ControllerClient:
                     at_unix_s=ev.at_unix_s,
                     fields=dict(ev.fields),
                 )
+                ev = _event_or_none(await call.read())
         except grpc.aio.AioRpcError as exc:
             code = _STATUS_TO_CODE.get(exc.code(), ErrorCode.CANCELLED)
             raise error_for(code, exc.details() or exc.code().name) from None
         finally:
-            call.cancel()
+            for c in calls:
+                c.cancel()
+
+
+def _event_or_none(read: object) -> agent_pb2.JobEvent | None:
+    """A WatchJob read: the event, or None at the end of the stream (``grpc.aio.EOF``)."""
+    if read is grpc.aio.EOF:  # type: ignore[attr-defined]
+        return None
+    assert isinstance(read, agent_pb2.JobEvent)
+    return read
 
 
 _SCALE_UP = Admission(noop=True, steps=1, device_s=0.0)

@@ -1,13 +1,21 @@
 """The controller daemon: wires config, etcd, leader election, drivers, reconciler, coordinator,
 gRPC services and metrics into one ``asyncio.TaskGroup`` (DESIGN.md "Style").
 
-Start-up order: connect to etcd -> win the leader lease -> store the inventory -> open drivers
--> read every switch back -> recover jobs from etcd -> serve gRPC and /metrics. On takeover or
-restart, the switches are the truth about cross-connects; etcd holds intent (jobs, plans).
+Start-up order: connect to etcd -> serve gRPC (health NOT_SERVING, every phase and operator
+call redirected to the leader, ``lightrail.controller.api.routing``) and /metrics
+(``lightrail_leader 0``) as a standby -> win the leader lease, publishing the advertised
+address in the leader key -> store the inventory -> open drivers -> read every switch back ->
+recover jobs from etcd -> hand the calls to the leader's servicers (health SERVING). A standby
+that wins the election becomes the leader in the same process, on the gRPC server it already
+runs. On takeover or restart, the switches are the truth about cross-connects; etcd holds
+intent (jobs, plans).
 
 Self-fencing: when the leader lease cannot be renewed in time, the daemon stops answering phase
 calls and exits with ``LeadershipLost`` before another replica could take over; the supervisor
-(systemd, Kubernetes) restarts it and it campaigns again.
+(systemd, Kubernetes) restarts it and it rejoins as a standby. A fenced leader does not turn
+back into a standby in the same process: its coordinator, reconciler and drivers hold the state
+of a reign another replica may already have changed, and a fresh process rebuilds all of it
+from the switches and etcd, the one path takeover already proves.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import socket
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -22,12 +31,13 @@ from typing import TYPE_CHECKING
 
 import grpc
 import structlog
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health
 from prometheus_client import start_http_server
 
 from lightrail.controller.api.agent_service import AgentServicer
 from lightrail.controller.api.operator_service import OperatorServicer
-from lightrail.controller.config import Config, ControllerSection, build_fabric
+from lightrail.controller.api.routing import LeaderRoute, add_routed_services
+from lightrail.controller.config import WILDCARD_HOSTS, Config, ControllerSection, build_fabric
 from lightrail.controller.core.advisor import CostAdvisor
 from lightrail.controller.core.coordinator import PhaseCoordinator
 from lightrail.controller.core.costmodel import LinkModel
@@ -45,7 +55,6 @@ from lightrail.controller.store.jobs import CorruptJobRecord, EtcdJobRepository
 from lightrail.controller.store.writer import CoalescingWriter
 from lightrail.drivers.base import CrossConnect, Driver
 from lightrail.drivers.registry import DriverRegistry
-from lightrail.v1 import agent_pb2_grpc, operator_pb2_grpc
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -66,6 +75,18 @@ class RunningController:
     metrics_url: str
     fabric: Fabric
     service: PhaseService = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ServingReplica:
+    """Handed to ``on_serving``: where a replica serves from start, standby or leader.
+    ``grpc_target``: the bound gRPC address; ``advertise``: the address it publishes in the
+    leader key while it leads (``controller.advertise``); ``metrics_url``: its /metrics page."""
+
+    replica_id: str
+    grpc_target: str
+    advertise: str
+    metrics_url: str
 
 
 def fabric_to_json(fabric: Fabric) -> dict[str, object]:
@@ -97,11 +118,14 @@ async def run_controller(
     *,
     drivers: DriverRegistry | None = None,
     on_started: Callable[[RunningController], None] | None = None,
+    on_serving: Callable[[ServingReplica], None] | None = None,
 ) -> None:
     """Run the daemon until ``stop`` is set. ``drivers`` builds each switch's driver by its
     ``model`` (default: the built-in device families only); the composition root registers
     what else it serves, e.g. the emulator's ``model: emulated``
-    (``lightrail.controller.cli.drivers.driver_registry``).
+    (``lightrail.controller.cli.drivers.driver_registry``). ``on_serving`` is called once gRPC
+    and /metrics serve (as a standby), ``on_started`` once this replica leads and serves the
+    phase calls.
 
     Raises ``LeadershipLost`` after self-fencing, ``StoreError`` when etcd is unreachable at
     start, ``DriverError`` when a switch cannot be read back at start; a bug in any task
@@ -114,26 +138,34 @@ async def run_controller(
     log_ = log.bind(replica=ccfg.replica_id, fabric=fabric.name)
     store = EtcdStore.connect(cfg.etcd.endpoints[0])
     async with store:
-        election = LeaderElection(store, ccfg.replica_id,
-                                  ttl_s=max(2, round(cfg.etcd.lease_ttl_s)))
-        log_.info("campaigning", endpoint=cfg.etcd.endpoints[0])
-        campaign = asyncio.ensure_future(election.campaign())
-        stopper = asyncio.ensure_future(stop.wait())
-        await asyncio.wait({campaign, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        if not campaign.done():
-            campaign.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await campaign
-            return
-        stopper.cancel()
-        campaign.result()
-        metrics.LEADER.set(1)
-        log_.info("leader")
+        front = _Front()
         try:
-            await _serve(cfg, fabric, store, election, drivers, stop, on_started)
+            election = await _start_front(front, ccfg, store, cfg.etcd.lease_ttl_s)
+            log_.info("standby", grpc=front.grpc_target, advertise=front.route.own_address,
+                      metrics=front.metrics_url)
+            if on_serving is not None:
+                on_serving(ServingReplica(ccfg.replica_id, front.grpc_target,
+                                          front.route.own_address, front.metrics_url))
+            log_.info("campaigning", endpoint=cfg.etcd.endpoints[0])
+            campaign = asyncio.ensure_future(election.campaign())
+            stopper = asyncio.ensure_future(stop.wait())
+            await asyncio.wait({campaign, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            if not campaign.done():
+                campaign.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await campaign
+                return
+            stopper.cancel()
+            campaign.result()
+            metrics.LEADER.set(1)
+            log_.info("leader")
+            try:
+                await _serve(cfg, fabric, store, election, drivers, stop, on_started, front)
+            finally:
+                metrics.LEADER.set(0)
+                await _bounded("resign", election.resign(), ccfg.shutdown_timeout_s)
         finally:
-            metrics.LEADER.set(0)
-            await _bounded("resign", election.resign(), ccfg.shutdown_timeout_s)
+            await _close_front(front, ccfg.shutdown_timeout_s)
 
 
 async def _serve(
@@ -144,17 +176,18 @@ async def _serve(
     registry: DriverRegistry,
     stop: asyncio.Event,
     on_started: Callable[[RunningController], None] | None,
+    front: _Front,
 ) -> None:
     """Serve as the leader until ``stop`` is set or the lease is lost, in the module's start-up
     order: store the inventory, open the drivers, start the core (``_start_core``), read every
-    switch back, recover the jobs, start failover, serve gRPC then ``/metrics``, call
-    ``on_started``; then the ordered shutdown (``_shut_down``) and, whatever happened, close
-    what was opened (``_close_opened``). Raises ``LeadershipLost`` when fenced."""
+    switch back, recover the jobs, start failover, hand ``front``'s calls to the leader's
+    servicers, call ``on_started``; then the ordered shutdown (``_shut_down``) and, whatever
+    happened, close the drivers opened (``_close_opened``). Raises ``LeadershipLost`` when
+    fenced."""
     ccfg = cfg.controller
     timeout = ccfg.shutdown_timeout_s
     await store.put_json("inventory", fabric_to_json(fabric))
     opened = _Opened()
-    health_servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
     lost = False
     try:
         # inside the try: a failed open closes the rest
@@ -173,22 +206,18 @@ async def _serve(
             def is_leader() -> bool:
                 return election.is_leader.is_set()
 
-            server = opened.server = _grpc_server(fabric, core, repo, failover, is_leader,
-                                                  health_servicer, ccfg.replica_id)
-            port = server.add_insecure_port(ccfg.listen)
-            host = ccfg.listen.rsplit(":", 1)[0]
-            await server.start()
-            await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-            opened.metrics = _start_metrics(ccfg.metrics_listen)
-            running = RunningController(ccfg.replica_id, f"{host}:{port}", opened.metrics.url,
+            await front.route.lead(
+                AgentServicer(core.service, repo, core.events, is_leader, failover),
+                OperatorServicer(fabric, core.service, ccfg.replica_id, is_leader, failover))
+            running = RunningController(ccfg.replica_id, front.grpc_target, front.metrics_url,
                                         fabric, core.service)
-            log.info("serving", grpc=running.grpc_target, metrics=opened.metrics.url,
+            log.info("serving", grpc=running.grpc_target, metrics=front.metrics_url,
                      jobs=len(core.coordinator.job_ids()),
                      cross_connects=sum(len(x) for x in state.values()))
             if on_started is not None:
                 on_started(running)
             lost = await _until_stopped_or_fenced(election, stop)
-            await _shut_down(core, server, failover, health_servicer, lost=lost, timeout_s=timeout)
+            await _shut_down(core, front, failover, lost=lost, timeout_s=timeout)
         # raised outside the TaskGroup, so callers see it, not an ExceptionGroup
         if lost:
             raise LeadershipLost("leader lease not renewed within half its TTL; fenced")
@@ -209,13 +238,84 @@ class _MetricsServer:
 @dataclass(slots=True)
 class _Opened:
     """What ``_serve`` has opened and must close on the way out, whatever happened: the switch
-    drivers (by switch id, in opening order), the gRPC server once built, the metrics server
-    once started. Mutable on purpose: each step records what it opened before the next runs, so
-    a failed step still closes everything opened before it."""
+    drivers (by switch id, in opening order). Mutable on purpose: each driver is recorded
+    before it is opened, so a failed open still closes everything opened before it."""
 
     drivers: dict[str, Driver] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Front:
+    """What every replica serves from start, leader or standby, and closes on the way out:
+    the gRPC server (routed services and health, ``lightrail.controller.api.routing``) once
+    built, the metrics server once started, the route, and the bound addresses. Mutable on
+    purpose, like ``_Opened``: each part is recorded as soon as it exists."""
+
     server: grpc.aio.Server | None = None
     metrics: _MetricsServer | None = None
+    route: LeaderRoute = field(init=False)
+    grpc_target: str = ""
+    metrics_url: str = ""
+
+
+def _advertised(ccfg: ControllerSection, port: int) -> str:
+    """The address published while leading: ``controller.advertise``, else the listen host
+    with the bound ``port``; a listen address binding every interface advertises this host's
+    name instead (logged: set ``controller.advertise`` when other hosts resolve it
+    differently)."""
+    if ccfg.advertise is not None:
+        return ccfg.advertise
+    host = ccfg.listen.rsplit(":", 1)[0]
+    if host in WILDCARD_HOSTS:
+        name = socket.gethostname()
+        log.warning("advertise_defaulted", listen=ccfg.listen, advertise=f"{name}:{port}",
+                    hint="set controller.advertise to the address clients dial")
+        return f"{name}:{port}"
+    return f"{host}:{port}"
+
+
+async def _start_front(
+    front: _Front, ccfg: ControllerSection, store: EtcdStore, lease_ttl_s: float
+) -> LeaderElection:
+    """Bind and start ``front``'s gRPC server as a standby (every call redirected, health
+    NOT_SERVING) and the /metrics exporter; return the election that campaigns with the
+    advertised address (``_advertised``), whose view of the leader the redirects name."""
+    server = front.server = grpc.aio.server()
+    port = server.add_insecure_port(ccfg.listen)
+    host = ccfg.listen.rsplit(":", 1)[0]
+    front.grpc_target = f"{host}:{port}"
+    advertise = _advertised(ccfg, port)
+    election = LeaderElection(store, ccfg.replica_id, ttl_s=max(2, round(lease_ttl_s)),
+                              address=advertise)
+
+    def leader_address() -> str | None:
+        leader = election.leader
+        return None if leader is None else leader.address
+
+    front.route = LeaderRoute(leader_address, advertise,
+                              health.aio.HealthServicer())  # type: ignore[attr-defined]
+    add_routed_services(server, front.route)
+    await front.route.standby()
+    await server.start()
+    front.metrics = _start_metrics(ccfg.metrics_listen)
+    front.metrics_url = front.metrics.url
+    return election
+
+
+async def _close_front(front: _Front, timeout_s: float) -> None:
+    """Close what ``_start_front`` started, each step bounded by ``timeout_s`` and logged, not
+    raised, on failure: the gRPC server, then the metrics server (off the event loop)."""
+    if front.server is not None:
+        await _bounded("grpc server stop", front.server.stop(grace=None), timeout_s)
+    if front.metrics is not None:
+        ms = front.metrics
+
+        def stop_metrics() -> None:  # blocking calls: run off the event loop
+            ms.server.shutdown()
+            ms.server.server_close()
+            ms.thread.join(timeout_s)
+
+        await _bounded("metrics server stop", asyncio.to_thread(stop_metrics), timeout_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,25 +436,6 @@ async def _start_failover(
     return failover
 
 
-def _grpc_server(
-    fabric: Fabric,
-    core: _Core,
-    repo: EtcdJobRepository,
-    failover: FailoverManager,
-    is_leader: Callable[[], bool],
-    health_servicer: health.aio.HealthServicer,  # type: ignore[name-defined]
-    replica_id: str,
-) -> grpc.aio.Server:
-    """A gRPC server with the agent, operator and health services; not bound, not started."""
-    server = grpc.aio.server()
-    agent_pb2_grpc.add_AgentServiceServicer_to_server(
-        AgentServicer(core.service, repo, core.events, is_leader, failover), server)
-    operator_pb2_grpc.add_OperatorServiceServicer_to_server(
-        OperatorServicer(fabric, core.service, replica_id, is_leader, failover), server)
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    return server
-
-
 def _start_metrics(listen: str) -> _MetricsServer:
     """Start the Prometheus exporter of ``metrics.REGISTRY`` on ``listen`` (``host:port``; port
     0 picks a free one)."""
@@ -375,23 +456,24 @@ async def _until_stopped_or_fenced(election: LeaderElection, stop: asyncio.Event
 
 async def _shut_down(
     core: _Core,
-    server: grpc.aio.Server,
+    front: _Front,
     failover: FailoverManager,
-    health_servicer: health.aio.HealthServicer,  # type: ignore[name-defined]
     *,
     lost: bool,
     timeout_s: float,
 ) -> None:
-    """The ordered shutdown inside the task group: report NOT_SERVING, fail every waiting rank
-    (NOT_LEADER when ``lost``, else CANCELLED), stop gRPC (grace up to 1 s), stop the alarm
+    """The ordered shutdown inside the task group: redirect new calls and report NOT_SERVING
+    (``LeaderRoute.step_down``), fail every waiting rank (NOT_LEADER when ``lost``, else
+    CANCELLED), stop gRPC (grace up to 1 s: the process exits after leading), stop the alarm
     watchers and failover, drain the phase service, flush the etcd writer, stop the
     reconciler; each wait at most ``timeout_s``."""
-    await health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+    await front.route.step_down()
     core.service.cancel_all(
         ErrorCode.NOT_LEADER if lost else ErrorCode.CANCELLED,
         "controller lost its leader lease" if lost else "controller shutting down",
     )
-    await server.stop(grace=min(1.0, timeout_s))
+    if front.server is not None:
+        await front.server.stop(grace=min(1.0, timeout_s))
     for watcher in core.alarm_watchers:
         watcher.cancel()
     await failover.stop(timeout_s)
@@ -402,19 +484,8 @@ async def _shut_down(
 
 
 async def _close_opened(opened: _Opened, timeout_s: float) -> None:
-    """Close what ``_serve`` opened, each step bounded by ``timeout_s`` and logged, not raised,
-    on failure: the gRPC server, the metrics server (off the event loop), then the drivers."""
-    if opened.server is not None:
-        await _bounded("grpc server stop", opened.server.stop(grace=None), timeout_s)
-    if opened.metrics is not None:
-        ms = opened.metrics
-
-        def stop_metrics() -> None:  # blocking calls: run off the event loop
-            ms.server.shutdown()
-            ms.server.server_close()
-            ms.thread.join(timeout_s)
-
-        await _bounded("metrics server stop", asyncio.to_thread(stop_metrics), timeout_s)
+    """Close the drivers ``_serve`` opened, each bounded by ``timeout_s`` and logged, not
+    raised, on failure."""
     for sid, drv in opened.drivers.items():
         await _bounded(f"driver close {sid}", drv.close(), timeout_s)
 
@@ -439,4 +510,6 @@ async def _recover_jobs(repo: EtcdJobRepository, coordinator: PhaseCoordinator) 
         log.info("job_recovered", job=rec.job_id, ranks=len(rec.placements))
 
 
-__all__ = ["LeadershipLost", "RunningController", "run_controller"]
+__all__ = ["LeadershipLost", "RunningController", "ServingReplica", "run_controller"]
+
+

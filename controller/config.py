@@ -58,6 +58,23 @@ def _check_host_port(value: str) -> str:
 
 
 HostPort = Annotated[str, AfterValidator(_check_host_port)]
+
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "[::]", ""})
+"""Hosts that bind every interface: a listen address, never one a client can dial."""
+
+
+def _check_advertise(value: str) -> str:
+    host, _, port = value.rpartition(":")
+    if host in WILDCARD_HOSTS:
+        raise ValueError(f"{value!r} binds every interface; advertise an address clients can "
+                         "dial (this host's name or IP)")
+    if int(port) == 0:
+        raise ValueError(f"{value!r}: advertise the port clients dial, not 0")
+    return value
+
+
+AdvertiseAddress = Annotated[str, AfterValidator(_check_host_port),
+                             AfterValidator(_check_advertise)]
 MAX_GPUS = 1 << 17  # 131,072: far beyond one OCS tier; keeps check-config fast
 
 
@@ -66,6 +83,12 @@ class ControllerSection(_Strict):
 
     replica_id: str = Field(default_factory=socket.gethostname, min_length=1)
     listen: HostPort = "127.0.0.1:50051"
+    advertise: AdvertiseAddress | None = Field(
+        default=None,
+        description="the address (HOST:PORT) this replica publishes in etcd while it leads, "
+                    "where standbys redirect agents and operators; default: the listen "
+                    "address with the port bound (this host's name when listen binds every "
+                    "interface)")
     metrics_listen: HostPort = "127.0.0.1:9464"
     admission_timeout_s: float = Field(default=30.0, gt=0, le=24 * 3600)
     shutdown_timeout_s: float = Field(default=10.0, gt=0, le=600)

@@ -12,6 +12,12 @@ re-sends, in one batch, the last release of every idle rank (it may have been lo
 ``HeldPhase`` for every rank that holds a phase and the pending enter of every rank still
 waiting (as ``EnterMany`` again), then a ``SyncDone`` for those ranks, so a restarted
 controller learns who holds which circuits before it switches anything.
+
+Replicas: the agent takes several controller addresses (``a:1,b:2,c:3``). A standby ends the
+stream at once with a redirect naming the leader (``lightrail.agents.leader``), which the agent
+follows without waiting, at most ``MAX_REDIRECTS`` times in a row; any other break moves it to
+the next address of the list after a backoff. Pending enters fail with ``ControllerUnavailable``
+listing every address and its last error once no leader was reached for the reconnect budget.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import asyncio
 import contextlib
 import enum
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -27,6 +34,7 @@ import structlog
 from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
 from lightrail.agents.errors import Admission, ControllerUnavailable, PhaseError, error_for
+from lightrail.agents.leader import MAX_REDIRECTS, LeaderTargets, describe, redirect_of
 from lightrail.controller.api.codec import COLLECTIVE_TO_PB, ERROR_FROM_PB, phase_key_to_pb
 from lightrail.controller.domain.errors import ErrorCode
 from lightrail.controller.domain.model import PhaseKey
@@ -205,7 +213,9 @@ class _Held:
 
 
 class HostAgent:
-    """Phase relay of one host. ``target`` is the controller's ``host:port``.
+    """Phase relay of one host. ``target`` is the controller's ``host:port``, or the addresses
+    of its replicas (``a:1,b:2``, or a sequence; ``ValueError`` if empty): the agent keeps its
+    stream to the leader.
 
     Use as an async context manager (or ``start()`` / ``close()``); ``enter`` and ``release``
     are called by the host's ranks (in-process, or through
@@ -217,14 +227,19 @@ class HostAgent:
     def __init__(
         self,
         host: str,
-        target: str,
+        target: str | Sequence[str],
         *,
         backoff_initial_s: float = 0.05,
         backoff_max_s: float = 2.0,
         reconnect_budget_s: float = 30.0,
     ) -> None:
         self.host = host
-        self.target = target
+        self._targets = LeaderTargets(target)
+        self.target = str(self._targets)
+        self._errors: dict[str, str] = {}
+        """The last error of each address since the agent last heard from a leader."""
+        self._heard = False
+        """Whether the current stream session got a reply (it reached the leader)."""
         self._backoff = Backoff(initial_s=backoff_initial_s, max_s=backoff_max_s)
         self._reconnect_budget_s = reconnect_budget_s
         self._ids = itertools.count(1)
@@ -237,6 +252,13 @@ class HostAgent:
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self.reconnects = 0
+        self.redirects = 0
+        """Redirects followed (a standby named the leader)."""
+
+    @property
+    def connected_to(self) -> str:
+        """The address the agent's stream goes to (or will go to next)."""
+        return self._targets.current
 
     async def __aenter__(self) -> HostAgent:
         self.start()
@@ -327,26 +349,54 @@ class HostAgent:
         backoff = BackoffState(self._backoff)
         down_since: float | None = None
         loop = asyncio.get_running_loop()
+        redirects = 0
         while not self._closing:
+            address = self._targets.current
+            self._heard = False
             try:
-                await self._session()
+                await self._session(address)
                 backoff.reset()
                 down_since = None
             except (grpc.aio.AioRpcError, _StreamClosed) as exc:
                 self._connected.clear()
+                if self._heard:  # the stream reached a leader: a new outage starts now
+                    backoff.reset()
+                    down_since = None
+                    self._errors.clear()
+                    redirects = 0
                 now = loop.time()
                 down_since = down_since if down_since is not None else now
-                detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
-                log.warning("phase_stream_broken", host=self.host, detail=detail)
+                leader = redirect_of(exc) if isinstance(exc, grpc.aio.AioRpcError) else None
+                detail = describe(exc) if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+                self._errors[address] = detail
+                if leader and leader != address and redirects < MAX_REDIRECTS:
+                    redirects += 1
+                    self.redirects += 1
+                    self._targets.current = leader
+                    log.info("phase_stream_redirected", host=self.host, standby=address,
+                             leader=leader)
+                    self.reconnects += 1
+                    continue
+                redirects = 0
+                log.warning("phase_stream_broken", host=self.host, controller=address,
+                            detail=detail)
                 if now - down_since > self._reconnect_budget_s:
+                    tried = "; ".join(f"{a} ({e})" for a, e in self._errors.items())
                     self._fail_pending(ErrorCode.NOT_LEADER,
-                                       f"controller {self.target} unreachable for "
-                                       f"{now - down_since:.1f} s: {detail}")
+                                       f"no controller leader reached at {self.target} for "
+                                       f"{now - down_since:.1f} s: {tried}")
+                self._targets.current = self._next_address(address)
                 await asyncio.sleep(backoff.next_s())
                 self.reconnects += 1
 
-    async def _session(self) -> None:
-        async with grpc.aio.insecure_channel(self.target) as channel:
+    def _next_address(self, address: str) -> str:
+        """The address after ``address`` in the list (wrapping); the first one for an address
+        only a redirect named."""
+        order = self._targets.addresses
+        return order[(order.index(address) + 1) % len(order)] if address in order else order[0]
+
+    async def _session(self, address: str) -> None:
+        async with grpc.aio.insecure_channel(address) as channel:
             stub = agent_pb2_grpc.AgentServiceStub(channel)
             call = stub.PhaseStream()  # type: ignore[call-arg]  # stubs predate aio
             # Resync after (re)connect: the last release of every idle rank (it may have been
@@ -390,8 +440,12 @@ class HostAgent:
                             await call.write(sync_done)
                             sync_done = None
                     except asyncio.InvalidStateError:
-                        # the call ended (controller gone) between the reader's last read and
-                        # this write: a broken stream like any other, resynced on reconnect
+                        # the call ended (controller gone, or a standby's redirect) between the
+                        # reader's last read and this write: a broken stream like any other,
+                        # resynced on reconnect; the reader holds the call's status
+                        await asyncio.wait({reader}, timeout=1.0)
+                        if reader.done() and not reader.cancelled():
+                            reader.result()
                         raise _StreamClosed("controller closed the stream") from None
             finally:
                 self._connected.clear()
@@ -422,6 +476,7 @@ class HostAgent:
             if batch is grpc.aio.EOF:  # type: ignore[attr-defined]
                 return
             assert isinstance(batch, agent_pb2.PhaseReplyBatch)
+            self._heard = True
             for reply in batch.replies:
                 self._on_reply(reply)
 

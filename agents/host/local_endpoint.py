@@ -3,7 +3,8 @@
 Ranks on the host call unary EnterPhase / ReleasePhase here (``ControllerClient`` with target
 ``unix:///run/lightrail/agent.sock``); the agent relays them over its single PhaseStream, so the
 controller's cost follows hosts, not ranks. RegisterJob, UnregisterJob and WatchJob are proxied
-to the controller unchanged. PhaseStream is not offered locally (UNIMPLEMENTED).
+to the controller unchanged (to its leader, following a standby's redirect:
+``lightrail.agents.leader``). PhaseStream is not offered locally (UNIMPLEMENTED).
 """
 
 from __future__ import annotations
@@ -11,14 +12,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeAlias, TypeVar
 
 import grpc
 import structlog
 
 from lightrail.agents.errors import PhaseError
 from lightrail.agents.host.agent import HostAgent
+from lightrail.agents.leader import LeaderTargets, NoLeader
 from lightrail.controller.api.codec import (
     InvalidRequest,
     PhaseKeyDecoder,
@@ -29,19 +32,50 @@ from lightrail.controller.api.codec import (
 from lightrail.v1 import agent_pb2, agent_pb2_grpc
 
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
+if TYPE_CHECKING:
+    _Stub: TypeAlias = agent_pb2_grpc.AgentServiceAsyncStub  # the stubs' name; not at runtime
 
 _DEFAULT_TIMEOUT_S = 30.0
 """Admission timeout of an EnterPhase that gives none: the agent's local guard needs a
 finite one (the controller's own default, ``admission_timeout_s``, is not known here)."""
 
-class LocalAgentServicer(agent_pb2_grpc.AgentServiceServicer):
-    """Relays the host's ranks to ``agent`` and proxies job calls to ``controller_stub``."""
+class ControllerStubs:
+    """AgentService stubs of the controller replicas at ``targets`` (one channel each, opened
+    on first use); ``call`` goes to the leader (``LeaderTargets.call``)."""
 
-    def __init__(
-        self, agent: HostAgent, controller_stub: agent_pb2_grpc.AgentServiceAsyncStub
-    ) -> None:
+    def __init__(self, targets: LeaderTargets) -> None:
+        self.targets = targets
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[str, _Stub] = {}
+
+    def stub(self, address: str) -> _Stub:
+        """The stub of ``address``."""
+        stub = self._stubs.get(address)
+        if stub is None:
+            channel = self._channels[address] = grpc.aio.insecure_channel(address)
+            stub = self._stubs[address] = agent_pb2_grpc.AgentServiceStub(channel)
+        return stub
+
+    async def call(self, fn: Callable[[_Stub], Awaitable[T]]) -> T:
+        """``fn`` on the leader's stub. Raises ``NoLeader`` and the leader's
+        ``grpc.aio.AioRpcError``."""
+        return await self.targets.call(lambda address: fn(self.stub(address)))
+
+    async def close(self) -> None:
+        """Close the channels."""
+        channels, self._channels, self._stubs = list(self._channels.values()), {}, {}
+        for channel in channels:
+            await channel.close(None)
+
+
+class LocalAgentServicer(agent_pb2_grpc.AgentServiceServicer):
+    """Relays the host's ranks to ``agent`` and proxies job calls to the leader of
+    ``controller``. No leader reachable: the job call fails UNAVAILABLE (the caller retries)."""
+
+    def __init__(self, agent: HostAgent, controller: ControllerStubs) -> None:
         self._agent = agent
-        self._stub = controller_stub
+        self._controller = controller
         self._decoder = PhaseKeyDecoder()
 
     async def EnterPhase(  # noqa: N802
@@ -82,7 +116,10 @@ class LocalAgentServicer(agent_pb2_grpc.AgentServiceServicer):
         context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
     ) -> agent_pb2.RegisterJobResponse:
         try:
-            resp: agent_pb2.RegisterJobResponse = await self._stub.RegisterJob(request)
+            resp: agent_pb2.RegisterJobResponse = await self._controller.call(
+                lambda stub: stub.RegisterJob(request))
+        except NoLeader as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         except grpc.aio.AioRpcError as exc:
             await context.abort(exc.code(), exc.details() or "")
         return resp
@@ -93,7 +130,10 @@ class LocalAgentServicer(agent_pb2_grpc.AgentServiceServicer):
         context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
     ) -> agent_pb2.UnregisterJobResponse:
         try:
-            resp: agent_pb2.UnregisterJobResponse = await self._stub.UnregisterJob(request)
+            resp: agent_pb2.UnregisterJobResponse = await self._controller.call(
+                lambda stub: stub.UnregisterJob(request))
+        except NoLeader as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         except grpc.aio.AioRpcError as exc:
             await context.abort(exc.code(), exc.details() or "")
         return resp
@@ -103,14 +143,26 @@ class LocalAgentServicer(agent_pb2_grpc.AgentServiceServicer):
         request: agent_pb2.WatchJobRequest,
         context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
     ) -> AsyncIterator[agent_pb2.JobEvent]:
-        call = self._stub.WatchJob(request)
+        calls: list[grpc.aio.UnaryStreamCall[agent_pb2.WatchJobRequest, agent_pb2.JobEvent]] = []
+
+        async def first(stub: _Stub) -> object:
+            call = stub.WatchJob(request)  # a standby's redirect comes with the first read
+            calls.append(call)
+            return await call.read()
+
         try:
-            async for ev in call:
+            ev = await self._controller.call(first)
+            while ev is not grpc.aio.EOF:  # type: ignore[attr-defined]
+                assert isinstance(ev, agent_pb2.JobEvent)
                 yield ev
+                ev = await calls[-1].read()
+        except NoLeader as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         except grpc.aio.AioRpcError as exc:
             await context.abort(exc.code(), exc.details() or "")
         finally:
-            call.cancel()
+            for call in calls:
+                call.cancel()
 
     async def HealthStream(  # noqa: N802
         self,
@@ -143,22 +195,29 @@ def _remove_socket(path: Path) -> None:
 
 
 async def serve_local(
-    agent: HostAgent, controller_target: str, socket_path: str, stop: asyncio.Event
+    agent: HostAgent, controller_target: str | Sequence[str], socket_path: str,
+    stop: asyncio.Event,
 ) -> None:
-    """Serve ``LocalAgentServicer`` on ``unix://socket_path`` until ``stop`` is set.
-    Raises ``OSError`` when the socket's directory cannot be created."""
+    """Serve ``LocalAgentServicer`` on ``unix://socket_path`` until ``stop`` is set; job calls
+    go to the leader among ``controller_target`` (``host:port``, or replicas ``a:1,b:2``).
+    Raises ``OSError`` when the socket's directory cannot be created, ``ValueError`` for an
+    empty address list."""
+    controller = ControllerStubs(LeaderTargets(controller_target))
     path = Path(socket_path)
     _prepare_socket_dir(path)
-    async with grpc.aio.insecure_channel(controller_target) as channel:
+    try:
         server = grpc.aio.server()
         agent_pb2_grpc.add_AgentServiceServicer_to_server(
-            LocalAgentServicer(agent, agent_pb2_grpc.AgentServiceStub(channel)), server)
+            LocalAgentServicer(agent, controller), server)
         server.add_insecure_port(f"unix://{path}")
         await server.start()
         os.chmod(path, 0o660)
-        log.info("agent_serving", host=agent.host, socket=str(path), controller=controller_target)
+        log.info("agent_serving", host=agent.host, socket=str(path),
+                 controller=str(controller.targets))
         try:
             await stop.wait()
         finally:
             await server.stop(grace=1.0)
             _remove_socket(path)
+    finally:
+        await controller.close()

@@ -5,6 +5,10 @@ Every ``interval_s`` (the controller may change it in its acknowledgement) and a
 health change, the reporter sends a full snapshot of the host's GPUs. It reconnects with bounded
 backoff after a controller or network blip. GPUs the controller records as failed stay failed
 here too (the controller's record wins over a restarted agent's).
+
+Replicas: ``target`` may list several controller addresses (``a:1,b:2``); a standby's redirect
+(``lightrail.agents.leader``) is followed at once, at most ``MAX_REDIRECTS`` times in a row,
+any other break moves to the next address after the backoff.
 """
 
 from __future__ import annotations
@@ -12,11 +16,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Sequence
 
 import grpc
 import structlog
 
 from lightrail.agents.host.health import EventSource, GpuHealth, GpuId, HealthSource, HealthState
+from lightrail.agents.leader import MAX_REDIRECTS, LeaderTargets, redirect_of
 from lightrail.controller.domain.timing import Backoff, BackoffState
 from lightrail.v1 import agent_pb2, agent_pb2_grpc
 
@@ -43,40 +49,64 @@ def report_of(host: str, snapshot: dict[GpuId, GpuHealth]) -> agent_pb2.HealthRe
 
 
 class HealthReporter:
-    """Streams ``source``'s health to the controller at ``target`` (``host:port``), a snapshot
-    every ``interval_s`` seconds; after a broken stream it reconnects waiting
-    ``backoff_initial_s`` doubling up to ``backoff_max_s`` seconds."""
+    """Streams ``source``'s health to the controller at ``target`` (``host:port``, or its
+    replicas' addresses ``a:1,b:2``; ``ValueError`` if empty), a snapshot every ``interval_s``
+    seconds; after a broken stream it reconnects waiting ``backoff_initial_s`` doubling up to
+    ``backoff_max_s`` seconds."""
 
     def __init__(
         self,
         source: HealthSource,
-        target: str,
+        target: str | Sequence[str],
         *,
         interval_s: float = 1.0,
         backoff_initial_s: float = 0.05,
         backoff_max_s: float = 2.0,
     ) -> None:
         self.source = source
-        self.target = target
+        self._targets = LeaderTargets(target)
+        self.target = str(self._targets)
         self.interval_s = interval_s
         self._backoff = Backoff(initial_s=backoff_initial_s, max_s=backoff_max_s)
         self.acks = 0
         self.acked = asyncio.Event()
 
+    @property
+    def connected_to(self) -> str:
+        """The address the reporter's stream goes to (or will go to next)."""
+        return self._targets.current
+
     async def run(self) -> None:
         """Report until cancelled."""
         backoff = BackoffState(self._backoff)
+        redirects = 0
         while True:
+            address = self._targets.current
+            acks = self.acks
             try:
-                await self._session()
+                await self._session(address)
                 backoff.reset()
             except grpc.aio.AioRpcError as exc:
-                log.warning("health_stream_broken", host=self.source.host,
+                if self.acks > acks:  # the stream reached the leader
+                    backoff.reset()
+                    redirects = 0
+                leader = redirect_of(exc)
+                if leader and leader != address and redirects < MAX_REDIRECTS:
+                    redirects += 1
+                    self._targets.current = leader
+                    log.info("health_stream_redirected", host=self.source.host,
+                             standby=address, leader=leader)
+                    continue
+                redirects = 0
+                log.warning("health_stream_broken", host=self.source.host, controller=address,
                             code=exc.code().name, detail=exc.details())
+                order = self._targets.addresses
+                self._targets.current = (order[(order.index(address) + 1) % len(order)]
+                                         if address in order else order[0])
                 await asyncio.sleep(backoff.next_s())
 
-    async def _session(self) -> None:
-        async with grpc.aio.insecure_channel(self.target) as channel:
+    async def _session(self, address: str) -> None:
+        async with grpc.aio.insecure_channel(address) as channel:
             call = agent_pb2_grpc.AgentServiceStub(channel).HealthStream()  # type: ignore[call-arg]
             changed = asyncio.Event()
 
@@ -102,7 +132,16 @@ class HealthReporter:
             try:
                 while not reader.done():
                     await self.source.wait_alive()
-                    await call.write(report_of(self.source.host, dict(self.source.snapshot())))
+                    try:
+                        await call.write(report_of(self.source.host,
+                                                   dict(self.source.snapshot())))
+                    except asyncio.InvalidStateError:
+                        # the call ended (a standby's redirect, the controller gone): its
+                        # status comes from the reader
+                        await asyncio.wait({reader}, timeout=1.0)
+                        if not reader.done():
+                            raise
+                        break
                     changed.clear()
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(changed.wait(), self.interval_s)

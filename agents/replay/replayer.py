@@ -34,6 +34,7 @@ import grpc
 from lightrail.agents.client import ControllerClient, RankSession, placement_of
 from lightrail.agents.errors import PhaseError, PlacementChanged
 from lightrail.agents.host.agent import HostAgent
+from lightrail.agents.leader import LeaderTargets
 from lightrail.agents.replay.trace.model import CommOp, Workload
 from lightrail.controller.domain.errors import ErrorCode
 from lightrail.controller.domain.events import JobEvent
@@ -222,7 +223,8 @@ def _percentile(values: Sequence[float], q: float) -> float:
 
 
 class Replayer:
-    """Runs one workload through a controller at ``target`` (``host:port``)."""
+    """Runs one workload through a controller at ``target`` (``host:port``, or the replicas'
+    addresses ``a:1,b:2``: the host agents and the operator calls follow the leader)."""
 
     def __init__(
         self,
@@ -296,10 +298,16 @@ class Replayer:
             await client.unregister_job(self.job_id)
 
     async def _provisioning(self) -> ProvisioningStats | None:
-        """The controller's provisioning counters for this job (None if it has none)."""
-        async with grpc.aio.insecure_channel(self.target) as ch:
-            resp = await operator_pb2_grpc.OperatorServiceStub(ch).ListJobs(
-                operator_pb2.ListJobsRequest(), timeout=10.0)
+        """The controller's provisioning counters for this job (None if it has none), from
+        the leader. Raises ``NoLeader`` and the leader's ``grpc.aio.AioRpcError``."""
+
+        async def attempt(address: str) -> operator_pb2.ListJobsResponse:
+            async with grpc.aio.insecure_channel(address) as ch:
+                jobs: operator_pb2.ListJobsResponse = await operator_pb2_grpc.OperatorServiceStub(
+                    ch).ListJobs(operator_pb2.ListJobsRequest(), timeout=10.0)
+                return jobs
+
+        resp = await LeaderTargets(self.target).call(attempt)
         for j in resp.jobs:
             if j.job_id == self.job_id:
                 return ProvisioningStats(j.provisioning_hits, j.provisioning_late,

@@ -66,6 +66,12 @@ ERROR_METADATA_KEY = "lightrail-error"
 """Trailing metadata key of a refused unary EnterPhase/ReleasePhase: the ``ErrorCode`` value,
 so clients tell a refusal (e.g. device failure, UNAVAILABLE) from a transport failure."""
 
+LEADER_METADATA_KEY = "lightrail-leader"
+"""Trailing metadata key of a call a standby replica redirects (status UNAVAILABLE, with
+``ERROR_METADATA_KEY`` ``NOT_LEADER``): the leader's advertised address, ``host:port``; empty
+while no leader is known (an election in progress): the client tries another replica. Its
+presence tells a redirect from a refusal (a ``NOT_LEADER`` without it is final)."""
+
 
 REFUSAL_STATUS: dict[ErrorCode, grpc.StatusCode] = {
     ErrorCode.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,

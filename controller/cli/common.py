@@ -13,6 +13,9 @@ from typing import Any
 from rich.console import Console
 
 DEFAULT_TARGET = os.environ.get("LIGHTRAIL_CONTROLLER", "127.0.0.1:50051")
+CONTROLLER_HELP = ("controller HOST:PORT, or the replicas' addresses HOST:PORT,HOST:PORT,... "
+                   "(tried in order; a standby redirects to the leader) "
+                   "(default $LIGHTRAIL_CONTROLLER or 127.0.0.1:50051)")
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

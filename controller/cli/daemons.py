@@ -12,7 +12,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lightrail.controller.cli.common import DEFAULT_TARGET, positive_int, run_async
+from lightrail.controller.cli.common import (
+    CONTROLLER_HELP,
+    DEFAULT_TARGET,
+    positive_int,
+    run_async,
+)
 from lightrail.controller.config import ConfigError, load_config
 from lightrail.controller.logs import configure_logging
 from lightrail.controller.store.errors import StoreError
@@ -35,7 +40,12 @@ def cmd_controller(args: argparse.Namespace) -> int:
     gc.set_threshold(100_000, 50, 100)
 
     async def main() -> int:
-        from lightrail.controller.app import LeadershipLost, RunningController, run_controller
+        from lightrail.controller.app import (
+            LeadershipLost,
+            RunningController,
+            ServingReplica,
+            run_controller,
+        )
         from lightrail.controller.cli.drivers import driver_registry
         from lightrail.controller.cli.embedded import embedded_config
         from lightrail.controller.store.etcd_server import EmbeddedEtcd
@@ -45,9 +55,14 @@ def cmd_controller(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         def announce(rc: RunningController) -> None:
-            if args.announce:
+            if args.announce == "leader":
                 print(json.dumps({"grpc": rc.grpc_target, "metrics": rc.metrics_url}),
                       flush=True)
+
+        def announce_serving(sr: ServingReplica) -> None:
+            if args.announce == "serving":
+                print(json.dumps({"grpc": sr.grpc_target, "metrics": sr.metrics_url,
+                                  "advertise": sr.advertise}), flush=True)
 
         try:
             if cfg.etcd.embedded:
@@ -55,9 +70,10 @@ def cmd_controller(args: argparse.Namespace) -> int:
                     c2 = embedded_config(etcd.endpoint, cfg.fabric)
                     c2 = c2.model_copy(update={"controller": cfg.controller})
                     await run_controller(c2, stop, drivers=driver_registry(),
-                                         on_started=announce)
+                                         on_started=announce, on_serving=announce_serving)
             else:
-                await run_controller(cfg, stop, drivers=driver_registry(), on_started=announce)
+                await run_controller(cfg, stop, drivers=driver_registry(), on_started=announce,
+                                     on_serving=announce_serving)
         except LeadershipLost as exc:
             print(f"lightrail controller: {exc}", file=sys.stderr)
             return 1
@@ -147,7 +163,11 @@ def cmd_agent(args: argparse.Namespace) -> int:
         except HealthSourceUnavailable as exc:
             print(f"lightrail agent: {exc}", file=sys.stderr)
             return 1
-        reporter = HealthReporter(source, args.controller)
+        try:
+            reporter = HealthReporter(source, args.controller)
+        except ValueError as exc:
+            print(f"lightrail agent: --{exc}", file=sys.stderr)
+            return 2
         async with HostAgent(args.host, args.controller) as agent, asyncio.TaskGroup() as tg:
             monitor = tg.create_task(source.run(), name="health-monitor")
             link = tg.create_task(reporter.run(), name="health-reporter")
@@ -163,9 +183,11 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
     """Register ``lightrail controller``, ``lightrail check-config`` and ``lightrail agent``."""
     c = subcommands.add_parser("controller", help="run the controller daemon")
     c.add_argument("--config", help="YAML config (default: built-in demo fabric, local etcd)")
-    c.add_argument("--announce", action="store_true",
+    c.add_argument("--announce", nargs="?", const="leader", choices=["leader", "serving"],
                    help="print one JSON line with the bound gRPC and metrics addresses to stdout "
-                        "once serving (for supervisors and the embedded demo)")
+                        "once this replica leads and serves phase calls (--announce or "
+                        "--announce leader), or once it serves gRPC and /metrics, as a standby "
+                        "(--announce serving) (for supervisors and the embedded demo)")
     c.set_defaults(func=cmd_controller)
 
     c = subcommands.add_parser("check-config", help="validate a config file")
@@ -173,7 +195,7 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
     c.set_defaults(func=cmd_check_config)
 
     c = subcommands.add_parser("agent", help="run a host agent (phase relay)")
-    c.add_argument("--controller", default=DEFAULT_TARGET, help="controller host:port")
+    c.add_argument("--controller", default=DEFAULT_TARGET, help=CONTROLLER_HELP)
     c.add_argument("--host", default=os.uname().nodename, help="this host's inventory name")
     c.add_argument("--socket", default="/run/lightrail/agent.sock",
                    help="Unix socket for the job-side library")

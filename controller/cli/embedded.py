@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import yaml
 
@@ -106,11 +107,17 @@ class ChildController:
 
 @asynccontextmanager
 async def spawn_controller(
-    cfg: Config, *, start_timeout_s: float = 60.0, log_level: str = "warning"
+    cfg: Config,
+    *,
+    start_timeout_s: float = 60.0,
+    log_level: str = "warning",
+    announce: Literal["leader", "serving"] = "leader",
 ) -> AsyncIterator[ChildController]:
     """Run ``lightrail controller --announce`` on ``cfg`` as a child process (its own CPU: the
     load a replay generates does not slow the controller it measures). Its logs go to this
     process's stderr. Stops it with SIGTERM (then SIGKILL after the shutdown timeout).
+    ``announce``: yield once the child leads and serves phase calls (``leader``), or once it
+    serves gRPC and /metrics, as a standby or leader (``serving``: replicas).
 
     Raises ``RuntimeError`` with the child's exit code if it exits before serving and
     ``TimeoutError`` if it does not announce itself within ``start_timeout_s``.
@@ -121,7 +128,8 @@ async def spawn_controller(
         path = Path(tmp) / "controller.yaml"
         path.write_text(yaml.safe_dump(data), encoding="utf-8")
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "lightrail.controller", "--config", str(path), "--announce",
+            sys.executable, "-m", "lightrail.controller", "--config", str(path),
+            f"--announce={announce}",
             stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL,
         )
         try:

@@ -14,26 +14,48 @@ from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 from rich.table import Table
 
-from lightrail.controller.cli.common import DEFAULT_TARGET, make_console, run_async
+from lightrail.agents.leader import LeaderTargets, NoLeader
+from lightrail.controller.cli.common import (
+    CONTROLLER_HELP,
+    DEFAULT_TARGET,
+    make_console,
+    run_async,
+)
 from lightrail.v1 import operator_pb2, operator_pb2_grpc
 
 
-async def _operator_call(
-    target: str, call: Callable[[operator_pb2_grpc.OperatorServiceStub], Any]
+async def operator_call(
+    targets: LeaderTargets, call: Callable[[operator_pb2_grpc.OperatorServiceStub], Any]
 ) -> Message:
-    async with grpc.aio.insecure_channel(target) as ch:
-        stub = operator_pb2_grpc.OperatorServiceStub(ch)
-        result: Message = await call(stub)
-        return result
+    """``call`` on the leader's OperatorService: one pass over ``targets``, following a
+    standby's redirect (``LeaderTargets.call``). Raises ``NoLeader`` listing the addresses
+    tried, or the leader's ``grpc.aio.AioRpcError``."""
+
+    async def attempt(address: str) -> Message:
+        async with grpc.aio.insecure_channel(address) as ch:
+            result: Message = await call(operator_pb2_grpc.OperatorServiceStub(ch))
+            return result
+
+    return await targets.call(attempt)
 
 
 def _operator(args: argparse.Namespace, call: Callable[[Any], Any],
               render: Callable[[Any], Table | str]) -> int:
+    try:
+        targets = LeaderTargets(args.controller)
+    except ValueError as exc:
+        print(f"lightrail {args.cmd}: --{exc}", file=sys.stderr)
+        return 2
+
     async def main() -> int:
         try:
-            resp = await _operator_call(args.controller, call)
+            resp = await operator_call(targets, call)
+        except NoLeader as exc:
+            print(f"lightrail {args.cmd}: {exc}", file=sys.stderr)
+            return 1
         except grpc.aio.AioRpcError as exc:
-            print(f"lightrail {args.cmd}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            print(f"lightrail {args.cmd}: {targets.current}: {exc.code().name}: "
+                  f"{exc.details()}", file=sys.stderr)
             return 1
         if args.json:
             print(json.dumps(MessageToDict(resp, always_print_fields_with_no_presence=True),
@@ -156,7 +178,7 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
         ("gpus", cmd_gpus, "GPU health and which job rank runs where"),
     ):
         c = subcommands.add_parser(name, help=doc)
-        c.add_argument("--controller", default=DEFAULT_TARGET)
+        c.add_argument("--controller", default=DEFAULT_TARGET, help=CONTROLLER_HELP)
         c.add_argument("--json", action="store_true")
         if name == "circuits":
             c.add_argument("--switch")
@@ -164,7 +186,7 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
         c.set_defaults(func=func)
 
     c = subcommands.add_parser("failover", help="move a job rank to a spare GPU now")
-    c.add_argument("--controller", default=DEFAULT_TARGET)
+    c.add_argument("--controller", default=DEFAULT_TARGET, help=CONTROLLER_HELP)
     c.add_argument("--json", action="store_true")
     c.add_argument("--job", required=True, help="job id")
     c.add_argument("--rank", required=True, type=int, help="rank to move")
@@ -176,7 +198,7 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
 
     c = subcommands.add_parser("drain", help="take a host out of service (its ranks fail over)")
     c.add_argument("host")
-    c.add_argument("--controller", default=DEFAULT_TARGET)
+    c.add_argument("--controller", default=DEFAULT_TARGET, help=CONTROLLER_HELP)
     c.add_argument("--json", action="store_true")
     c.add_argument("--reason", default="operator drain")
     c.set_defaults(func=cmd_drain)

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from lightrail.agents.leader import LeaderTargets, NoLeader, describe
 from lightrail.controller.cli.common import (
     DLRM_TRACE,
     make_console,
@@ -70,12 +71,32 @@ def _print_report(console: Console, report: Any, fabric: str, delay_ms: float) -
 
 
 async def _hosts(target: str) -> list[Any]:
+    """The fabric's non-spare hosts, from the leader among ``target`` (``host:port`` or
+    replicas ``a:1,b:2``). Raises ``NoLeader``, ``ValueError`` (empty list) and the leader's
+    ``grpc.aio.AioRpcError``."""
     from lightrail.agents.replay.replayer import HostSlot
 
-    async with grpc.aio.insecure_channel(target) as ch:
-        resp = await operator_pb2_grpc.OperatorServiceStub(ch).ListHosts(
-            operator_pb2.ListHostsRequest(), timeout=10.0)
+    async def attempt(address: str) -> operator_pb2.ListHostsResponse:
+        async with grpc.aio.insecure_channel(address) as ch:
+            resp: operator_pb2.ListHostsResponse = await operator_pb2_grpc.OperatorServiceStub(
+                ch).ListHosts(operator_pb2.ListHostsRequest(), timeout=10.0)
+            return resp
+
+    resp = await LeaderTargets(target).call(attempt)
     return [HostSlot(h.name, tuple(h.wired_gpus)) for h in resp.hosts if not h.spare]
+
+
+def _controller_error(shown_as: str, exc: Exception) -> tuple[str, int]:
+    """One line naming the address(es) and the cause, not a traceback, and the exit code:
+    ``exc`` from ``_hosts``."""
+    if isinstance(exc, ValueError):
+        return f"lightrail replay: --{exc}", 2
+    if isinstance(exc, NoLeader):
+        cause = exc.attempts[0].reason if len(exc.attempts) == 1 else str(exc)
+    else:
+        assert isinstance(exc, grpc.aio.AioRpcError)
+        cause = describe(exc)
+    return f"lightrail replay: controller {shown_as}: {cause}", 1
 
 
 async def _inject_gpu_failure(
@@ -131,10 +152,10 @@ async def replay_main(
         """Replay against the controller at ``target``; the summary names it ``shown_as``."""
         try:
             hosts = await _hosts(target)
-        except grpc.aio.AioRpcError as exc:  # one line naming the address, not a traceback
-            err.print(f"lightrail replay: controller {shown_as}: {exc.code().name}: "
-                      f"{exc.details()}", markup=False, highlight=False, soft_wrap=True)
-            return 1
+        except (grpc.aio.AioRpcError, NoLeader, ValueError) as exc:
+            message, code = _controller_error(shown_as, exc)
+            err.print(message, markup=False, highlight=False, soft_wrap=True)
+            return code
         try:
             replayer = Replayer(workload, target, hosts, job_id=job_id, iterations=iterations,
                                 time_scale=time_scale, max_ops=max_ops)
@@ -304,7 +325,9 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
                                help="replay a recorded trace or workload through a controller")
     c.add_argument("trace", help="Kineto dir/tarball/JSON, AICB CSV or SimAI text")
     c.add_argument("--controller", default=None,
-                   help="controller host:port (default: start an embedded one)")
+                   help="controller host:port, or the replicas' addresses "
+                        "HOST:PORT,HOST:PORT,... (the leader answers) (default: start an "
+                        "embedded one)")
     c.add_argument("--fabric", choices=["demo-4x2", "rail-16x8"], default=None,
                    help="embedded fabric (default: by world size)")
     c.add_argument("--job-id", default="replay", help="job id to register (default replay)")

@@ -7,9 +7,22 @@ with the process-wide default registry.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+)
 
 REGISTRY = CollectorRegistry(auto_describe=True)
+# The process's own figures (``process_*``: CPU, memory, open files; ``python_*``: GC and
+# version), the same on a standby as on the leader; prometheus_client's collectors, which
+# read /proc of this process at each scrape.
+for _collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+    REGISTRY.register(_collector)
 
 _LATENCY_BUCKETS_S = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
@@ -115,5 +128,7 @@ PHASE_STREAMS = Gauge(
     registry=REGISTRY,
 )
 LEADER = Gauge(
-    "lightrail_leader", "1 while this replica holds the leader lease.", registry=REGISTRY
+    "lightrail_leader",
+    "1 while this replica holds the leader lease and serves; 0 on a standby.",
+    registry=REGISTRY,
 )

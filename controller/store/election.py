@@ -9,6 +9,7 @@ while the key is absent.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 import structlog
 
@@ -26,14 +27,25 @@ from lightrail.controller.store.types import (
 _log = structlog.get_logger(__name__)
 
 
+@dataclass(frozen=True, slots=True)
+class LeaderRecord:
+    """The leader key's value: the leading replica's id and the address (``host:port``) it
+    advertises to agents and operators, None when it published none."""
+
+    replica_id: str
+    address: str | None
+
+
+
 class LeaderElection:
     """One leader among controller replicas (DESIGN.md, "High availability").
 
     ``campaign()`` creates the key ``key`` (relative, default ``"leader"``) holding
-    ``{"replica_id": replica_id}``, attached to a lease of ``ttl_s`` seconds that the store keeps
-    alive, through a transaction that succeeds only if the key is absent. While another replica
-    holds it, ``campaign()`` watches the key and tries again once it is deleted (its lease revoked
-    or expired).
+    ``{"replica_id": replica_id, "address": address}`` (``address`` only when given: where
+    this replica serves agents and operators, ``host:port``), attached to a lease of ``ttl_s``
+    seconds that the store keeps alive, through a transaction that succeeds only if the key is
+    absent. While another replica holds it, ``campaign()`` watches the key and tries again once
+    it is deleted (its lease revoked or expired).
 
     Same replica id: a replica that restarts under the same ``replica_id`` takes over its own
     stale key at once (compare-and-swap on the key's mod_revision) instead of waiting up to a
@@ -47,17 +59,30 @@ class LeaderElection:
     Code that commands devices must check ``is_leader`` right before each command. After
     fencing the lease is revoked (best effort) so another replica can take over; an election
     object campaigns once: create a new one to campaign again.
+
+    ``leader`` is this replica's view of who leads, kept without extra etcd reads: the holder
+    the campaign found (and watches) while following, this replica once it leads, None while
+    the key is vacant or after this replica stopped leading. Standbys use it to redirect
+    clients to the leader's address.
     """
 
     def __init__(
-        self, store: EtcdStore, replica_id: str, *, ttl_s: int = 10, key: str = "leader"
+        self,
+        store: EtcdStore,
+        replica_id: str,
+        *,
+        ttl_s: int = 10,
+        key: str = "leader",
+        address: str | None = None,
     ) -> None:
         if not replica_id:
             raise ValueError("replica_id must be non-empty")
         store.full_key(key)  # validates
         self.replica_id = replica_id
+        self.address = address
         self.key = key
         self.ttl_s = ttl_s
+        self.leader: LeaderRecord | None = None
         self.is_leader = asyncio.Event()
         self.fenced = asyncio.Event()
         self.fence_reason: str | None = None
@@ -73,11 +98,18 @@ class LeaderElection:
         return self._lease
 
     def _holder(self, kv: KeyValue) -> str:
-        data = kv.value
+        return self._record(kv.key, kv.value).replica_id
+
+    @staticmethod
+    def _record(key: str, data: object) -> LeaderRecord:
+        """The leader record stored under ``key``. Raises CorruptValue (no string
+        ``replica_id``, an ``address`` that is not a string)."""
         if not isinstance(data, dict) or not isinstance(data.get("replica_id"), str):
-            raise CorruptValue(kv.key, "leader record has no string 'replica_id'")
-        holder: str = data["replica_id"]
-        return holder
+            raise CorruptValue(key, "leader record has no string 'replica_id'")
+        address = data.get("address")
+        if address is not None and not isinstance(address, str):
+            raise CorruptValue(key, f"leader record 'address' is not a string: {address!r}")
+        return LeaderRecord(data["replica_id"], address)
 
     async def current_leader(self) -> str | None:
         """Replica id of the current leader, or None. Raises StoreUnavailable, CorruptValue."""
@@ -91,7 +123,9 @@ class LeaderElection:
         if self._campaigned:
             raise RuntimeError("a LeaderElection campaigns once; create a new one")
         self._campaigned = True
-        value = {"replica_id": self.replica_id}
+        value: dict[str, str] = {"replica_id": self.replica_id}
+        if self.address is not None:
+            value["address"] = self.address
         while True:
             lease = await self._store.grant_lease(self.ttl_s)
             try:
@@ -121,9 +155,15 @@ class LeaderElection:
                 self._log.warning("election.won_with_late_lease_retrying")
             await self._drop_lease(lease)
             if outcome.current is not None:
-                self._log.info("election.following", leader=self._holder(outcome.current))
-                await self._wait_for_vacancy(outcome.current.mod_revision)
+                self.leader = self._record(outcome.current.key, outcome.current.value)
+                self._log.info("election.following", leader=self.leader.replica_id,
+                               leader_address=self.leader.address)
+                try:
+                    await self._wait_for_vacancy(outcome.current.mod_revision)
+                finally:
+                    self.leader = None
         self._lease = lease
+        self.leader = LeaderRecord(self.replica_id, self.address)
         self.is_leader.set()
         self._log.info("election.leading", lease_id=f"{lease.id:x}", ttl_s=lease.ttl_s)
         self._monitor = asyncio.create_task(
@@ -138,15 +178,19 @@ class LeaderElection:
             self._log.warning("election.lease_revoke_failed", error=repr(e))
 
     async def _wait_for_vacancy(self, holder_mod_revision: int) -> None:
-        """Return once the leader key is deleted after ``holder_mod_revision``."""
+        """Return once the leader key is deleted after ``holder_mod_revision``; a put meanwhile
+        (the holder restarted under its replica id) updates ``leader``."""
         watch = self._store.watch_key(self.key, holder_mod_revision + 1)
         try:
             async for batch in watch:
                 if isinstance(batch, Snapshot):
                     if self.key not in batch.items:
                         return
+                    self.leader = self._record(self.key, batch.items[self.key])
                 elif any(e.kind is EventKind.DELETE for e in batch.events):
                     return
+                else:
+                    self.leader = self._record(self.key, batch.events[-1].value)
         finally:
             await bounded(watch.aclose(), SHUTDOWN_TIMEOUT_S, "watch.aclose")
 
@@ -190,6 +234,7 @@ class LeaderElection:
 
     def _fence(self, reason: str) -> None:
         self.is_leader.clear()
+        self.leader = None
         self.fence_reason = reason
         self.fenced.set()
         self._log.error("election.fenced", reason=reason)
@@ -200,6 +245,7 @@ class LeaderElection:
         Raises StoreUnavailable if the lease could not be revoked (it then expires after its
         TTL)."""
         self.is_leader.clear()
+        self.leader = None
         if self._monitor is not None:
             await cancel_task(self._monitor, SHUTDOWN_TIMEOUT_S)
             self._monitor = None
