@@ -1,7 +1,7 @@
 # Lightrail — `make demo` and `make test` work on a fresh Debian machine.
 # They create .venv (pinned requirements.lock) and, when run as root, apt-get install
-# the Debian packages they need (etcd-server; python3-venv, without which Debian's python3
-# cannot create the venv).
+# the Debian packages they need (etcd-server; openssl, whose CLI makes the TLS certificates of
+# the etcd cluster tests; python3-venv, without which Debian's python3 cannot create the venv).
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -22,6 +22,7 @@ venv: $(STAMP)
 system-deps:
 	@missing=""; \
 	command -v etcd >/dev/null 2>&1 || missing="$$missing etcd-server"; \
+	command -v openssl >/dev/null 2>&1 || missing="$$missing openssl"; \
 	$(PYTHON) -c "import ensurepip, venv" >/dev/null 2>&1 || missing="$$missing python3-venv"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = "0" ]; then \

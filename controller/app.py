@@ -27,6 +27,7 @@ import socket
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import grpc
@@ -37,7 +38,13 @@ from prometheus_client import start_http_server
 from lightrail.controller.api.agent_service import AgentServicer
 from lightrail.controller.api.operator_service import OperatorServicer
 from lightrail.controller.api.routing import LeaderRoute, add_routed_services
-from lightrail.controller.config import WILDCARD_HOSTS, Config, ControllerSection, build_fabric
+from lightrail.controller.config import (
+    WILDCARD_HOSTS,
+    Config,
+    ControllerSection,
+    EtcdSection,
+    build_fabric,
+)
 from lightrail.controller.core.advisor import CostAdvisor
 from lightrail.controller.core.coordinator import PhaseCoordinator
 from lightrail.controller.core.costmodel import LinkModel
@@ -48,6 +55,7 @@ from lightrail.controller.runtime.events import EventBus
 from lightrail.controller.runtime.failover import FailoverManager
 from lightrail.controller.runtime.phase_service import PhaseService
 from lightrail.controller.runtime.reconciler import Reconciler
+from lightrail.controller.store.client import TlsFiles
 from lightrail.controller.store.election import LeaderElection
 from lightrail.controller.store.etcd import EtcdStore
 from lightrail.controller.store.health import EtcdHealthStore
@@ -136,7 +144,7 @@ async def run_controller(
     if drivers is None:
         drivers = DriverRegistry()
     log_ = log.bind(replica=ccfg.replica_id, fabric=fabric.name)
-    store = EtcdStore.connect(cfg.etcd.endpoints[0])
+    store = connect_store(cfg.etcd)
     async with store:
         front = _Front()
         try:
@@ -146,7 +154,7 @@ async def run_controller(
             if on_serving is not None:
                 on_serving(ServingReplica(ccfg.replica_id, front.grpc_target,
                                           front.route.own_address, front.metrics_url))
-            log_.info("campaigning", endpoint=cfg.etcd.endpoints[0])
+            log_.info("campaigning", endpoints=cfg.etcd.endpoints)
             campaign = asyncio.ensure_future(election.campaign())
             stopper = asyncio.ensure_future(stop.wait())
             await asyncio.wait({campaign, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -513,3 +521,13 @@ async def _recover_jobs(repo: EtcdJobRepository, coordinator: PhaseCoordinator) 
 __all__ = ["LeadershipLost", "RunningController", "ServingReplica", "run_controller"]
 
 
+def connect_store(section: EtcdSection) -> EtcdStore:
+    """A store (not yet opened) on every endpoint of ``section``, failing over between them,
+    over TLS with ``section.tls``'s files when it is set."""
+    tls = section.tls
+    files = None if tls is None else TlsFiles(
+        ca_file=Path(tls.ca_file),
+        cert_file=None if tls.cert_file is None else Path(tls.cert_file),
+        key_file=None if tls.key_file is None else Path(tls.key_file),
+    )
+    return EtcdStore.connect(section.endpoints, tls=files)

@@ -8,6 +8,7 @@ and the offending value. A missing file section takes its documented default, so
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -121,10 +122,46 @@ class ControllerSection(_Strict):
                     "they resync or its heartbeat deadline passes: no timer is a go-ahead)")
 
 
+def _check_readable_file(value: str) -> str:
+    path = Path(value)
+    if not path.is_file():
+        raise ValueError(f"no such file: {value!r}")
+    if not os.access(path, os.R_OK):
+        raise ValueError(f"file not readable: {value!r}")
+    return value
+
+
+ReadableFile = Annotated[str, AfterValidator(_check_readable_file)]
+"""A path (relative to the working directory) to a file that exists and is readable now."""
+
+
+class EtcdTlsSection(_Strict):
+    """TLS to every etcd member: ``ca_file`` (PEM) verifies the members' certificates (each must
+    name the host its endpoint dials); ``cert_file`` and ``key_file`` (PEM, both or neither) are
+    the client certificate that etcd's ``--client-cert-auth`` requires."""
+
+    ca_file: ReadableFile
+    cert_file: ReadableFile | None = None
+    key_file: ReadableFile | None = None
+
+    @model_validator(mode="after")
+    def _cert_with_key(self) -> EtcdTlsSection:
+        if self.cert_file is not None and self.key_file is None:
+            raise ValueError(f"cert_file {self.cert_file!r} is given without key_file: a client "
+                             "certificate needs its private key")
+        if self.key_file is not None and self.cert_file is None:
+            raise ValueError(f"key_file {self.key_file!r} is given without cert_file: a private "
+                             "key needs its client certificate")
+        return self
+
+
 class EtcdSection(_Strict):
-    """Where state lives. ``embedded: true`` starts a private single-member etcd (demo only)."""
+    """Where state lives: every member of the etcd cluster (``endpoints``, all used: calls fail
+    over between them), TLS to them when ``tls`` is set. ``embedded: true`` starts a private
+    single-member etcd (demo only)."""
 
     endpoints: list[HostPort] = Field(default_factory=lambda: ["127.0.0.1:2379"], min_length=1)
+    tls: EtcdTlsSection | None = None
     lease_ttl_s: float = Field(default=10.0, ge=2, le=3600)
     embedded: bool = False
 

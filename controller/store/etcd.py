@@ -1,7 +1,8 @@
 """Durable controller state in etcd (DESIGN.md, "State" and "High availability"): ``EtcdStore``.
 
-A small store of our own over ``aetcd`` (the asyncio successor of ``etcd3``). Everything here is
-typed; no ``aetcd`` object or ``Any`` leaves the store package.
+A small store of our own over ``client.EtcdClient`` (our gRPC client of etcd's v3 API: every
+member of the cluster, TLS, failover between members). Everything here is typed; no gRPC or
+generated object leaves the store package.
 
 ``EtcdStore`` keeps JSON values in a versioned envelope ``{"schema": 1, "data": ...}``
 (``types.encode_value``) under one key prefix (default ``/lightrail/v1``); callers use relative
@@ -23,21 +24,21 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from types import MappingProxyType, TracebackType
-from typing import Any, Final, Self
+from typing import Final, Self
 
-import aetcd
-import aetcd.rpc
+import grpc
 import structlog
 
 from lightrail.controller.domain.timing import Backoff, Clock, Sleep
 from lightrail.controller.store.client import (
     SHUTDOWN_TIMEOUT_S,
+    EtcdClient,
+    TlsFiles,
+    WatchStream,
     cancel_task,
-    close_client,
     grpc_code,
-    new_client,
     parse_endpoint,
     prefix_range_end,
     translated,
@@ -59,6 +60,7 @@ from lightrail.controller.store.types import (
     encode_value,
 )
 from lightrail.controller.store.watch import Watches, WatchSource
+from lightrail.etcdapi import kv_pb2, rpc_pb2
 
 DEFAULT_PREFIX: Final = "/lightrail/v1"
 
@@ -74,10 +76,12 @@ _log = structlog.get_logger(__name__)
 class EtcdStore:
     """JSON state under one etcd key prefix.
 
-    Create with ``EtcdStore.connect(endpoint)`` and use as ``async with`` (or ``open()`` /
+    Create with ``EtcdStore.connect(endpoints)`` and use as ``async with`` (or ``open()`` /
     ``close()``). Every call is bounded by ``timeout_s`` seconds and raises ``StoreUnavailable``
-    when etcd does not answer in time; a call made while the connection is being re-established
-    waits for it within that bound.
+    when no member of the cluster answers in time; a call made while the connection is being
+    re-established, or while the member it went to is down, is sent again (to the next member)
+    within that bound where that is safe (``client.py``: a transaction with compares is resent
+    only when it was never sent).
 
     Keys: callers pass keys relative to ``prefix`` (``"jobs/job-1"`` is stored at
     ``"/lightrail/v1/jobs/job-1"``); keys must not start with ``/``. Prefix arguments are plain
@@ -86,8 +90,9 @@ class EtcdStore:
 
     def __init__(
         self,
-        endpoint: str,
+        endpoints: str | Sequence[str],
         *,
+        tls: TlsFiles | None = None,
         prefix: str = DEFAULT_PREFIX,
         timeout_s: float = 5.0,
         clock: Clock = time.monotonic,
@@ -99,22 +104,27 @@ class EtcdStore:
             raise ValueError(f"prefix must start with '/' and not end with '/': {prefix!r}")
         if timeout_s <= 0:
             raise ValueError("timeout_s must be > 0")
-        self._host, self._port = parse_endpoint(endpoint)
-        self.endpoint = endpoint
+        self.endpoints = (endpoints,) if isinstance(endpoints, str) else tuple(endpoints)
+        if not self.endpoints:
+            raise ValueError("at least one etcd endpoint is needed")
+        for endpoint in self.endpoints:
+            parse_endpoint(endpoint)
+        self.endpoint = ",".join(self.endpoints)
+        self.tls = tls
         self.prefix = prefix
         self.timeout_s = timeout_s
         self._clock = clock
         self._sleep = sleep
         self._root = (prefix + "/").encode()
-        self._client: Any = None
+        self._client: EtcdClient | None = None
         self._closed = False
         self._keepers: dict[int, asyncio.Task[None]] = {}
         self._log: structlog.typing.FilteringBoundLogger = _log.bind(
-            endpoint=endpoint, prefix=prefix
+            endpoint=self.endpoint, prefix=prefix
         )
         self._watches = Watches(
             WatchSource(
-                new_client=self._new_client,
+                open_watch=self._open_watch,
                 check_open=self._c,
                 current_revision=self.current_revision,
                 read_range=self._read_range,
@@ -130,8 +140,9 @@ class EtcdStore:
     @classmethod
     def connect(
         cls,
-        endpoint: str,
+        endpoints: str | Sequence[str],
         *,
+        tls: TlsFiles | None = None,
         prefix: str = DEFAULT_PREFIX,
         timeout_s: float = 5.0,
         clock: Clock = time.monotonic,
@@ -139,15 +150,16 @@ class EtcdStore:
         watch_backoff: Backoff = DEFAULT_WATCH_BACKOFF,
         max_watch_outage_s: float | None = 60.0,
     ) -> EtcdStore:
-        """A store for etcd at ``endpoint`` (``"HOST:PORT"``), opened by ``async with`` or
-        ``open()``.
+        """A store for the etcd cluster at ``endpoints`` (``"HOST:PORT"``, one per member, or
+        one such string), over TLS when ``tls`` is given, opened by ``async with`` or ``open()``.
 
         ``timeout_s`` bounds every etcd call (seconds). ``watch_backoff`` paces watch reconnects;
         a watch that cannot reconnect for ``max_watch_outage_s`` seconds raises
         ``StoreUnavailable`` (None: retry forever). ``clock``/``sleep`` drive lease keep-alive and
         watch backoff timing. Raises ValueError for a malformed endpoint or prefix."""
         return cls(
-            endpoint,
+            endpoints,
+            tls=tls,
             prefix=prefix,
             timeout_s=timeout_s,
             clock=clock,
@@ -158,20 +170,23 @@ class EtcdStore:
 
     # ----------------------------------------------------------------- lifecycle
 
-    def _new_client(self) -> Any:
-        return new_client(self._host, self._port, self.timeout_s)
+    async def _open_watch(self, request: rpc_pb2.WatchCreateRequest) -> WatchStream:
+        return await self._c().open_watch("watch", request)
 
     async def open(self) -> None:
-        """Connect and check that etcd answers (one read). Raises StoreUnavailable."""
+        """Connect to every member and check that the cluster answers (one read). Raises
+        StoreUnavailable naming the endpoints, StoreError for unreadable TLS files."""
         if self._closed:
             raise StoreClosed("store was closed")
         if self._client is not None:
             return
-        self._client = self._new_client()
+        client = EtcdClient(self.endpoints, timeout_s=self.timeout_s, tls=self.tls)
+        client.connect()
+        self._client = client
         try:
             revision = await self.current_revision()
         except BaseException:
-            await close_client(self._client, self._log)
+            await client.close()
             self._client = None
             raise
         self._log.info("etcd.store_opened", revision=revision)
@@ -188,7 +203,7 @@ class EtcdStore:
             await cancel_task(task, SHUTDOWN_TIMEOUT_S)
         self._keepers.clear()
         if self._client is not None:
-            await close_client(self._client, self._log)
+            await self._client.close()
             self._client = None
         self._log.info("etcd.store_closed")
 
@@ -204,7 +219,12 @@ class EtcdStore:
     ) -> None:
         await self.close()
 
-    def _c(self) -> Any:
+    @property
+    def current_endpoint(self) -> str | None:
+        """The member calls go to now (it changes on failover); None while not open."""
+        return None if self._client is None else self._client.current_endpoint
+
+    def _c(self) -> EtcdClient:
         if self._closed:
             raise StoreClosed("store was closed")
         if self._client is None:
@@ -233,7 +253,7 @@ class EtcdStore:
             raise StoreError(f"etcd returned key {full!r} outside prefix {self.prefix!r}")
         return full[len(self._root) :].decode()
 
-    def _kv(self, raw: Any) -> KeyValue:
+    def _kv(self, raw: kv_pb2.KeyValue) -> KeyValue:
         key = self._rel(bytes(raw.key))
         lease_id = int(raw.lease)
         return KeyValue(
@@ -250,21 +270,15 @@ class EtcdStore:
     async def current_revision(self) -> int:
         """The store-wide etcd revision now (a linearizable, count-only read). Raises
         StoreUnavailable."""
-        client = self._c()
-        with translated("current_revision"):
-            await client.connect()
-            request = aetcd.rpc.RangeRequest(key=self._root, count_only=True)
-            response = await client.kvstub.Range(
-                request, timeout=self.timeout_s, metadata=client.metadata
-            )
+        request = rpc_pb2.RangeRequest(key=self._root, count_only=True)
+        response = await self._c().range("current_revision", request)
         return int(response.header.revision)
 
     async def get(self, key: str) -> KeyValue | None:
         """``key`` with its revisions, or None if absent. Raises CorruptValue, StoreUnavailable."""
-        client = self._c()
-        with translated(f"get {key}"):
-            result = await client.get(self._k(key))
-        return None if result is None else self._kv(result)
+        k = self._k(key)
+        response = await self._c().range(f"get {key}", rpc_pb2.RangeRequest(key=k))
+        return self._kv(response.kvs[0]) if response.kvs else None
 
     async def get_json(self, key: str) -> object | None:
         """The data stored at ``key``, or None if absent (a stored JSON ``null`` also reads as
@@ -289,15 +303,16 @@ class EtcdStore:
         """Every key in [``start``, ``end``) read at one revision, as a Snapshot whose
         ``prefix`` is ``label``; ``op`` names the read in errors (default ``snapshot <label>``).
         Raises CorruptValue, StoreUnavailable."""
-        client = self._c()
-        with translated(op if op is not None else f"snapshot {label}"):
-            result = await client.get_range(start, end)
+        response = await self._c().range(
+            op if op is not None else f"snapshot {label}",
+            rpc_pb2.RangeRequest(key=start, range_end=end),
+        )
         items: dict[str, object] = {}
-        for raw in result:
+        for raw in response.kvs:
             kv = self._kv(raw)
             items[kv.key] = kv.value
         return Snapshot(
-            prefix=label, items=MappingProxyType(items), revision=int(result.header.revision)
+            prefix=label, items=MappingProxyType(items), revision=int(response.header.revision)
         )
 
     # ----------------------------------------------------------------- writes
@@ -306,11 +321,10 @@ class EtcdStore:
         """Store ``obj`` (JSON-serialisable) at ``key``, attached to ``lease`` if given. Returns
         the revision of the write. Raises TypeError/ValueError for a value JSON cannot encode,
         StoreUnavailable, StoreRequestFailed (e.g. the lease no longer exists)."""
-        client = self._c()
         value = encode_value(obj)
-        with translated(f"put {key}"):
-            result = await client.put(self._k(key), value, lease=_lease_id(lease))
-        return int(result.header.revision)
+        request = rpc_pb2.PutRequest(key=self._k(key), value=value, lease=_lease_id(lease))
+        response = await self._c().put(f"put {key}", request)
+        return int(response.header.revision)
 
     async def put_if_absent(self, key: str, obj: object, *, lease: Lease | None = None) -> bool:
         """Create ``key`` only if it does not exist (etcd transaction comparing its
@@ -337,16 +351,13 @@ class EtcdStore:
     async def compare_and_delete(self, key: str, *, expected_mod_revision: int) -> bool:
         """Delete ``key`` only if its mod_revision is still ``expected_mod_revision``. Returns
         whether it was deleted. Raises StoreUnavailable."""
-        client = self._c()
         k = self._k(key)
-        tx = client.transactions
-        with translated(f"compare_and_delete {key}"):
-            succeeded, _ = await client.transaction(
-                compare=[tx.mod(k) == expected_mod_revision],
-                success=[tx.delete(k)],
-                failure=[],  # aetcd iterates `failure`; None raises TypeError (client.py:952)
-            )
-        return bool(succeeded)
+        request = rpc_pb2.TxnRequest(
+            compare=[_mod_revision_is(k, expected_mod_revision)],
+            success=[rpc_pb2.RequestOp(request_delete_range=rpc_pb2.DeleteRangeRequest(key=k))],
+        )
+        response = await self._c().txn(f"compare_and_delete {key}", request)
+        return bool(response.succeeded)
 
     async def conditional_put(
         self,
@@ -361,55 +372,53 @@ class EtcdStore:
         return whether it was written and the key as it is after the transaction. Raises as
         ``put_json``."""
         value = encode_value(obj)
-        client = self._c()
         k = self._k(key)
-        tx = client.transactions
         compare = (
-            tx.create(k) == 0
-            if expected_mod_revision is None
-            else (tx.mod(k) == expected_mod_revision)
-        )
-        with translated(f"txn put {key}"):
-            succeeded, responses = await client.transaction(
-                compare=[compare],
-                success=[tx.put(k, value, lease=_lease_id(lease)), tx.get(k)],
-                failure=[tx.get(k)],
+            rpc_pb2.Compare(
+                result=rpc_pb2.Compare.EQUAL, target=rpc_pb2.Compare.CREATE, key=k,
+                create_revision=0,
             )
-        # aetcd returns a range response as a list of (value, rtypes.Get) pairs (client.py:971).
-        ranges = [r for r in responses if isinstance(r, list)]
-        current = None
-        if ranges and ranges[-1]:
-            current = self._kv(ranges[-1][0][1])
-        return TxnOutcome(succeeded=bool(succeeded), current=current)
+            if expected_mod_revision is None
+            else _mod_revision_is(k, expected_mod_revision)
+        )
+        read = rpc_pb2.RequestOp(request_range=rpc_pb2.RangeRequest(key=k))
+        put = rpc_pb2.RequestOp(
+            request_put=rpc_pb2.PutRequest(key=k, value=value, lease=_lease_id(lease))
+        )
+        request = rpc_pb2.TxnRequest(compare=[compare], success=[put, read], failure=[read])
+        response = await self._c().txn(f"txn put {key}", request)
+        # The last operation of either branch reads the key back.
+        kvs = response.responses[-1].response_range.kvs if response.responses else []
+        current = self._kv(kvs[0]) if kvs else None
+        return TxnOutcome(succeeded=bool(response.succeeded), current=current)
 
     async def write_batch(self, writes: Mapping[str, PendingWrite]) -> None:
         """Apply the puts/deletes of ``writes`` (relative key -> write) in one transaction of at
         most ``MAX_TXN_OPS`` operations (etcd's limit). Raises ValueError for a bad key,
         StoreUnavailable, StoreRequestFailed."""
-        client = self._c()
-        tx = client.transactions
         ops = [
-            tx.put(self._k(key), w.value) if w.value is not None else tx.delete(self._k(key))
+            rpc_pb2.RequestOp(request_put=rpc_pb2.PutRequest(key=self._k(key), value=w.value))
+            if w.value is not None
+            else rpc_pb2.RequestOp(
+                request_delete_range=rpc_pb2.DeleteRangeRequest(key=self._k(key))
+            )
             for key, w in writes.items()
         ]
-        with translated(f"write batch of {len(ops)}"):
-            await client.transaction(compare=[], success=ops, failure=[])
+        await self._c().txn(f"write batch of {len(ops)}", rpc_pb2.TxnRequest(success=ops))
 
     async def delete(self, key: str) -> bool:
         """Delete ``key``. Returns whether it existed. Raises StoreUnavailable."""
-        client = self._c()
-        with translated(f"delete {key}"):
-            result = await client.delete(self._k(key))
-        return result is not None
+        request = rpc_pb2.DeleteRangeRequest(key=self._k(key))
+        response = await self._c().delete_range(f"delete {key}", request)
+        return response.deleted > 0
 
     async def delete_prefix(self, prefix: str) -> int:
         """Delete every key starting with ``prefix`` (``""``: everything under the store prefix).
         Returns how many were deleted. Raises StoreUnavailable."""
-        client = self._c()
         start = self._p(prefix)
-        with translated(f"delete_prefix {prefix}"):
-            result = await client.delete_range(start, prefix_range_end(start))
-        return int(result.deleted)
+        request = rpc_pb2.DeleteRangeRequest(key=start, range_end=prefix_range_end(start))
+        response = await self._c().delete_range(f"delete_prefix {prefix}", request)
+        return int(response.deleted)
 
     # ----------------------------------------------------------------- admin
 
@@ -418,9 +427,8 @@ class EtcdStore:
         watches and reads at older revisions fail afterwards. ``physical`` waits until the
         compaction is applied to the backend. Raises StoreRequestFailed if ``revision`` is
         already compacted or in the future, StoreUnavailable."""
-        client = self._c()
-        with translated(f"compact {revision}"):
-            await client.compact(revision, physical=physical)
+        request = rpc_pb2.CompactionRequest(revision=revision, physical=physical)
+        await self._c().compact(f"compact {revision}", request)
         self._log.info("etcd.compacted", revision=revision)
 
     # ----------------------------------------------------------------- leases
@@ -433,9 +441,10 @@ class EtcdStore:
             raise ValueError("ttl_s must be >= 1")
         client = self._c()
         sent_at = self._clock()
-        with translated("grant lease"):
-            raw = await client.lease(ttl_s)
-        lease = Lease(id=int(raw.id), ttl_s=int(raw.ttl))
+        raw = await client.lease_grant("grant lease", rpc_pb2.LeaseGrantRequest(TTL=ttl_s))
+        if raw.error:
+            raise StoreRequestFailed(f"grant lease: etcd error: {raw.error}")
+        lease = Lease(id=int(raw.ID), ttl_s=int(raw.TTL))
         self._keepers[lease.id] = asyncio.create_task(
             self._keep_alive(lease, sent_at), name=f"etcd-lease-keepalive:{lease.id:x}"
         )
@@ -453,10 +462,11 @@ class EtcdStore:
         _mark_lost(lease)
         client = self._c()
         try:
-            with translated(f"revoke lease {lease.id:x}"):
-                await client.revoke_lease(lease.id)
+            await client.lease_revoke(
+                f"revoke lease {lease.id:x}", rpc_pb2.LeaseRevokeRequest(ID=lease.id)
+            )
         except StoreRequestFailed as e:
-            if grpc_code(e) != aetcd.rpc.StatusCode.NOT_FOUND:
+            if grpc_code(e) != grpc.StatusCode.NOT_FOUND:
                 raise
             self._log.info("etcd.lease_already_gone", lease_id=f"{lease.id:x}")
             return
@@ -465,11 +475,12 @@ class EtcdStore:
     async def _refresh(self, lease_id: int, timeout_s: float) -> int:
         """One keep-alive; returns the TTL etcd reports (0 or less: the lease is gone)."""
         client = self._c()
-        with translated(f"keep-alive {lease_id:x}"):
-            # aetcd's refresh_lease opens a LeaseKeepAlive stream, sends one request and returns
-            # the first reply (client.py:1032); it has no keep-alive loop of its own.
-            reply = await asyncio.wait_for(client.refresh_lease(lease_id), timeout_s)
-        return int(reply.TTL) if reply is not None else 0
+        op = f"keep-alive {lease_id:x}"
+        with translated(op):
+            reply = await asyncio.wait_for(
+                client.lease_keep_alive_once(op, lease_id, timeout_s), timeout_s + 0.5
+            )
+        return int(reply.TTL)
 
     async def _keep_alive(self, lease: Lease, granted_at: float) -> None:
         log = self._log.bind(lease_id=f"{lease.id:x}", ttl_s=lease.ttl_s)
@@ -547,6 +558,13 @@ class EtcdStore:
 
 def _lease_id(lease: Lease | None) -> int:
     return 0 if lease is None else lease.id
+
+
+def _mod_revision_is(key: bytes, mod_revision: int) -> rpc_pb2.Compare:
+    return rpc_pb2.Compare(
+        result=rpc_pb2.Compare.EQUAL, target=rpc_pb2.Compare.MOD, key=key,
+        mod_revision=mod_revision,
+    )
 
 
 def _mark_lost(lease: Lease) -> None:

@@ -1,8 +1,9 @@
 """Watches of a key range that survive an etcd restart and a compaction (``EtcdStore`` runs them).
 
-Each watch has a pump task that feeds a queue from etcd watches, re-created on a fresh client
-after every failure and resumed at the revision after the last event seen; when that revision
-was compacted, the pump reads the whole range once and hands over a ``Snapshot`` instead.
+Each watch has a pump task that feeds a queue from etcd watches, re-created after every failure
+(on the next member of the cluster: ``client.EtcdClient`` moves on when a stream breaks) and
+resumed at the revision after the last event seen; when that revision was compacted, the pump
+reads the whole range once and hands over a ``Snapshot`` instead.
 
 etcd behaviour relied on (etcd API v3, https://etcd.io/docs/v3.4/learning/api/):
 - a watch created with ``start_revision`` replays every event from that revision on unless that
@@ -17,18 +18,11 @@ import asyncio
 from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 import structlog
 
 from lightrail.controller.domain.timing import Backoff, Clock, Sleep
-from lightrail.controller.store.client import (
-    SHUTDOWN_TIMEOUT_S,
-    bounded,
-    cancel_task,
-    close_client,
-    translated,
-)
+from lightrail.controller.store.client import SHUTDOWN_TIMEOUT_S, WatchStream, cancel_task
 from lightrail.controller.store.errors import RevisionCompacted, StoreClosed, StoreUnavailable
 from lightrail.controller.store.types import (
     EventKind,
@@ -38,19 +32,21 @@ from lightrail.controller.store.types import (
     WatchEvents,
     decode_value,
 )
+from lightrail.etcdapi import kv_pb2, rpc_pb2
 
 
 @dataclass(frozen=True, slots=True)
 class WatchSource:
     """What the watches of one store read through (bound methods of that ``EtcdStore``).
 
-    ``new_client``: a fresh, unconnected aetcd client (one per watch attempt);
+    ``open_watch``: creates one etcd watch (raises RevisionCompacted, StoreUnavailable,
+    StoreRequestFailed);
     ``check_open``: raises StoreClosed / StoreError unless the store is open;
     ``current_revision``: the store-wide revision now; ``read_range(start, end, label)``: every
     key in [start, end) as a ``Snapshot`` labelled ``label``; ``relative_key``: an etcd key ->
     the key relative to the store prefix (raises StoreError outside it)."""
 
-    new_client: Callable[[], Any]
+    open_watch: Callable[[rpc_pb2.WatchCreateRequest], Awaitable[WatchStream]]
     check_open: Callable[[], object]
     current_revision: Callable[[], Awaitable[int]]
     read_range: Callable[[bytes, bytes, str], Awaitable[Snapshot]]
@@ -229,34 +225,33 @@ class Watches:
         queue: _WatchQueue,
         log: structlog.typing.FilteringBoundLogger,
     ) -> None:
-        """Run one etcd watch from ``cursor.next_revision`` on a client of its own until its
-        stream ends, advancing the cursor past every event queued. Raises RevisionCompacted,
-        StoreUnavailable, StoreRequestFailed, CorruptValue."""
-        # A fresh client per attempt: aetcd's watcher keeps a per-client request queue that a
-        # failed or timed-out watch creation can leave wedged (watcher.py add_callback), and a
-        # watch is not resumed by aetcd after its stream breaks (watcher.py _terminate_stream).
-        client = self._source.new_client()
-        watch: Any = None
+        """Run one etcd watch from ``cursor.next_revision`` until its stream ends, advancing the
+        cursor past every event queued. Raises RevisionCompacted, StoreUnavailable,
+        StoreRequestFailed, CorruptValue."""
+        stream = await self._source.open_watch(
+            rpc_pb2.WatchCreateRequest(
+                key=start, range_end=end, start_revision=cursor.next_revision
+            )
+        )
         try:
-            with translated("watch"):
-                watch = await client.watch(
-                    start, range_end=end, start_revision=cursor.next_revision
-                )
-                cursor.connected = True
-                log.info("etcd.watch_started", start_revision=cursor.next_revision)
-                async for raw in watch:
-                    kind = EventKind.PUT if raw.kind == "PUT" else EventKind.DELETE
+            cursor.connected = True
+            log.info(
+                "etcd.watch_started",
+                start_revision=cursor.next_revision,
+                member=stream.endpoint,
+            )
+            async for events in stream:
+                for raw in events:
+                    kind = EventKind.PUT if raw.type == kv_pb2.Event.PUT else EventKind.DELETE
                     key = self._source.relative_key(bytes(raw.kv.key))
                     mod_revision = int(raw.kv.mod_revision)
                     value = (
                         decode_value(key, bytes(raw.kv.value)) if kind is EventKind.PUT else None
                     )
                     queue.push(WatchEvent(kind, key, value, mod_revision))
-                    # Safe to resume after this revision: etcd sends all events of a revision in
-                    # one response and aetcd hands over a whole response before a stream error
-                    # (watcher.py _handle_response).
-                    cursor.next_revision = mod_revision + 1
+                # Safe to resume after this revision: etcd sends all events of a revision in one
+                # response (no ``fragment`` requested), and a response is handed over whole.
+                if events:
+                    cursor.next_revision = int(events[-1].kv.mod_revision) + 1
         finally:
-            if watch is not None:
-                await bounded(watch.cancel(), SHUTDOWN_TIMEOUT_S, "watch.cancel")
-            await close_client(client, self._log)
+            stream.cancel()
