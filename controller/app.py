@@ -61,7 +61,8 @@ from lightrail.controller.store.etcd import EtcdStore
 from lightrail.controller.store.health import EtcdHealthStore
 from lightrail.controller.store.jobs import CorruptJobRecord, EtcdJobRepository
 from lightrail.controller.store.writer import CoalescingWriter
-from lightrail.drivers.base import CrossConnect, Driver
+from lightrail.drivers.base import CommandGate, CrossConnect, Driver
+from lightrail.drivers.options import DriverContext
 from lightrail.drivers.registry import DriverRegistry
 
 if TYPE_CHECKING:
@@ -199,7 +200,7 @@ async def _serve(
     lost = False
     try:
         # inside the try: a failed open closes the rest
-        await _open_drivers(fabric, registry, opened.drivers)
+        await _open_drivers(fabric, registry, opened.drivers, election.may_command)
         async with asyncio.TaskGroup() as tg:
             core = _start_core(tg, ccfg, fabric, store, election, opened.drivers)
             state = await _read_back_switches(core, fabric)
@@ -341,12 +342,14 @@ class _Core:
 
 
 async def _open_drivers(fabric: Fabric, registry: DriverRegistry,
-                        drivers: dict[str, Driver]) -> None:
+                        drivers: dict[str, Driver], may_command: CommandGate) -> None:
     """Create and open each switch's driver in ``fabric`` order, entering it in ``drivers``
-    before opening it (so the caller closes it even when its ``open`` fails). Raises what
+    before opening it (so the caller closes it even when its ``open`` fails). Every driver asks
+    ``may_command`` before each command it sends (the leader lease's authority), so a replica
+    that lost its lease, even one paused past it, sends nothing. Raises what
     ``DriverRegistry.create`` or ``Driver.open`` raise."""
     for sid, sw in fabric.switches.items():
-        drv = registry.create(sw.spec)
+        drv = registry.create(sw.spec, DriverContext(command_gate=may_command))
         drivers[sid] = drv
         await drv.open()
 
@@ -365,7 +368,7 @@ def _start_core(
     writer = CoalescingWriter(store)
     writer_task = tg.create_task(writer.run(), name="etcd-writer")
     # A fenced replica sends no device command: a new leader never races it on a switch.
-    reconciler = Reconciler(drivers, may_command=election.is_leader.is_set)
+    reconciler = Reconciler(drivers, may_command=election.may_command)
     reconciler.start(tg)
     advisor = CostAdvisor(fabric, LinkModel.from_gbps(
         ccfg.link_gbps, ccfg.link_alpha_us * 1e-6)) if ccfg.reconfigure_or_not else None

@@ -12,7 +12,7 @@ Drivers translate canonical port ids to vendor naming at the edge.
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol, runtime_checkable
 
@@ -195,6 +195,18 @@ class DriverError(Exception):
     def __init__(self, switch_id: str, message: str) -> None:
         super().__init__(f"switch {switch_id!r}: {message}")
         self.switch_id = switch_id
+
+
+CommandGate = Callable[[], bool]
+"""Asked right before a driver writes each command to its device (``DriverContext``): False
+means the controller may not command devices now and nothing is sent (``NotLeader``)."""
+
+
+def check_gate(gate: CommandGate | None, switch_id: str) -> None:
+    """Raise ``NotLeader`` (nothing sent) when ``gate`` is given and refuses."""
+    if gate is not None and not gate():
+        raise NotLeader(switch_id, "command refused: this controller may no longer command "
+                                   "devices (leader lease lost or not renewed in time)")
 
 
 class DeviceUnreachable(DriverError):

@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Self
 from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError, model_validator
 from pydantic_core import ErrorDetails, PydanticCustomError
 
-from lightrail.drivers.base import Driver, SwitchSpec
+from lightrail.drivers.base import CommandGate, Driver, SwitchSpec
 
 
 class DriverConfigError(ValueError):
@@ -49,10 +49,14 @@ class DriverContext:
     """What a driver factory may need besides the switch's ``SwitchSpec``.
 
     ``environ``: where ``*_env`` credentials are looked up (None: ``os.environ`` at the moment
-    the credential is read).
+    the credential is read). ``command_gate``: asked right before every command the driver
+    writes to its device, logins and logouts included; when it says False the driver raises
+    ``NotLeader`` and sends nothing (the controller passes its leader-lease check, so a
+    replica frozen past its lease never reaches a device: ``lightrail.drivers.base.CommandGate``).
     """
 
     environ: Mapping[str, str] | None = None
+    command_gate: CommandGate | None = None
 
 
 DriverFactory = Callable[[SwitchSpec, DriverContext], Driver]

@@ -14,6 +14,7 @@ import structlog
 from lightrail.drivers.base import (
     ApplyMode,
     ApplyResult,
+    CommandGate,
     CrossConnect,
     DeviceAlarm,
     DeviceInfo,
@@ -25,6 +26,7 @@ from lightrail.drivers.base import (
     PortStatus,
     SwitchSpec,
     check_apply_request,
+    check_gate,
     check_read_back,
     minimal_diff,
 )
@@ -39,10 +41,14 @@ class EmulatedDriver:
 
     ``open`` looks the device up (``DeviceUnreachable`` when there is none or it does not
     answer); every other call before ``open`` or after ``close`` raises ``DeviceUnreachable``.
+    ``command_gate`` is asked before every device call, as by the socket drivers
+    (``NotLeader``).
     """
 
-    def __init__(self, switch_id: str, devices: EmulatedFabricDevices) -> None:
+    def __init__(self, switch_id: str, devices: EmulatedFabricDevices,
+                 command_gate: CommandGate | None = None) -> None:
         self._switch_id = switch_id
+        self._gate = command_gate
         self._devices = devices
         self._device: EmulatedOcs | None = None
         self._subscriptions: list[AlarmSubscription] = []
@@ -58,6 +64,7 @@ class EmulatedDriver:
         device = self._devices.get(self._switch_id)
         if device is None:
             raise DeviceUnreachable(self._switch_id, "no emulated device with this id")
+        check_gate(self._gate, self._switch_id)
         await device.info()
         self._device = device
         self._log.debug("opened")
@@ -72,6 +79,7 @@ class EmulatedDriver:
     def _dev(self) -> EmulatedOcs:
         if self._device is None:
             raise DeviceUnreachable(self._switch_id, "driver is not open")
+        check_gate(self._gate, self._switch_id)
         return self._device
 
     async def info(self) -> DeviceInfo:
@@ -187,14 +195,15 @@ class EmulatedOptions(DriverOptions):
     from config); any key is rejected as unknown (``DriverOptions``)."""
 
 
-def make_driver(spec: SwitchSpec, devices: EmulatedFabricDevices) -> Driver:
+def make_driver(spec: SwitchSpec, devices: EmulatedFabricDevices,
+                command_gate: CommandGate | None = None) -> Driver:
     """The driver for an emulated switch (config ``model: emulated``): the device is taken
     from ``devices`` or created there, empty, with ``spec.capabilities``. Raises
     ``lightrail.drivers.options.DriverConfigError`` for any option (``EmulatedOptions``) and
     ``ValueError`` when the registered device has other capabilities."""
     EmulatedOptions.from_spec(spec)
     devices.ensure(spec.switch_id, spec.capabilities)
-    return EmulatedDriver(spec.switch_id, devices)
+    return EmulatedDriver(spec.switch_id, devices, command_gate)
 
 
 def emulated_factory(devices: EmulatedFabricDevices) -> DriverFactory:
@@ -203,7 +212,6 @@ def emulated_factory(devices: EmulatedFabricDevices) -> DriverFactory:
     which the caller keeps so that device state outlives a controller instance."""
 
     def factory(spec: SwitchSpec, context: DriverContext) -> Driver:
-        del context  # nothing is read from the environment
-        return make_driver(spec, devices)
+        return make_driver(spec, devices, context.command_gate)  # no environment read
 
     return factory

@@ -12,6 +12,7 @@ from typing import Any
 
 from lightrail.controller.core.coordinator import PhaseCoordinator
 from lightrail.controller.core.decisions import Admit, Decision, per_rank
+from lightrail.controller.domain.errors import ErrorCode
 from lightrail.controller.domain.model import PhaseKey
 
 PerRankDecision = Decision | Admit
@@ -43,9 +44,10 @@ class PerRankCoordinator:
         return per_rank(self.inner.release(job_id, rank, phase, now, iteration))
 
     def reconfigured(self, op_id: int, now: float, error: str | None = None,
-                     device_s: float = 0.0,
-                     failed_switches: Iterable[str] = ()) -> list[PerRankDecision]:
-        return per_rank(self.inner.reconfigured(op_id, now, error, device_s, failed_switches))
+                     device_s: float = 0.0, failed_switches: Iterable[str] = (),
+                     code: ErrorCode = ErrorCode.DEVICE_FAILURE) -> list[PerRankDecision]:
+        return per_rank(self.inner.reconfigured(op_id, now, error, device_s, failed_switches,
+                                                code))
 
     def cancel(self, job_id: str, rank: int, request_id: int,
                now: float) -> list[PerRankDecision]:

@@ -646,10 +646,13 @@ class PhaseCoordinator:
         error: str | None = None,
         device_s: float = 0.0,
         failed_switches: Iterable[str] = (),
+        code: ErrorCode = ErrorCode.DEVICE_FAILURE,
     ) -> list[Decision]:
         """The shell reports that reconfiguration ``op_id`` was confirmed by every switch
         (``error`` None) or failed (``error`` says why; ``failed_switches`` which switches
-        failed, default all of the op's). On failure the waiting ranks get ``DEVICE_FAILURE``;
+        failed, default all of the op's). On failure the waiting ranks get ``code``
+        (``DEVICE_FAILURE``, or ``NOT_LEADER`` when this replica lost its lease and sent
+        nothing: the ranks retry at the new leader);
         switches that confirmed keep their new state; the ports of failed switches are unknown
         (nothing is admitted or switched there) until ``set_confirmed`` after a read-back."""
         s = self._s
@@ -678,10 +681,11 @@ class PhaseCoordinator:
             inst.waiting = 0
             s.dequeue(inst)
             return schedule(s, now, device_s if error is None else None)
-        return self._instance_switched(job, inst, now, error, device_s)
+        return self._instance_switched(job, inst, now, error, device_s, code)
 
     def _instance_switched(self, job: JobRecord, inst: Instance, now: float,
-                           error: str | None, device_s: float) -> list[Decision]:
+                           error: str | None, device_s: float,
+                           code: ErrorCode = ErrorCode.DEVICE_FAILURE) -> list[Decision]:
         """``inst``'s reconfiguration ended: its waiting ranks are admitted (confirmed and the
         whole plan there), refused (``DEVICE_FAILURE``), or, when what the plan keeps was
         broken meanwhile (the op changed only what was missing; an alarm or a read-back took
@@ -698,8 +702,7 @@ class PhaseCoordinator:
                 out.append(admitted)
         else:
             out.extend(s.refuse_waiting(
-                job, inst, ErrorCode.DEVICE_FAILURE,
-                f"reconfiguration for phase {inst.phase} failed: {error}"))
+                job, inst, code, f"reconfiguration for phase {inst.phase} failed: {error}"))
         inst.batches.clear()
         inst.waiting = 0
         s.dequeue(inst)

@@ -34,7 +34,13 @@ from lightrail.controller.runtime import metrics
 from lightrail.controller.runtime.eager import start_eager
 from lightrail.controller.runtime.events import EventBus
 from lightrail.controller.runtime.reconciler import ReconcilerStopped
-from lightrail.drivers.base import CrossConnect, DeviceAlarm, DeviceUnreachable, DriverError
+from lightrail.drivers.base import (
+    CrossConnect,
+    DeviceAlarm,
+    DeviceUnreachable,
+    DriverError,
+    NotLeader,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -431,10 +437,13 @@ class PhaseService:
                 fut.set_exception(exc)
             return
         except DriverError as exc:
+            fenced = isinstance(exc, NotLeader)
             self._dispatch(self.coordinator.reconfigured(
-                rw.op_id, self.now(), str(exc), 0.0, [target.switch_id]))
+                rw.op_id, self.now(), str(exc), 0.0, [target.switch_id],
+                ErrorCode.NOT_LEADER if fenced else ErrorCode.DEVICE_FAILURE))
             self._settled.set()
-            self._start_read_back(target.switch_id)
+            if not fenced:
+                self._start_read_back(target.switch_id)
             if fut is not None and not fut.done():
                 fut.set_exception(exc)
             return
@@ -469,10 +478,12 @@ class PhaseService:
             elif isinstance(result, BaseException):
                 raise result
         error = "; ".join(str(e) for e in failed.values()) if failed else None
+        fenced = any(isinstance(e, NotLeader) for e in failed.values())
+        code = ErrorCode.NOT_LEADER if fenced else ErrorCode.DEVICE_FAILURE
         self._dispatch(self.coordinator.reconfigured(
-            rec.op_id, self.now(), error, device_s, list(failed)))
+            rec.op_id, self.now(), error, device_s, list(failed), code))
         self._settled.set()
-        if not stopping:
+        if not stopping and not fenced:
             for switch_id in failed:
                 self._start_read_back(switch_id)
         self._record_reconfiguration(rec, device_s, error)

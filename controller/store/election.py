@@ -56,7 +56,9 @@ class LeaderElection:
     of the last acknowledged keep-alive), or the leader key is deleted or overwritten. etcd
     cannot expire the lease, and so no other replica can win, before ``ttl_s`` seconds after
     that send time: the leader stops at least ``ttl_s / 2`` seconds before anyone can take over.
-    Code that commands devices must check ``is_leader`` right before each command. After
+    Code that commands devices must ask ``may_command`` right before each command (the drivers
+    do, through their command gate): it also refuses once the lease's authority ran out while
+    the guard could not run (the process was paused). After
     fencing the lease is revoked (best effort) so another replica can take over; an election
     object campaigns once: create a new one to campaign again.
 
@@ -96,6 +98,16 @@ class LeaderElection:
     def lease(self) -> Lease | None:
         """The lease holding the leader key while this replica leads."""
         return self._lease
+
+    def may_command(self) -> bool:
+        """Whether this replica may command devices at this instant: it leads and the lease's
+        authority (``Lease.authority``: last acknowledged keep-alive send time + TTL/2) has not
+        run out. Unlike ``is_leader`` this needs no task to have run: after a pause of the
+        whole process it is False at once, before the guard has noticed. Drivers ask it before
+        every command (``lightrail.drivers.options.DriverContext.command_gate``)."""
+        lease = self._lease
+        return (self.is_leader.is_set() and lease is not None
+                and self._store.now() < lease.authority.until_s)
 
     def _holder(self, kv: KeyValue) -> str:
         return self._record(kv.key, kv.value).replica_id

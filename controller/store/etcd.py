@@ -233,6 +233,11 @@ class EtcdStore:
 
     # ----------------------------------------------------------------- keys
 
+    def now(self) -> float:
+        """The store's clock (seconds; ``time.monotonic`` unless injected): the clock of
+        ``Lease.authority``."""
+        return self._clock()
+
     def full_key(self, key: str) -> str:
         """The etcd key of relative ``key`` (for logs and etcdctl). Raises ValueError for an
         empty key or one starting with '/'."""
@@ -445,6 +450,7 @@ class EtcdStore:
         if raw.error:
             raise StoreRequestFailed(f"grant lease: etcd error: {raw.error}")
         lease = Lease(id=int(raw.ID), ttl_s=int(raw.TTL))
+        lease.authority.until_s = sent_at + lease.ttl_s / 2
         self._keepers[lease.id] = asyncio.create_task(
             self._keep_alive(lease, sent_at), name=f"etcd-lease-keepalive:{lease.id:x}"
         )
@@ -517,6 +523,7 @@ class EtcdStore:
                     _mark_lost(lease)
                     return
                 last_ok = now
+                lease.authority.until_s = now + ttl / 2
                 next_refresh = now + interval
                 if lease.renewal_late.is_set():
                     log.info("etcd.lease_renewed_again")
@@ -568,5 +575,6 @@ def _mod_revision_is(key: bytes, mod_revision: int) -> rpc_pb2.Compare:
 
 
 def _mark_lost(lease: Lease) -> None:
+    lease.authority.until_s = float("-inf")
     lease.renewal_late.set()
     lease.lost.set()

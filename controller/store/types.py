@@ -80,6 +80,18 @@ WatchBatch = WatchEvents | Snapshot
 """What a watch yields."""
 
 
+@dataclass(slots=True)
+class LeaseAuthority:
+    """Until when the holder of a lease may act on it: ``until_s`` (the store's clock, seconds)
+    is the send time of the last keep-alive etcd acknowledged (or of the grant) plus half the
+    TTL, the self-fencing bound of ``lightrail.controller.store.election``; minus infinity once
+    the lease is lost. Kept by the store's keep-alive task; read without waiting for any task
+    to run, so a process frozen past it (SIGSTOP, a long GC pause) sees it expired the moment
+    it resumes."""
+
+    until_s: float = float("-inf")
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class Lease:
     """An etcd lease kept alive by the store that granted it.
@@ -96,6 +108,7 @@ class Lease:
     ttl_s: int
     lost: asyncio.Event = field(default_factory=asyncio.Event)
     renewal_late: asyncio.Event = field(default_factory=asyncio.Event)
+    authority: LeaseAuthority = field(default_factory=LeaseAuthority)
 
 
 @dataclass(frozen=True, slots=True)

@@ -87,6 +87,7 @@ import structlog
 from lightrail.drivers.base import (
     ApplyMode,
     ApplyResult,
+    CommandGate,
     CrossConnect,
     CrossConnectConflict,
     DeviceAlarm,
@@ -104,6 +105,7 @@ from lightrail.drivers.base import (
     SwitchCapabilities,
     SwitchSpec,
     check_apply_request,
+    check_gate,
     check_read_back,
     minimal_diff,
 )
@@ -188,8 +190,10 @@ class RestconfDriver:
         capabilities: SwitchCapabilities,
         settings: RestconfOptions,
         credentials: RestconfCredentials,
+        command_gate: CommandGate | None = None,
     ) -> None:
         self._switch_id = switch_id
+        self._gate = command_gate
         self._caps = capabilities
         self._settings = settings
         self._credentials = credentials
@@ -254,7 +258,9 @@ class RestconfDriver:
         if_match: str | None = None,
     ) -> _Reply:
         """One HTTP exchange. Raises ``DeviceUnreachable`` (not open, refused, dropped, closed
-        mid-answer), ``DeviceTimeout``, ``ProtocolError`` (not HTTP)."""
+        mid-answer), ``DeviceTimeout``, ``ProtocolError`` (not HTTP), ``NotLeader`` when
+        the command gate refuses (nothing sent)."""
+        check_gate(self._gate, self._switch_id)
         session = self._session
         if session is None:
             raise DeviceUnreachable(self._switch_id, "driver is not open")
@@ -650,4 +656,5 @@ def make_driver(spec: SwitchSpec, context: DriverContext) -> Driver:
     when the options are invalid or unknown or a credential is missing."""
     options = RestconfOptions.from_spec(spec)
     credentials = resolve_credentials(spec, options, context.environ)
-    return RestconfDriver(spec.switch_id, spec.capabilities, options, credentials)
+    return RestconfDriver(spec.switch_id, spec.capabilities, options, credentials,
+                          command_gate=context.command_gate)

@@ -75,6 +75,7 @@ from lightrail.drivers.base import (
     AlarmSeverity,
     ApplyMode,
     ApplyResult,
+    CommandGate,
     CrossConnect,
     DeviceAlarm,
     DeviceInfo,
@@ -94,6 +95,7 @@ from lightrail.drivers.base import (
     SwitchSpec,
     VerificationMismatch,
     check_apply_request,
+    check_gate,
     minimal_diff,
 )
 from lightrail.drivers.options import DriverConfigError, DriverContext
@@ -212,7 +214,9 @@ class SiphDriver:
         reroute_outside_ports: bool = True,
         darken_unused: bool = True,
         sleep: Sleep = asyncio.sleep,
+        command_gate: CommandGate | None = None,
     ) -> None:
+        self._gate = command_gate
         if capabilities.kind is not SwitchKind.NXN:
             raise ValueError("capabilities.kind: an MZI mesh is N x N")
         self._net = BenesNetwork(capabilities.port_count)
@@ -575,6 +579,7 @@ class SiphDriver:
         sid = self._switch_id
         if not self._opened:
             raise DeviceUnreachable(sid, "driver is not open")
+        check_gate(self._gate, sid)
         try:
             async with asyncio.timeout(self._timeout_s):
                 reader, writer = await asyncio.open_connection(self._host, self._port)
@@ -677,6 +682,7 @@ class SiphDriver:
 
     async def _raw(self, conn: _Conn, command: str, lines: int) -> list[str]:
         sid = self._switch_id
+        check_gate(self._gate, sid)
         name = command.split("=", 1)[0] + ("=..." if "=" in command else "")
         try:
             async with asyncio.timeout(self._timeout_s):
@@ -788,12 +794,12 @@ class SiphAlarmStream(AsyncIterator[DeviceAlarm]):
 
 def make_driver(spec: SwitchSpec, context: DriverContext) -> Driver:
     """The driver for ``spec`` (config ``model: siph``): an N x N switch, N a power of two in
-    2..64, with ``lightrail.drivers.siph.options.SiphOptions``. ``context`` is not used.
+    2..64, with ``lightrail.drivers.siph.options.SiphOptions``; ``context.command_gate`` is asked
+    before every command.
 
     Raises ``lightrail.drivers.options.DriverConfigError`` naming the switch, the model and the
     option (or the switch's kind or size).
     """
-    del context
     sid, model = spec.switch_id, spec.model
     options = SiphOptions.from_spec(spec)
     caps = spec.capabilities
@@ -811,5 +817,5 @@ def make_driver(spec: SwitchSpec, context: DriverContext) -> Driver:
     return SiphDriver(
         sid, caps, host=options.host, port=options.port, calibration=calibration,
         timeout_s=options.timeout_s, reroute_outside_ports=options.reroute_outside_ports,
-        darken_unused=options.darken_unused,
+        darken_unused=options.darken_unused, command_gate=context.command_gate,
     )

@@ -83,6 +83,7 @@ from lightrail.drivers.base import (
     ApplyMode,
     ApplyResult,
     AuthenticationFailed,
+    CommandGate,
     CrossConnect,
     DeviceAlarm,
     DeviceInfo,
@@ -100,6 +101,7 @@ from lightrail.drivers.base import (
     SwitchKind,
     SwitchSpec,
     check_apply_request,
+    check_gate,
     check_read_back,
     minimal_diff,
 )
@@ -145,7 +147,8 @@ class Tl1Driver:
     ``spec.capabilities`` (from config) gives the port layout, the settle time and
     ``max_batch``; ``info`` checks the device's reported size against it. ``clock`` stamps
     received alarms (``DeviceAlarm.at_s``), ``sleep`` paces reconnection; ``environ`` is where
-    ``username_env``/``password_env`` are looked up (default ``os.environ``).
+    ``username_env``/``password_env`` are looked up (default ``os.environ``); ``command_gate``
+    is asked before every command (``lightrail.drivers.options.DriverContext``).
 
     Every call other than ``open`` raises ``DeviceUnreachable`` before ``open`` or after
     ``close``. The connection is made by ``open`` and remade on demand after a drop.
@@ -159,6 +162,7 @@ class Tl1Driver:
         clock: Clock = time.monotonic,
         sleep: Sleep = asyncio.sleep,
         environ: Mapping[str, str] | None = None,
+        command_gate: CommandGate | None = None,
     ) -> None:
         self._switch_id = spec.switch_id
         self._caps = spec.capabilities
@@ -166,6 +170,7 @@ class Tl1Driver:
         self._clock = clock
         self._sleep = sleep
         self._environ = os.environ if environ is None else environ
+        self._gate = command_gate
         self._session: Tl1Session | None = None
         self._username: str | None = None
         self._connect_lock = asyncio.Lock()
@@ -624,6 +629,7 @@ class Tl1Driver:
         except ValueError:
             raise AuthenticationFailed(sid, "credentials must be printable ASCII") from None
         where = f"{opts.host}:{opts.port}"
+        check_gate(self._gate, sid)  # no new session for a controller that may not command
         try:
             async with asyncio.timeout(opts.connect_timeout_s):
                 reader, writer = await asyncio.open_connection(opts.host, opts.port)
@@ -641,6 +647,7 @@ class Tl1Driver:
             tid=opts.tid,
             on_autonomous=self._on_autonomous,
             on_lost=self._on_lost,
+            command_gate=self._gate,
         )
         session.start()
         try:
@@ -751,4 +758,5 @@ def make_driver(spec: SwitchSpec, context: DriverContext) -> Driver:
     """The unopened TL1 driver for ``spec`` (config ``model: tl1``); ``context.environ`` is where
     the ``*_env`` credentials are read at each login. Raises
     ``lightrail.drivers.options.DriverConfigError`` for missing, malformed or unknown options."""
-    return Tl1Driver(spec, Tl1Options.from_spec(spec), environ=context.environ)
+    return Tl1Driver(spec, Tl1Options.from_spec(spec), environ=context.environ,
+                     command_gate=context.command_gate)

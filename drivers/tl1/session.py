@@ -14,7 +14,14 @@ from typing import Protocol
 
 import structlog
 
-from lightrail.drivers.base import DeviceTimeout, DeviceUnreachable, DriverError, ProtocolError
+from lightrail.drivers.base import (
+    CommandGate,
+    DeviceTimeout,
+    DeviceUnreachable,
+    DriverError,
+    ProtocolError,
+    check_gate,
+)
 from lightrail.drivers.tl1.wire import (
     FrameSplitter,
     Tl1Acknowledgment,
@@ -83,8 +90,10 @@ class Tl1Session:
         tid: str = "",
         on_autonomous: Callable[[Tl1Autonomous], None] | None = None,
         on_lost: Callable[[DriverError], None] | None = None,
+        command_gate: CommandGate | None = None,
     ) -> None:
         self._switch_id = switch_id
+        self._gate = command_gate
         self._reader = reader
         self._writer = writer
         self._timeout_s = timeout_s
@@ -125,7 +134,9 @@ class Tl1Session:
         secret: bool = False,
     ) -> Tl1Response:
         """Send one command and wait for its complete reply (``>`` parts are merged).
-        ``secret`` keeps the aid out of the debug log (login)."""
+        ``secret`` keeps the aid out of the debug log (login). Raises ``NotLeader``
+        (nothing sent) when the command gate refuses."""
+        check_gate(self._gate, self._switch_id)
         if self._lost is not None:
             raise ConnectionLost(
                 self._switch_id, f"connection lost earlier: {self._lost}", mid_reply=False

@@ -161,6 +161,17 @@ def test_device_failure_rejects_waiters_and_drops_the_view(coord: PerRankCoordin
     assert coord.confirmed("ocs-rail0") == frozenset()
 
 
+def test_fenced_reconfiguration_refuses_waiters_with_not_leader(
+        coord: PerRankCoordinator) -> None:
+    # the drivers' command gate refused (lease authority ran out): nothing reached the device,
+    # and the ranks are told to go to the new leader, not that the device failed
+    rec = only(enter_all(coord, RING, WORLD, 0.0), Reconfigure)[0]
+    assert isinstance(rec, Reconfigure)
+    out = coord.reconfigured(rec.op_id, 0.1, error="command refused", code=ErrorCode.NOT_LEADER)
+    assert {(d.rank, d.code) for d in out if isinstance(d, Reject)} == {
+        (r, ErrorCode.NOT_LEADER) for r in WORLD}
+
+
 def test_validation_errors(coord: PerRankCoordinator) -> None:
     (r,) = coord.enter("nope", 0, RING, 1, 0.0)
     assert isinstance(r, Reject) and r.code is ErrorCode.UNKNOWN_JOB
