@@ -52,9 +52,25 @@ _GPU_STATE = {
 }
 
 
+def _gpu_states(report: agent_pb2.HealthReport, gpu_count: int) -> list[GpuState]:
+    """The state of each GPU of ``report``, checked before any of it is applied (a refused
+    report changes nothing). Raises ``InvalidRequest`` naming the entry, the field and the
+    value for a GPU index outside 0..``gpu_count``-1 or an unspecified or unknown state."""
+    out: list[GpuState] = []
+    for i, g in enumerate(report.gpus):
+        if g.gpu >= gpu_count:
+            raise InvalidRequest(f"gpus[{i}].gpu: {g.gpu} is not a GPU of host "
+                                 f"{report.host!r} (0..{gpu_count - 1})")
+        state = _GPU_STATE.get(g.state)
+        if state is None:
+            raise InvalidRequest(f"gpus[{i}].state: unspecified or unknown ({g.state})")
+        out.append(state)
+    return out
+
+
 MAX_BATCH_RANKS = 16384
-"""Ranks one EnterMany may carry (a host or rack relay batches far fewer); larger messages are
-refused whole, with one error."""
+"""Ranks one EnterMany or ReleaseMany may carry (a host or rack relay batches far fewer); larger
+messages are refused whole, with one error."""
 
 
 class _StreamSink:
@@ -281,36 +297,31 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                         f"host: unknown host {report.host!r}")
                 assert host is not None
+                try:
+                    states = _gpu_states(report, host.gpu_count)
+                except InvalidRequest as exc:
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
                 if presence is None:
                     manager.heartbeat(report.host)  # before the etcd round trips below
                     presence = await manager.stream_opened(report.host)
-                async for ack in self._health_report(manager, report, host.gpu_count, context):
-                    yield ack
+                yield self._health_report(manager, report, states)
         finally:
             await manager.stream_closed(presence)
 
-    async def _health_report(
-        self,
-        manager: FailoverManager,
-        report: agent_pb2.HealthReport,
-        gpu_count: int,
-        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
-    ) -> AsyncIterator[agent_pb2.HealthAck]:
-        """Apply one report; yield its acknowledgement."""
+    @staticmethod
+    def _health_report(
+        manager: FailoverManager, report: agent_pb2.HealthReport, states: list[GpuState]
+    ) -> agent_pb2.HealthAck:
+        """Apply one checked report (``states[i]`` is ``report.gpus[i]``'s); its
+        acknowledgement."""
         manager.heartbeat(report.host)
-        for g in report.gpus:
-            state = _GPU_STATE.get(g.state)
-            if state is None or g.gpu >= gpu_count:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                    f"gpus[{g.gpu}]: unknown GPU or state {g.state} on "
-                                    f"{report.host}")
-            assert state is not None
+        for g, state in zip(report.gpus, states, strict=True):
             reason = g.reason or state.value
             if g.has_xid:
                 reason = f"XID {g.xid}: {reason}"
             manager.report(report.host, g.gpu, state, reason)
-        yield agent_pb2.HealthAck(heartbeat_interval_s=manager.heartbeat_interval_s,
-                                  failed_gpus=manager.failed_gpus(report.host))
+        return agent_pb2.HealthAck(heartbeat_interval_s=manager.heartbeat_interval_s,
+                                   failed_gpus=manager.failed_gpus(report.host))
 
     # --- phases -----------------------------------------------------------------------------
 
@@ -368,8 +379,11 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 if kind == "enter_many":  # the hot path first
                     self._on_enter_many(req.enter_many, leader, sink, decoder)
                 elif kind == "release_many":
-                    if leader:
-                        self._release_many(req.release_many, sink, decoder)
+                    r = req.release_many
+                    if len(r.ranks) > MAX_BATCH_RANKS:
+                        self._too_many("release_many", r.job_id, 0, len(r.ranks), sink)
+                    elif leader:
+                        self._release_many(r, sink, decoder)
                 elif kind in ("define_phase", "define_group"):
                     # definitions bind ids on this stream only: a follower takes them too
                     self._define(req, kind, sink, decoder)
@@ -391,20 +405,21 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     def _on_enter_many(self, e: agent_pb2.EnterMany, leader: bool, sink: _StreamSink,
                        decoder: PhaseKeyDecoder) -> None:
         if len(e.ranks) > MAX_BATCH_RANKS:
-            self._too_many(e, sink)
+            self._too_many("enter_many", e.job_id, e.request_id, len(e.ranks), sink)
         elif leader:
             self._enter_many(e, sink, decoder)
         else:
             self._not_leader(e.job_id, e.ranks, e.request_id, sink)
 
     @staticmethod
-    def _too_many(e: agent_pb2.EnterMany, sink: _StreamSink) -> None:
-        """Refuse an EnterMany of more than ``MAX_BATCH_RANKS`` ranks whole, with one error
-        (its refusals rank by rank would not fit in a reply)."""
+    def _too_many(kind: str, job_id: str, request_id: int, ranks: int,
+                  sink: _StreamSink) -> None:
+        """Refuse an EnterMany or ReleaseMany (``kind``) of more than ``MAX_BATCH_RANKS`` ranks
+        whole, with one error (its refusals rank by rank would not fit in a reply, and working
+        through them would stall the event loop)."""
         sink.push(agent_pb2.PhaseReply(error=agent_pb2.PhaseError(
-            job_id=e.job_id, request_id=e.request_id, code=agent_pb2.INVALID_RANK,
-            message=f"enter_many.ranks: {len(e.ranks)} ranks in one message, at most "
-                    f"{MAX_BATCH_RANKS}")))
+            job_id=job_id, request_id=request_id, code=agent_pb2.INVALID_RANK,
+            message=f"{kind}.ranks: {ranks} ranks in one message, at most {MAX_BATCH_RANKS}")))
 
     def _enter_many(self, e: agent_pb2.EnterMany, sink: _StreamSink,
                     decoder: PhaseKeyDecoder) -> None:
@@ -452,7 +467,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
 
     def _per_rank(self, req: agent_pb2.PhaseRequest, kind: str | None, sink: _StreamSink,
                   decoder: PhaseKeyDecoder) -> None:
-        """The per-rank requests (older agents; resync after a reconnect)."""
+        """The per-rank requests (older agents; resync after a reconnect). A refused release
+        or ``HeldPhase`` is answered with a ``PhaseError`` of request id 0 whose message
+        ("release: ..." / "held: ...") names the field."""
         service = self._service
         if kind == "enter":
             e = req.enter
@@ -480,6 +497,10 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 service.resume_held(h.job_id, h.rank, decoder.decode(h.phase), h.iteration)
             except (ReleaseError, InvalidRequest) as exc:
                 log.warning("held_phase_refused", job=h.job_id, rank=h.rank, error=str(exc))
+                code = exc.code if isinstance(exc, ReleaseError) else ErrorCode.INVALID_PHASE
+                sink.push(agent_pb2.PhaseReply(error=agent_pb2.PhaseError(
+                    job_id=h.job_id, rank=h.rank, request_id=0, code=ERROR_TO_PB[code],
+                    message=f"held: {exc}")))
 
     async def EnterPhase(  # noqa: N802
         self,

@@ -28,7 +28,12 @@ from lightrail.controller.domain.model import (
     ProcessGroup,
     RankPlacement,
 )
-from lightrail.controller.domain.parallelism import ParallelismError, ParallelismSpec, RankOrder
+from lightrail.controller.domain.parallelism import (
+    ParallelismError,
+    ParallelismSpec,
+    RankOrder,
+    check_schedule_shape,
+)
 from lightrail.v1 import agent_pb2
 
 MAX_TIMEOUT_S = 24 * 3600.0
@@ -300,19 +305,22 @@ _ORDER_TO_PB = {
 
 def parallelism_from_pb(pb: agent_pb2.ParallelismSpec) -> ParallelismRequest:
     """Decode; degrees and counts of 0 mean 1. Raises ``InvalidRequest`` naming the field
-    (``parallelism.<field>``) for an unknown order or strategy or an invalid spec."""
+    (``parallelism.<field>``) for an unknown order or strategy, an invalid spec or a schedule
+    of more than ``MAX_LAYER_PASSES`` layer passes (``check_schedule_shape``)."""
     order = _ORDER_FROM_PB.get(pb.order)
     if order is None:
         raise InvalidRequest(f"parallelism.order: unknown rank order {pb.order}")
     if pb.ep_strategy not in (agent_pb2.EP_STRATEGY_UNSPECIFIED, agent_pb2.EP_STRATEGY_MATCHINGS):
         raise InvalidRequest(f"parallelism.ep_strategy: unknown strategy {pb.ep_strategy}")
+    microbatches, layers_per_stage = pb.microbatches or 1, pb.layers_per_stage or 1
     try:
         spec = ParallelismSpec(
             tp=pb.tp or 1, pp=pb.pp or 1, dp_replicate=pb.dp_replicate or 1,
             dp_shard=pb.dp_shard or 1, ep=pb.ep or 1, cp=pb.cp or 1, order=order)
+        check_schedule_shape(spec.pp, microbatches, layers_per_stage)
     except ParallelismError as exc:
         raise InvalidRequest(f"parallelism.{exc}") from None
-    return ParallelismRequest(spec, pb.microbatches or 1, pb.layers_per_stage or 1)
+    return ParallelismRequest(spec, microbatches, layers_per_stage)
 
 
 def parallelism_to_pb(

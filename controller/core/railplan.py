@@ -61,7 +61,12 @@ from lightrail.controller.core.planner import (
     plan_phase,
 )
 from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup, RankPlacement
-from lightrail.controller.domain.parallelism import Dim, ParallelismSpec
+from lightrail.controller.domain.parallelism import (
+    Dim,
+    ParallelismError,
+    ParallelismSpec,
+    check_schedule_shape,
+)
 from lightrail.drivers.base import CrossConnect
 
 
@@ -258,15 +263,16 @@ def plan_step(
     dimension it uses (rules and order in the module docstring).
 
     Raises ``ParallelismError`` when the job's rank count does not match the spec,
-    ``RailPlanError`` for a count < 1 or two groups of one dimension needing one port at once,
+    ``RailPlanError`` for a count < 1, more than ``MAX_LAYER_PASSES`` layer passes
+    (``check_schedule_shape``) or two groups of one dimension needing one port at once,
     and ``PlanError`` (from the planner) when a switch cannot carry a pattern (e.g. a ring over
     more than two hosts on a duplex switch).
     """
     spec.check_world_size(layout.world_size)
-    if microbatches < 1:
-        raise RailPlanError(f"microbatches: must be >= 1, got {microbatches}")
-    if layers_per_stage < 1:
-        raise RailPlanError(f"layers_per_stage: must be >= 1, got {layers_per_stage}")
+    try:
+        check_schedule_shape(spec.pp, microbatches, layers_per_stage)
+    except ParallelismError as exc:
+        raise RailPlanError(str(exc)) from None
     planner = _Planner(layout)
     dims: dict[Dim, DimPlan] = {}
     if spec.tp > 1:

@@ -70,6 +70,27 @@ class ParallelismError(ValueError):
     """A parallelism spec is invalid; the message names the field and the value."""
 
 
+MAX_LAYER_PASSES = 1 << 14
+"""The most layer passes one training step's schedule may have: microbatches x pp x
+layers_per_stage (16,384). Each pass adds up to four phases per direction; a step beyond it would
+take seconds to derive on the controller's event loop (2^32 microbatches never ended), and no
+declared schedule of that length is provisioned usefully."""
+
+
+def check_schedule_shape(pp: int, microbatches: int, layers_per_stage: int) -> None:
+    """Raise ``ParallelismError`` naming the field unless ``microbatches`` and
+    ``layers_per_stage`` are >= 1 and microbatches x ``pp`` x layers_per_stage is at most
+    ``MAX_LAYER_PASSES``."""
+    for name, value in (("microbatches", microbatches), ("layers_per_stage", layers_per_stage)):
+        if value < 1:
+            raise ParallelismError(f"{name}: must be >= 1, got {value}")
+    if microbatches * pp * layers_per_stage > MAX_LAYER_PASSES:
+        raise ParallelismError(
+            f"microbatches: {microbatches} microbatches x pp {pp} x layers_per_stage "
+            f"{layers_per_stage} = {microbatches * pp * layers_per_stage} layer passes exceed "
+            f"{MAX_LAYER_PASSES}")
+
+
 class RankOrder(enum.Enum):
     """How ranks are numbered across the parallelism dimensions (see the module docstring).
     The value is the framework's own spelling, fastest axis first for Megatron."""
