@@ -102,17 +102,30 @@ def _controller_error(shown_as: str, exc: Exception) -> tuple[str, int]:
 async def _inject_gpu_failure(
     target: str, gpu: tuple[str, int], reached: asyncio.Event
 ) -> None:
-    """Once ``reached`` is set, report ``gpu`` lost (XID 79) as its host agent would."""
+    """Once ``reached`` is set, report ``gpu`` lost (XID 79) as its host agent would, to the
+    leader among ``target`` (a standby's redirect comes with the first read)."""
     from lightrail.v1 import agent_pb2, agent_pb2_grpc
 
     await reached.wait()
-    async with grpc.aio.insecure_channel(target) as ch:
+    report = agent_pb2.HealthReport(host=gpu[0], gpus=[agent_pb2.GpuHealth(
+        gpu=gpu[1], state=agent_pb2.GPU_FAILED, reason="GPU has fallen off the bus",
+        xid=79, has_xid=True)])
+    channels: list[grpc.aio.Channel] = []
+
+    async def attempt(address: str) -> None:
+        ch = grpc.aio.insecure_channel(address)
+        channels.append(ch)
         call = agent_pb2_grpc.AgentServiceStub(ch).HealthStream()  # type: ignore[call-arg]
-        await call.write(agent_pb2.HealthReport(host=gpu[0], gpus=[agent_pb2.GpuHealth(
-            gpu=gpu[1], state=agent_pb2.GPU_FAILED, reason="GPU has fallen off the bus",
-            xid=79, has_xid=True)]))
+        with contextlib.suppress(asyncio.InvalidStateError):  # ended: read() raises why
+            await call.write(report)
         await call.read()
+
+    try:
+        await LeaderTargets(target).call(attempt)
         await asyncio.Event().wait()  # keep the stream (the host's heartbeat) open
+    finally:
+        for ch in channels:
+            await ch.close(None)
 
 
 async def replay_main(

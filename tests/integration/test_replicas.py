@@ -134,6 +134,20 @@ async def check_health_and_redirect(leader: str, standbys: list[str]) -> None:
     assert redirect_of(raw.value) == leader  # trailing metadata LEADER_METADATA_KEY
 
 
+async def until_redirected(standby: str, leader: str) -> None:
+    """Return once ``standby`` redirects to ``leader`` (a standby that has not campaigned yet
+    names no leader), within ``WAIT_S``."""
+    async with grpc.aio.insecure_channel(standby) as ch, asyncio.timeout(WAIT_S):
+        stub = operator_pb2_grpc.OperatorServiceStub(ch)
+        while True:
+            try:
+                await stub.GetStatus(operator_pb2.GetStatusRequest(), timeout=5.0)
+            except grpc.aio.AioRpcError as exc:
+                if redirect_of(exc) == leader:
+                    return
+            await asyncio.sleep(0.02)
+
+
 async def until_serving(target: str, service: str) -> None:
     """Return once ``target``'s health for ``service`` says SERVING (its Watch stream), within
     ``WAIT_S``."""
@@ -164,6 +178,8 @@ async def test_three_replicas_one_leads_standbys_redirect_and_a_standby_takes_ov
         assert kv is not None
         assert kv.value == {"replica_id": leader.serving.replica_id, "address": lead_addr}
 
+        for s in standbys:  # each standby learns the leader from its own campaign attempt
+            await until_redirected(s.serving.grpc_target, lead_addr)
         await check_health_and_redirect(lead_addr, [s.serving.grpc_target for s in standbys])
 
         # the CLI pointed at a standby prints the leader's answer
