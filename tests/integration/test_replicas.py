@@ -7,6 +7,7 @@ standby takes over in its running process and the clients reconnect to it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import os
@@ -26,7 +27,12 @@ from lightrail.agents.host.agent import HostAgent
 from lightrail.agents.host.reporter import HealthReporter
 from lightrail.agents.leader import LeaderTargets, redirect_of
 from lightrail.controller.api.routing import AGENT_SERVICE, OPERATOR_SERVICE
-from lightrail.controller.app import RunningController, ServingReplica, run_controller
+from lightrail.controller.app import (
+    LeadershipLost,
+    RunningController,
+    ServingReplica,
+    run_controller,
+)
 from lightrail.controller.cli.drivers import driver_registry
 from lightrail.controller.cli.embedded import ChildController, embedded_config, spawn_controller
 from lightrail.controller.cli.main import main as cli_main
@@ -84,7 +90,8 @@ async def replica(cfg: Config, devices: EmulatedFabricDevices) -> AsyncIterator[
         yield Replica(serving.result(), leading, stop, task)
     finally:
         stop.set()
-        await asyncio.wait_for(task, 15.0)
+        with contextlib.suppress(LeadershipLost):  # a test that fences it has checked that
+            await asyncio.wait_for(task, 15.0)
 
 
 async def first_leader(replicas: list[Replica]) -> Replica:
@@ -315,3 +322,28 @@ async def test_replica_processes_standby_metrics_and_takeover_after_sigkill(
         assert err.startswith(f"lightrail status: no controller replica leads: tried "
                               f"{leader.grpc_target} (UNAVAILABLE: ")
         assert err.count("\n") == 1
+
+
+async def test_a_fenced_leader_exits_with_leadership_lost_and_a_standby_takes_over(
+    etcd: EmbeddedEtcd, devices: EmulatedFabricDevices
+) -> None:
+    """The leader key deleted under the leader (as when etcd expires its lease): it fences
+    itself, steps down and ``run_controller`` raises ``LeadershipLost`` (``lightrail
+    controller`` exits 1); the standby, watching the key, leads in its running process."""
+    async with AsyncExitStack() as stack:
+        first = await stack.enter_async_context(replica(replica_config(etcd, "f0"), devices))
+        await asyncio.wait_for(asyncio.shield(first.leading), WAIT_S)
+        second = await stack.enter_async_context(replica(replica_config(etcd, "f1"), devices))
+        await until_redirected(second.serving.grpc_target, first.serving.advertise)
+        addresses = f"{first.serving.grpc_target},{second.serving.grpc_target}"
+        admin = await stack.enter_async_context(ControllerClient(addresses, retry_budget_s=10.0))
+        assert await admin.register_job("job", PLACE) == 2
+        assert admin.leader == first.serving.advertise
+
+        async with EtcdStore.connect(etcd.endpoint) as store:
+            assert await store.delete("leader")
+        with pytest.raises(LeadershipLost, match="fenced"):
+            await asyncio.wait_for(asyncio.shield(first.task), WAIT_S)
+        await asyncio.wait_for(asyncio.shield(second.leading), WAIT_S)
+        await admin.unregister_job("job")  # the job was recovered by the new leader
+        assert admin.leader == second.serving.advertise
