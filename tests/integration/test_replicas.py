@@ -12,6 +12,7 @@ import io
 import json
 import os
 import signal
+import socket
 import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager, redirect_stderr, redirect_stdout
@@ -23,6 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from lightrail.agents.client import ControllerClient
+from lightrail.agents.errors import ControllerUnavailable
 from lightrail.agents.host.agent import HostAgent
 from lightrail.agents.host.reporter import HealthReporter
 from lightrail.agents.leader import LeaderTargets, redirect_of
@@ -347,3 +349,27 @@ async def test_a_fenced_leader_exits_with_leadership_lost_and_a_standby_takes_ov
         await asyncio.wait_for(asyncio.shield(second.leading), WAIT_S)
         await admin.unregister_job("job")  # the job was recovered by the new leader
         assert admin.leader == second.serving.advertise
+
+
+def dead_address() -> str:
+    """A loopback address nothing listens on (a port the OS just handed out, closed)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+async def test_no_leader_reachable_names_every_address_tried() -> None:
+    addresses = [dead_address(), dead_address()]
+    async with ControllerClient(",".join(addresses), retry_budget_s=0.3) as client:
+        with pytest.raises(ControllerUnavailable) as info:
+            await client.register_job("job", PLACE)
+    for a in addresses:
+        assert f"{a} (UNAVAILABLE: " in str(info.value)
+    async with HostAgent("host0", addresses, reconnect_budget_s=0.3,
+                         backoff_max_s=0.1) as agent:
+        with pytest.raises(ControllerUnavailable) as info:
+            await agent.enter("job", 0, PAIR, 0, 5.0)  # the budget ends it, not this
+    message = str(info.value)
+    assert message.startswith(f"not_leader: no controller leader reached at {','.join(addresses)}")
+    for a in addresses:
+        assert f"{a} (UNAVAILABLE: " in message
