@@ -303,7 +303,7 @@ class RestconfDriver:
     def _decode(self, reply: _Reply, what: str) -> object:
         try:
             return json.loads(reply.body)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:  # RecursionError: nested too deep
             raise ProtocolError(
                 self._switch_id, f"{what}: answer is not JSON: {reply.body[:80]!r}"
             ) from e

@@ -21,10 +21,11 @@ the driver turns that into ``ProtocolError``.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from lightrail.drivers.base import (
     AlarmSeverity,
@@ -64,7 +65,7 @@ def parse_errors(body: bytes) -> list[RestconfErrorEntry]:
     """The RESTCONF errors in an answer body (empty when it has none or is not JSON)."""
     try:
         doc = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: brackets nested too deep
         return []
     errors = doc.get("ietf-restconf:errors") if isinstance(doc, dict) else None
     entries = errors.get("error") if isinstance(errors, dict) else None
@@ -105,23 +106,34 @@ def _entries(container: object, list_name: str) -> list[dict[str, object]]:
 
 
 def _uint(value: object, what: str) -> int:
+    """A uint32 leaf: a JSON number or a string of ASCII digits (RFC 7951 section 6.1)."""
     if isinstance(value, bool):
         raise ValueError(f"{what}: {value!r} is not a port id")
-    if isinstance(value, int):
+    if isinstance(value, int) and 0 <= value < 2**32:
         return value
-    if isinstance(value, str) and value.isdigit():
-        return int(value)
-    raise ValueError(f"{what}: {value!r} is not a port id")
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 10:
+        return _uint(int(value), what)
+    raise ValueError(f"{what}: {_shown(value)} is not a port id")
 
 
 def _decimal(value: object, what: str) -> float:
-    if isinstance(value, bool):
-        raise ValueError(f"{what}: {value!r} is not a number")
-    if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, str):
-        return float(value)  # RFC 7951: decimal64 is a JSON string; ValueError when not
-    raise ValueError(f"{what}: {value!r} is not a number")
+    """A decimal64 leaf: a JSON string (RFC 7951 section 6.1) or number, finite."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError(f"{what}: {_shown(value)} is not a number")
+    try:
+        number = float(value)
+    except (ValueError, OverflowError):  # OverflowError: an integer beyond any float
+        number = math.nan
+    if not math.isfinite(number):
+        raise ValueError(f"{what}: {_shown(value)} is not a finite number")
+    return number
+
+
+def _shown(value: object, limit: int = 40) -> str:
+    """``repr(value)``, cut to ``limit`` characters (a device may send anything)."""
+    text = repr(value) if not isinstance(value, int) or value.bit_length() < 128 else \
+        f"an integer of {len(str(value))} digits"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,8 +228,15 @@ def parse_alarms(doc: object) -> list[RawAlarm]:
 
 def alarm_from_raw(switch_id: str, raw: RawAlarm) -> DeviceAlarm:
     """The ``DeviceAlarm`` of one ``system-alarms`` entry (mapping in the module docstring).
-    Raises ``ValueError`` when ``alarm-time`` is not an RFC 3339 date-and-time."""
-    at_s = datetime.fromisoformat(raw.alarm_time).timestamp()
+    An ``alarm-time`` without a UTC offset is read as UTC (RFC 3339 requires one; never the
+    controller's local time). Raises ``ValueError`` naming the field when ``alarm-time`` is
+    not an RFC 3339 date-and-time."""
+    try:
+        when = datetime.fromisoformat(raw.alarm_time)
+    except ValueError:
+        raise ValueError(f"alarm-time: {_shown(raw.alarm_time)} is not an RFC 3339 "
+                         "date-and-time") from None
+    at_s = (when if when.tzinfo is not None else when.replace(tzinfo=UTC)).timestamp()
     bits = raw.alarm_type.split()
     if "NOTIF_PORT_POWER" in bits:
         severity = AlarmSeverity.MAJOR

@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import re
 import time
@@ -116,6 +117,7 @@ from lightrail.drivers.tl1.wire import (
     Tl1SyntaxError,
     format_port_list,
     parse_alarm_line,
+    port_number,
     tl1_value,
 )
 
@@ -273,11 +275,14 @@ class Tl1Driver:
             if raw is None:
                 raise ProtocolError(self._switch_id, f"RTRV-PORT-POWER: no value for port {port}")
             try:
-                out[port] = float(raw)
+                dbm = float(raw)
             except ValueError:
+                dbm = math.nan
+            if not math.isfinite(dbm):  # "nan" and "1e999" parse, but are no reading
                 raise ProtocolError(
                     self._switch_id, f"RTRV-PORT-POWER: bad value {raw!r} for port {port}"
-                ) from None
+                )
+            out[port] = dbm
         return out
 
     async def get_port_status(self, ports: Iterable[int] | None = None) -> list[PortStatus]:
@@ -302,8 +307,9 @@ class Tl1Driver:
                 alarm = parse_alarm_line(line)
             except Tl1SyntaxError as e:
                 raise ProtocolError(self._switch_id, f"RTRV-ALM-ALL: {e}") from None
-            if alarm.aid.isdigit() and alarm.notification not in {"NA", "NR", "CL"}:
-                failed.add(int(alarm.aid))
+            port = port_number(alarm.aid)
+            if port is not None and alarm.notification not in {"NA", "NR", "CL"}:
+                failed.add(port)
         out: list[PortStatus] = []
         for port in wanted:
             state, level = shutters.get(port), powers.get(port)
@@ -721,7 +727,7 @@ class Tl1Driver:
                 continue
             event = DeviceAlarm(
                 switch_id=self._switch_id,
-                port=int(alarm.aid) if alarm.aid.isdigit() else None,
+                port=port_number(alarm.aid),
                 condition=alarm.condition,
                 severity=_SEVERITY.get(alarm.notification, AlarmSeverity.WARNING),
                 at_s=self._clock(),

@@ -482,11 +482,18 @@ def parse_port_list(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+def port_number(text: str) -> int | None:
+    """The port an aid or port-list element names: ASCII digits only, else None.
+    (``str.isdigit`` also accepts Latin-1 superscripts such as ``"\u00b2"``, which ``int``
+    refuses: a device's garbage must not pass that check and raise ``ValueError``.)"""
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
 def _port_token(token: str, text: str) -> int:
-    token = token.strip()
-    if not token.isdigit():
-        raise Tl1SyntaxError(f"bad port {token!r} in {_preview(text)}")
-    return int(token)
+    port = port_number(token.strip())
+    if port is None:
+        raise Tl1SyntaxError(f"bad port {token.strip()!r} in {_preview(text)}")
+    return port
 
 
 def format_port_list(ports: Iterable[int]) -> str:

@@ -8,23 +8,20 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
-import os
 from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from lightrail.agents.replay.trace import TraceError, Workload, read_aicb_csv, read_kineto
 from lightrail.controller.config import Config, ConfigError, load_config
+from tests.fuzz import fuzz_settings
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "deploy" / "examples").glob("*.yaml"))
-FUZZ = settings(max_examples=int(os.environ.get("LIGHTRAIL_FUZZ_EXAMPLES", "150")),
-                derandomize=True, database=None, deadline=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                       HealthCheck.too_slow])
+FUZZ = fuzz_settings(150)
 """150 examples per test in CI; ``LIGHTRAIL_FUZZ_EXAMPLES=3000`` for a longer campaign."""
 
 # values a hostile or corrupt file may carry in any field
