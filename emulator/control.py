@@ -7,7 +7,8 @@ has, since all of them wrap the same ``EmulatedOcs`` objects::
     GET    /devices                 {"devices": [<summary>, ...]}
     GET    /devices/{id}            <summary> + {"cross_connects": [{"ingress", "egress"}]}
     GET    /devices/{id}/changes    {"device", "changes": [{"at_s", "action" (make|break),
-                                    "ingress", "egress"}, ...]}: the change log, oldest first;
+                                    "ingress", "egress", "commanded"}, ...]}: the change log,
+                                    oldest first (``commanded`` false: the device's own doing);
                                     ``?since=K`` skips the first K entries
     GET    /devices/{id}/commands   {"device", "commands": [{"connection", "user", "code",
                                     "at_s"}, ...]}: every command the device's TL1 front end
@@ -383,7 +384,7 @@ class ControlServer:
         changes = device.change_log[since:]
         return web.json_response({"device": device.switch_id, "changes": [
             {"at_s": c.at_s, "action": c.action.value, "ingress": c.cross_connect.ingress,
-             "egress": c.cross_connect.egress} for c in changes]})
+             "egress": c.cross_connect.egress, "commanded": c.commanded} for c in changes]})
 
     async def _commands(self, request: web.Request) -> web.Response:
         try:
@@ -638,7 +639,8 @@ class ControlClient:
             raise ControlApiError(200, "changes must be a list", None, None)
         try:
             return [ChangeRecord(float(c["at_s"]), switch_id, ChangeAction(c["action"]),
-                                 CrossConnect(_as_int(c["ingress"]), _as_int(c["egress"])))
+                                 CrossConnect(_as_int(c["ingress"]), _as_int(c["egress"])),
+                                 c.get("commanded", True) is not False)
                     for c in items]
         except (KeyError, TypeError, ValueError) as e:
             raise ControlApiError(200, f"unexpected change record: {e}", None, None) from e

@@ -73,12 +73,15 @@ class ChangeAction(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class ChangeRecord:
     """One cross-connect change on one switch, stamped with the time ``at_s`` (device clock,
-    seconds) it took effect: a break when issued, a make when its settle ended."""
+    seconds) it took effect: a break when issued, a make when its settle ended. ``commanded``
+    is False for a change the device made on its own (a reboot that loses its cross-connects),
+    which no controller command caused."""
 
     at_s: float
     switch_id: str
     action: ChangeAction
     cross_connect: CrossConnect
+    commanded: bool = True
 
 
 class DenialKind(enum.Enum):
@@ -287,7 +290,7 @@ class EmulatedOcs:
                 if not keep_cross_connects:
                     now = self._clock()
                     for xc in sorted(self._xcs):
-                        self._break(xc, now)
+                        self._break(xc, now, commanded=False)
                 await self._sleep(down_s)
             finally:
                 self._rebooting = False
@@ -489,14 +492,15 @@ class EmulatedOcs:
         if condition is not None:
             raise HardwareFault(self.switch_id, f"port {port} failed ({condition})")
 
-    def _break(self, xc: CrossConnect, now_s: float) -> None:
+    def _break(self, xc: CrossConnect, now_s: float, *, commanded: bool = True) -> None:
         self._xcs.discard(xc)
         self._settling.pop(xc, None)
         if self._by_port.get(xc.ingress) == xc:
             del self._by_port[xc.ingress]
         if self._by_port.get(xc.egress) == xc:
             del self._by_port[xc.egress]
-        self._changes.append(ChangeRecord(now_s, self.switch_id, ChangeAction.BREAK, xc))
+        self._changes.append(
+            ChangeRecord(now_s, self.switch_id, ChangeAction.BREAK, xc, commanded))
 
     async def _settle(self, made: list[CrossConnect], deadline_s: float) -> None:
         """Wait the settle time, then record the makes at the time light passes. When the wait

@@ -512,6 +512,12 @@ class HostAgent:
         p = self._pending.get(key)
         if p is None or p.request_id != e.request_id:
             return
+        if code is ErrorCode.NOT_LEADER:
+            # The replica fenced itself (its lease ran out) with this enter in hand: nothing
+            # was admitted or switched. Keep the enter pending and end the stream: the next
+            # session follows the new leader and resends it (same request id), within the
+            # rank's own timeout.
+            raise _StreamClosed(f"controller is no longer the leader: {e.message}")
         del self._pending[key]
         if not p.future.done():
             p.future.set_exception(error_for(code, e.message))
