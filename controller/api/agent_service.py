@@ -39,7 +39,7 @@ from lightrail.controller.runtime import metrics
 from lightrail.controller.runtime.events import EventBus, SubscriberOverflow
 from lightrail.controller.runtime.failover import FailoverManager, GpuState
 from lightrail.controller.runtime.phase_service import PerRankSink, PhaseService
-from lightrail.controller.store.jobs import JobRecord, JobRepository
+from lightrail.controller.store.jobs import MAX_RECORD_BYTES, JobRecord, JobRepository
 from lightrail.v1 import agent_pb2, agent_pb2_grpc
 
 log = structlog.get_logger(__name__)
@@ -230,6 +230,16 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{prefix}{exc}")
             schedule = coord.declared_phases(request.job_id)
             record = JobRecord(request.job_id, request.tenant, layout.placements, schedule)
+            size = record.encoded_bytes()
+            if size > MAX_RECORD_BYTES:  # etcd would refuse it: a bad request, not an outage
+                self._service.unregister_job(request.job_id)
+                field = ("declared_phases" if request.declared_phases
+                         else "parallelism" if par is not None else "ranks")
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"{field}: the job's record ({layout.world_size} ranks, {len(schedule)} "
+                    f"declared phases) takes {size} bytes, more than the state store's "
+                    f"{MAX_RECORD_BYTES}")
             try:
                 await self._jobs.save(record)
             except Exception as exc:

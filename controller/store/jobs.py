@@ -13,6 +13,13 @@ from typing import Protocol
 
 from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup, RankPlacement
 from lightrail.controller.store.etcd import EtcdStore
+from lightrail.controller.store.types import encode_value
+
+MAX_RECORD_BYTES = 1_000_000
+"""The largest encoded job record (bytes) a registration may store: one etcd put, under etcd's
+``--max-request-bytes`` (1.5 MiB by default) with room for the key and the transaction. A job
+record holds every rank's placement and the declared schedule (about 20 bytes per rank and 60
+per declared phase of a small group)."""
 
 
 class CorruptJobRecord(ValueError):
@@ -27,6 +34,10 @@ class JobRecord:
     tenant: str
     placements: tuple[RankPlacement, ...]
     declared_phases: tuple[PhaseKey, ...] = ()
+
+    def encoded_bytes(self) -> int:
+        """The size of the record as stored (``encode_value`` of ``to_json``), bytes."""
+        return len(encode_value(self.to_json()))
 
     def to_json(self) -> dict[str, object]:
         """The JSON object stored in etcd."""

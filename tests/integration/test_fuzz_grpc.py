@@ -126,8 +126,13 @@ REGISTER = _msg(agent_pb2.RegisterJobRequest,
                 job_id=st.one_of(st.sampled_from(["j1", "j2", "j3"]), NAME),
                 tenant=st.one_of(st.just("team-a"), NAME),
                 ranks=st.one_of(st.lists(PLACEMENT, max_size=4),
-                                st.integers(1, 4).map(lambda n: FREE[:n])),
-                declared_phases=st.lists(PHASE_KEY, max_size=3), parallelism=PARALLELISM)
+                                st.integers(1, 4).map(lambda n: FREE[:n]),
+                                st.just([agent_pb2.RankPlacement(rank=r, host="host2")
+                                         for r in range(20_000)])),
+                declared_phases=st.one_of(st.lists(PHASE_KEY, max_size=3), st.just([
+                    agent_pb2.PhaseKey(group_ranks=[0], collective=agent_pb2.ALL_REDUCE, seq=i)
+                    for i in range(20_000)])),
+                parallelism=PARALLELISM)
 ENTER = _msg(agent_pb2.EnterPhaseRequest, job_id=NAME, rank=st.one_of(SMALL, U32),
              phase=PHASE_KEY, iteration=U64, request_id=U64, timeout_s=DOUBLE, nbytes=U64,
              compute_gap_s=DOUBLE)
@@ -518,3 +523,20 @@ async def test_found_by_fuzzing_a_refused_hold_was_not_answered(rig: Rig) -> Non
     await call.done_writing()
     while await call.read() is not EOF:
         pass
+
+
+async def test_found_by_fuzzing_a_schedule_too_large_to_store(rig: Rig) -> None:
+    """RegisterJob with 30,000 declared phases was accepted by the coordinator, then etcd
+    refused the 1.8 MB record and the caller got UNAVAILABLE ("state store: ..."): an outage to
+    retry, for a request that can never succeed. Now refused as INVALID_ARGUMENT naming the
+    field, before anything is stored."""
+    before = await view(rig)
+    out = await outcome(rig.agent.RegisterJob(agent_pb2.RegisterJobRequest(
+        job_id="j", ranks=FREE[:1], declared_phases=[
+            agent_pb2.PhaseKey(group_ranks=[0], collective=agent_pb2.ALL_REDUCE, seq=i)
+            for i in range(30_000)]), timeout=10))
+    assert out.code is grpc.StatusCode.INVALID_ARGUMENT
+    assert out.details.startswith("declared_phases: the job's record (1 ranks, 30000 declared "
+                                  "phases) takes ")
+    assert out.details.endswith("bytes, more than the state store's 1000000")
+    assert await view(rig) == before
