@@ -151,23 +151,43 @@ MAX_PHASE_ID = 65535
 """The largest ``DefinePhase.phase_id`` (a stream defines at most 65536 phases)."""
 
 
+MAX_INTERNED_RANKS = 1 << 22
+"""Ranks the interned groups of a server hold together (4,194,304: tens of MB): the tables live
+as long as the process and any client's request adds to them, so their size is bounded in
+ranks, not only in entries (65,536 groups of 10^6 ranks each would take hundreds of GB)."""
+
+
 class Interner:
     """Process-wide canonical ``ProcessGroup`` and ``PhaseKey`` objects: equal keys decoded on
     any stream are the same object, so the coordinator's dictionary lookups compare by
-    identity instead of comparing rank tuples. Bounded (``max_entries`` of each); beyond it
-    keys are used as decoded (correct, only slower)."""
+    identity instead of comparing rank tuples. Bounded (``max_entries`` of each, and
+    ``max_ranks`` ranks in all interned groups); beyond it keys are used as decoded (correct,
+    only slower), and a phase is interned only with its group."""
 
-    def __init__(self, max_entries: int = _MAX_GROUPS) -> None:
+    def __init__(self, max_entries: int = _MAX_GROUPS,
+                 max_ranks: int = MAX_INTERNED_RANKS) -> None:
         self._max = max_entries
+        self._max_ranks = max_ranks
+        self._ranks = 0
         self.groups: dict[tuple[int, ...], ProcessGroup] = {}
+        """Interned groups by their rank list as received."""
+        self._interned: set[int] = set()  # id() of each interned group (they live forever)
         self._phases: dict[PhaseKey, PhaseKey] = {}
+
+    def admit(self, raw: tuple[int, ...], group: ProcessGroup) -> None:
+        """Intern ``group``, decoded from the rank list ``raw`` (not interned yet), if both
+        bounds allow."""
+        if len(self.groups) < self._max and self._ranks + len(raw) <= self._max_ranks:
+            self.groups[raw] = group
+            self._interned.add(id(group))
+            self._ranks += len(raw)
 
     def phase(self, key: PhaseKey) -> PhaseKey:
         """The canonical object equal to ``key``."""
         got = self._phases.get(key)
         if got is not None:
             return got
-        if len(self._phases) < self._max:
+        if len(self._phases) < self._max and id(key.group) in self._interned:
             self._phases[key] = key
         return key
 
@@ -203,8 +223,7 @@ class PhaseKeyDecoder:
             if max(raw) >= MAX_WORLD_SIZE:
                 raise InvalidRequest(f"{field}: rank {max(raw)} >= {MAX_WORLD_SIZE}")
             group = ProcessGroup.of(raw)
-            if len(self._groups) < self._interner.max_entries:
-                self._groups[raw] = group
+            self._interner.admit(raw, group)
         return group
 
     def define(self, pb: agent_pb2.DefineGroup) -> None:

@@ -56,3 +56,20 @@ def test_phase_ids_bind_per_stream_to_interned_phase_keys() -> None:
     with pytest.raises(InvalidRequest, match=r"define_phase\.phase\.collective"):
         one.define_phase(agent_pb2.DefinePhase(phase_id=6, phase=agent_pb2.PhaseKey(
             group_ranks=[0, 1])))
+
+
+def test_the_interned_groups_are_bounded_in_ranks_not_only_in_entries() -> None:
+    """Found while fuzzing the servicers: any client's request added its groups to the
+    process-wide tables, bounded to 65,536 entries of any size (each up to 10^6 ranks). Past
+    ``max_ranks`` in all, groups and their phases are used as decoded, not kept."""
+    interner = Interner(max_ranks=10)
+    decoder = PhaseKeyDecoder(interner=interner)
+
+    def ring(n: int) -> PhaseKey:
+        return decoder.decode(agent_pb2.PhaseKey(group_ranks=range(n),
+                                                 collective=agent_pb2.ALL_REDUCE))
+
+    small, big = ring(4), ring(8)
+    assert list(interner.groups) == [(0, 1, 2, 3)]  # 4 + 8 ranks would exceed 10
+    assert ring(4) is small  # interned: one object
+    assert ring(8) == big and ring(8) is not big  # used as decoded
