@@ -45,7 +45,7 @@ from lightrail.drivers.tl1.wire import (
 )
 from tests.fuzz import fuzz_settings
 
-FUZZ = fuzz_settings(100)
+FUZZ = fuzz_settings(80)
 NXN8 = SwitchCapabilities(kind=SwitchKind.NXN, port_count=8, atomic_bulk=False,
                           settle_time_s=0.0)
 WHEN = datetime(2026, 1, 2, 3, 4, 5)

@@ -46,8 +46,8 @@ from tests.fuzz import fuzz_settings
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]  # exported, not in the stubs
 
-FUZZ = fuzz_settings(60)
-"""60 examples per test in CI (each is a few round trips to the controller and etcd)."""
+FUZZ = fuzz_settings(50)
+"""50 examples per test in CI (each is a few round trips to the controller and etcd)."""
 
 JOB = "job"
 PLACE = [agent_pb2.RankPlacement(rank=r, host=f"host{r // 2}", gpu=r % 2) for r in range(4)]
