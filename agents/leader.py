@@ -111,19 +111,6 @@ class LeaderTargets:
         given."""
         return [self.current, *(a for a in self.addresses if a != self.current)]
 
-    def after(self, address: str, reason: str) -> tuple[str, bool]:
-        """The address to connect to after a stream session with ``address`` ended: the
-        leader a redirect named (``reason`` is its ``lightrail-leader`` value, non-empty), or
-        else the next address of the list (wrapping). Returns it and whether it is a redirect
-        (to be followed at once, not after a backoff). Moves ``current`` to it."""
-        if reason and reason != address:
-            self.current = reason
-            return reason, True
-        order = list(self.addresses)
-        nxt = order[(order.index(address) + 1) % len(order)] if address in order else order[0]
-        self.current = nxt
-        return nxt, False
-
     async def call(self, attempt: Callable[[str], Awaitable[T]]) -> T:
         """``attempt(address)`` on the leader: tried on each address of ``order()``, following
         redirects (at most ``max_redirects``); the address that answered becomes ``current``.
