@@ -39,6 +39,7 @@ from typing import Protocol, TypeVar
 
 import grpc
 
+from lightrail.agents.channel import ClientTls
 from lightrail.agents.errors import Admission, ControllerUnavailable, PhaseError, error_for
 from lightrail.agents.leader import LeaderTargets, NoLeader
 from lightrail.controller.api.codec import (
@@ -115,8 +116,9 @@ class ControllerClient:
     manager. A call that finds no leader (every replica unreachable or redirecting nowhere) is
     retried for up to ``retry_budget_s`` seconds, waiting ``backoff_initial_s`` doubling up to
     ``backoff_max_s`` seconds between passes (``lightrail.controller.domain.timing.Backoff``),
-    then raises ``ControllerUnavailable`` listing the addresses tried. Raises ``ValueError``
-    for an empty address list.
+    then raises ``ControllerUnavailable`` listing the addresses tried. ``tls``: TLS to the
+    controller (``lightrail.agents.channel.ClientTls``; None: plaintext, e.g. a host agent's
+    local socket). Raises ``ValueError`` for an empty address list.
     """
 
     def __init__(
@@ -126,8 +128,9 @@ class ControllerClient:
         retry_budget_s: float = 10.0,
         backoff_initial_s: float = 0.05,
         backoff_max_s: float = 1.0,
+        tls: ClientTls | None = None,
     ) -> None:
-        self._targets = LeaderTargets(target)
+        self._targets = LeaderTargets(target, tls=tls)
         self.target = str(self._targets)
         self._retry_budget_s = retry_budget_s
         self._backoff = Backoff(initial_s=backoff_initial_s, max_s=backoff_max_s)
@@ -143,7 +146,7 @@ class ControllerClient:
     def _stub(self, address: str) -> agent_pb2_grpc.AgentServiceAsyncStub:
         stub = self._stubs.get(address)
         if stub is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(address)
+            channel = self._channels[address] = self._targets.channel(address)
             stub = self._stubs[address] = agent_pb2_grpc.AgentServiceStub(channel)
         return stub
 

@@ -8,8 +8,12 @@ followed at once, at most ``max_redirects`` times per pass; an address that cann
 (UNAVAILABLE without a refusal code) is skipped. When no address of a pass leads,
 ``NoLeader`` lists every address tried and why.
 
-Imports only the API codec (its metadata keys) and gRPC: the job-side library, the host agent
-and the CLI all use it.
+Channels: ``LeaderTargets.channel`` opens every channel to a replica, plaintext or TLS
+(``tls``, ``lightrail.agents.channel``); a failure's reason carries a hint when it looks like a
+TLS mismatch (``LeaderTargets.describe``).
+
+Imports only the API codec (its metadata keys), the channel rule and gRPC: the job-side library,
+the host agent and the CLI all use it.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import TypeVar
 
 import grpc
 
+from lightrail.agents.channel import ClientTls, open_channel, tls_hint
 from lightrail.controller.api.codec import ERROR_METADATA_KEY, LEADER_METADATA_KEY
 
 T = TypeVar("T")
@@ -91,17 +96,28 @@ class NoLeader(Exception):
 
 class LeaderTargets:
     """The addresses of the controller replicas and the one believed to lead (``current``,
-    the first at start). ``call`` makes one pass over them. Not thread-safe; one event loop.
-    Raises ``ValueError`` (``parse_targets``) for an empty list, ``ValueError`` for
-    ``max_redirects`` < 0."""
+    the first at start), and how to reach them (``tls``: None for plaintext). ``call`` makes
+    one pass over them. Not thread-safe; one event loop. Raises ``ValueError``
+    (``parse_targets``) for an empty list, ``ValueError`` for ``max_redirects`` < 0."""
 
-    def __init__(self, targets: str | Sequence[str], *, max_redirects: int = MAX_REDIRECTS
-                 ) -> None:
+    def __init__(self, targets: str | Sequence[str], *, max_redirects: int = MAX_REDIRECTS,
+                 tls: ClientTls | None = None) -> None:
         if max_redirects < 0:
             raise ValueError(f"max_redirects: must be >= 0, got {max_redirects}")
         self.addresses = parse_targets(targets)
         self.current = self.addresses[0]
         self.max_redirects = max_redirects
+        self.tls = tls
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        """A new channel to the replica at ``address``, TLS when ``tls`` is set
+        (``lightrail.agents.channel.open_channel``); the caller closes it."""
+        return open_channel(address, self.tls)
+
+    def describe(self, exc: grpc.aio.AioRpcError) -> str:
+        """``describe(exc)`` plus a TLS hint when the failure looks like a TLS mismatch
+        (``lightrail.agents.channel.tls_hint``)."""
+        return describe(exc) + tls_hint(exc.details() or "", self.tls)
 
     def __str__(self) -> str:
         return ",".join(self.addresses)
@@ -131,7 +147,7 @@ class LeaderTargets:
                 leader = redirect_of(exc)
                 if leader is None and not is_unreachable(exc):
                     raise
-                tried.append(Attempt(address, describe(exc)))
+                tried.append(Attempt(address, self.describe(exc)))
                 if leader and leader != address and redirects < self.max_redirects:
                     redirects += 1
                     queue.insert(0, (leader, True))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import ipaddress
 import socket
 import threading
 from collections.abc import Awaitable, Callable
@@ -36,6 +37,7 @@ from grpc_health.v1 import health
 from prometheus_client import start_http_server
 
 from lightrail.controller.api.agent_service import AgentServicer
+from lightrail.controller.api.auth import OperatorAuth, OperatorIdentity
 from lightrail.controller.api.operator_service import OperatorServicer
 from lightrail.controller.api.routing import LeaderRoute, add_routed_services
 from lightrail.controller.config import (
@@ -73,6 +75,10 @@ log = structlog.get_logger(__name__)
 
 class LeadershipLost(RuntimeError):
     """The leader lease could not be renewed; the daemon fenced itself and must restart."""
+
+
+class TlsSetupError(ValueError):
+    """``controller.tls`` names files the gRPC server cannot use; the message names them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,7 +296,7 @@ async def _start_front(
     NOT_SERVING) and the /metrics exporter; return the election that campaigns with the
     advertised address (``_advertised``), whose view of the leader the redirects name."""
     server = front.server = grpc.aio.server()
-    port = server.add_insecure_port(ccfg.listen)
+    port = _bind(server, ccfg)
     host = ccfg.listen.rsplit(":", 1)[0]
     front.grpc_target = f"{host}:{port}"
     advertise = _advertised(ccfg, port)
@@ -303,12 +309,65 @@ async def _start_front(
 
     front.route = LeaderRoute(leader_address, advertise,
                               health.aio.HealthServicer())  # type: ignore[attr-defined]
-    add_routed_services(server, front.route)
+    add_routed_services(server, front.route, _operator_auth(ccfg))
     await front.route.standby()
     await server.start()
     front.metrics = _start_metrics(ccfg.metrics_listen)
     front.metrics_url = front.metrics.url
     return election
+
+
+def _is_loopback_host(host: str) -> bool:
+    """True for ``localhost`` and loopback IP addresses (``127.0.0.0/8``, ``[::1]``); False
+    for the wildcard hosts and everything else."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _bind(server: grpc.aio.Server, ccfg: ControllerSection) -> int:
+    """Add ``ccfg.listen`` to ``server``, TLS with ``ccfg.tls`` (mTLS when it has a
+    ``client_ca_file``), else plaintext with a warning when the address is reachable from
+    beyond this host. Returns the bound port. Raises ``TlsSetupError`` naming the files when
+    the certificate or key cannot be used, ``RuntimeError`` (gRPC) when the address cannot be
+    bound."""
+    tls = ccfg.tls
+    host = ccfg.listen.rsplit(":", 1)[0]
+    if tls is None:
+        if not _is_loopback_host(host):
+            log.warning("grpc_plaintext_beyond_loopback", listen=ccfg.listen,
+                        hint="set controller.tls: agents' and operators' calls, tokens "
+                             "included, cross the network unencrypted")
+        return server.add_insecure_port(ccfg.listen)
+    try:
+        key, cert = Path(tls.key_file).read_bytes(), Path(tls.cert_file).read_bytes()
+        client_ca = (None if tls.client_ca_file is None
+                     else Path(tls.client_ca_file).read_bytes())
+    except OSError as exc:
+        raise TlsSetupError(f"controller.tls: cannot read {exc.filename}: "
+                            f"{exc.strerror or exc}") from None
+    credentials = grpc.ssl_server_credentials(
+        [(key, cert)], root_certificates=client_ca, require_client_auth=client_ca is not None)
+    try:
+        return server.add_secure_port(ccfg.listen, credentials)
+    except RuntimeError as exc:
+        raise TlsSetupError(f"controller.tls: cannot serve {ccfg.listen} with cert_file "
+                            f"{tls.cert_file!r} and key_file {tls.key_file!r} (not a PEM "
+                            f"certificate and its key?): {exc}") from None
+
+
+def _operator_auth(ccfg: ControllerSection) -> OperatorAuth:
+    """Who may make mutating operator calls: ``ccfg.operators``; none configured is logged
+    as a warning (loopback callers only)."""
+    if not ccfg.operators:
+        log.warning("no_operators_configured",
+                    hint="mutating operator calls (failover, drain) are accepted only from "
+                         "loopback; list controller.operators to allow others")
+    return OperatorAuth([OperatorIdentity(o.name, o.token_sha256, o.subject)
+                         for o in ccfg.operators])
 
 
 async def _close_front(front: _Front, timeout_s: float) -> None:
@@ -521,7 +580,8 @@ async def _recover_jobs(repo: EtcdJobRepository, coordinator: PhaseCoordinator) 
         log.info("job_recovered", job=rec.job_id, ranks=len(rec.placements))
 
 
-__all__ = ["LeadershipLost", "RunningController", "ServingReplica", "run_controller"]
+__all__ = ["LeadershipLost", "RunningController", "ServingReplica", "TlsSetupError",
+           "run_controller"]
 
 
 def connect_store(section: EtcdSection) -> EtcdStore:

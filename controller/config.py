@@ -80,10 +80,15 @@ MAX_GPUS = 1 << 17  # 131,072: far beyond one OCS tier; keeps check-config fast
 
 
 class ControllerSection(_Strict):
-    """The daemon itself."""
+    """The daemon itself. ``tls``: TLS on the gRPC port (``ControllerTlsSection``; none:
+    plaintext, and a listen address beyond loopback is logged as a warning at start).
+    ``operators``: who may make mutating operator calls (``OperatorConfig``; none: only
+    callers on loopback may, logged as a warning at start). README "Security"."""
 
     replica_id: str = Field(default_factory=socket.gethostname, min_length=1)
     listen: HostPort = "127.0.0.1:50051"
+    tls: ControllerTlsSection | None = None
+    operators: list[OperatorConfig] = Field(default_factory=list)
     advertise: AdvertiseAddress | None = Field(
         default=None,
         description="the address (HOST:PORT) this replica publishes in etcd while it leads, "
@@ -121,6 +126,19 @@ class ControllerSection(_Strict):
                     "keeping the job's circuits frozen (a live host's ranks stay frozen until "
                     "they resync or its heartbeat deadline passes: no timer is a go-ahead)")
 
+    @model_validator(mode="after")
+    def _operators_identifiable(self) -> ControllerSection:
+        seen: set[str] = set()
+        for i, op in enumerate(self.operators):
+            if op.name in seen:
+                raise ValueError(f"operators.{i}.name: {op.name!r} is listed twice")
+            seen.add(op.name)
+            if op.subject is not None and (self.tls is None or self.tls.client_ca_file is None):
+                raise ValueError(
+                    f"operators.{i}.subject: {op.subject!r} needs controller.tls.client_ca_file "
+                    "(client certificates are verified, and their subjects known, only then)")
+        return self
+
 
 def _check_readable_file(value: str) -> str:
     path = Path(value)
@@ -133,6 +151,48 @@ def _check_readable_file(value: str) -> str:
 
 ReadableFile = Annotated[str, AfterValidator(_check_readable_file)]
 """A path (relative to the working directory) to a file that exists and is readable now."""
+
+
+class ControllerTlsSection(_Strict):
+    """TLS on the controller's gRPC port (AgentService, OperatorService, health): ``cert_file``
+    and ``key_file`` (PEM) are the server certificate, which must name every host clients dial
+    (the listen or advertised host, as DNS or IP subjectAltName); with ``client_ca_file`` (PEM)
+    every client must present a certificate signed by that CA (mTLS: host agents, the CLI,
+    job clients), and an operator may be identified by its certificate's subject CN
+    (``OperatorConfig.subject``)."""
+
+    cert_file: ReadableFile
+    key_file: ReadableFile
+    client_ca_file: ReadableFile | None = None
+
+
+def _check_sha256_hex(value: str) -> str:
+    if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+        raise ValueError("expected the SHA-256 of the token as 64 lowercase hex digits "
+                         "(printf %s \"$TOKEN\" | sha256sum), got "
+                         f"{len(value)} characters")
+    return value
+
+
+Sha256Hex = Annotated[str, AfterValidator(_check_sha256_hex)]
+
+
+class OperatorConfig(_Strict):
+    """One operator who may make mutating operator calls (Failover, Drain): ``name`` (in the
+    audit log), identified by ``token_sha256`` (the SHA-256, hex, of the bearer token it
+    presents: ``authorization: Bearer <token>``; the token itself is never stored) and/or
+    ``subject`` (the subject CN of its client certificate; needs
+    ``controller.tls.client_ca_file``)."""
+
+    name: str = Field(min_length=1)
+    token_sha256: Sha256Hex | None = None
+    subject: str | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _one_identity(self) -> OperatorConfig:
+        if self.token_sha256 is None and self.subject is None:
+            raise ValueError(f"operator {self.name!r}: give token_sha256 or subject (or both)")
+        return self
 
 
 class EtcdTlsSection(_Strict):
@@ -257,12 +317,25 @@ class Config(_Strict):
     logging: LoggingSection = Field(default_factory=LoggingSection)
 
 
+_SECRET_WORDS = ("password", "token", "secret")
+"""A field whose path has one of these in a name may hold a credential (a switch's
+``options.password``, an operator's ``token_sha256`` that may be a token pasted by mistake):
+its value is never shown in an error."""
+
+
+def _is_secret(loc: tuple[int | str, ...]) -> bool:
+    return any(isinstance(p, str) and any(w in p.lower() for w in _SECRET_WORDS)
+               and not p.endswith("_env") for p in loc)
+
+
 def _format(exc: ValidationError) -> list[str]:
     lines = []
     for err in exc.errors():
         path = ".".join(str(p) for p in err["loc"]) or "(top level)"
         value = err.get("input")
-        shown = "" if isinstance(value, dict) else f" (got {value!r})"
+        shown = ("" if isinstance(value, dict)
+                 else " (value not shown)" if _is_secret(err["loc"])
+                 else f" (got {value!r})")
         lines.append(f"{path}: {err['msg']}{shown}")
     return lines
 

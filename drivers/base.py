@@ -107,13 +107,14 @@ class SwitchSpec:
     ``model`` names the driver family (``lightrail.drivers.registry``); ``capabilities`` give
     the port layout, settle time and ``max_batch`` from config; ``options`` are the driver's
     settings verbatim from config (``switches[<id>].options``), parsed by the driver's options
-    model (``lightrail.drivers.options.DriverOptions``).
+    model (``lightrail.drivers.options.DriverOptions``); they are left out of ``repr`` (a
+    password may be among them).
     """
 
     switch_id: str
     model: str
     capabilities: SwitchCapabilities
-    options: Mapping[str, OptionValue] = field(default_factory=dict)
+    options: Mapping[str, OptionValue] = field(default_factory=dict, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,8 +33,9 @@ import grpc
 import structlog
 from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
+from lightrail.agents.channel import ClientTls
 from lightrail.agents.errors import Admission, ControllerUnavailable, PhaseError, error_for
-from lightrail.agents.leader import MAX_REDIRECTS, LeaderTargets, describe, redirect_of
+from lightrail.agents.leader import MAX_REDIRECTS, LeaderTargets, redirect_of
 from lightrail.controller.api.codec import COLLECTIVE_TO_PB, ERROR_FROM_PB, phase_key_to_pb
 from lightrail.controller.domain.errors import ErrorCode
 from lightrail.controller.domain.model import PhaseKey
@@ -221,7 +222,8 @@ class HostAgent:
     are called by the host's ranks (in-process, or through
     ``lightrail.agents.host.local_endpoint``).
     ``reconnect_budget_s`` bounds how long a pending EnterPhase waits for the controller to come
-    back before it fails with ``ControllerUnavailable``.
+    back before it fails with ``ControllerUnavailable``. ``tls``: TLS to the controller
+    (``lightrail.agents.channel.ClientTls``; None: plaintext).
     """
 
     def __init__(
@@ -232,9 +234,10 @@ class HostAgent:
         backoff_initial_s: float = 0.05,
         backoff_max_s: float = 2.0,
         reconnect_budget_s: float = 30.0,
+        tls: ClientTls | None = None,
     ) -> None:
         self.host = host
-        self._targets = LeaderTargets(target)
+        self._targets = LeaderTargets(target, tls=tls)
         self.target = str(self._targets)
         self._errors: dict[str, str] = {}
         """The last error of each address since the agent last heard from a leader."""
@@ -367,7 +370,8 @@ class HostAgent:
                 now = loop.time()
                 down_since = down_since if down_since is not None else now
                 leader = redirect_of(exc) if isinstance(exc, grpc.aio.AioRpcError) else None
-                detail = describe(exc) if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+                detail = (self._targets.describe(exc) if isinstance(exc, grpc.aio.AioRpcError)
+                          else str(exc))
                 self._errors[address] = detail
                 if leader and leader != address and redirects < MAX_REDIRECTS:
                     redirects += 1
@@ -396,7 +400,7 @@ class HostAgent:
         return order[(order.index(address) + 1) % len(order)] if address in order else order[0]
 
     async def _session(self, address: str) -> None:
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with self._targets.channel(address) as channel:
             stub = agent_pb2_grpc.AgentServiceStub(channel)
             call = stub.PhaseStream()  # type: ignore[call-arg]  # stubs predate aio
             # Resync after (re)connect: the last release of every idle rank (it may have been

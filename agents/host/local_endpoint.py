@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, TypeAlias, TypeVar
 import grpc
 import structlog
 
+from lightrail.agents.channel import ClientTls
 from lightrail.agents.errors import PhaseError
 from lightrail.agents.host.agent import HostAgent
 from lightrail.agents.leader import LeaderTargets, NoLeader
@@ -53,7 +54,7 @@ class ControllerStubs:
         """The stub of ``address``."""
         stub = self._stubs.get(address)
         if stub is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(address)
+            channel = self._channels[address] = self.targets.channel(address)
             stub = self._stubs[address] = agent_pb2_grpc.AgentServiceStub(channel)
         return stub
 
@@ -196,13 +197,14 @@ def _remove_socket(path: Path) -> None:
 
 async def serve_local(
     agent: HostAgent, controller_target: str | Sequence[str], socket_path: str,
-    stop: asyncio.Event,
+    stop: asyncio.Event, *, tls: ClientTls | None = None,
 ) -> None:
     """Serve ``LocalAgentServicer`` on ``unix://socket_path`` until ``stop`` is set; job calls
-    go to the leader among ``controller_target`` (``host:port``, or replicas ``a:1,b:2``).
-    Raises ``OSError`` when the socket's directory cannot be created, ``ValueError`` for an
-    empty address list."""
-    controller = ControllerStubs(LeaderTargets(controller_target))
+    go to the leader among ``controller_target`` (``host:port``, or replicas ``a:1,b:2``),
+    over TLS with ``tls`` when given. The socket itself is plaintext: its file mode (0660)
+    is its access control. Raises ``OSError`` when the socket's directory cannot be created,
+    ``ValueError`` for an empty address list."""
+    controller = ControllerStubs(LeaderTargets(controller_target, tls=tls))
     path = Path(socket_path)
     _prepare_socket_dir(path)
     try:

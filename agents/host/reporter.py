@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import grpc
 import structlog
 
+from lightrail.agents.channel import ClientTls
 from lightrail.agents.host.health import EventSource, GpuHealth, GpuId, HealthSource, HealthState
 from lightrail.agents.leader import MAX_REDIRECTS, LeaderTargets, redirect_of
 from lightrail.controller.domain.timing import Backoff, BackoffState
@@ -52,7 +53,8 @@ class HealthReporter:
     """Streams ``source``'s health to the controller at ``target`` (``host:port``, or its
     replicas' addresses ``a:1,b:2``; ``ValueError`` if empty), a snapshot every ``interval_s``
     seconds; after a broken stream it reconnects waiting ``backoff_initial_s`` doubling up to
-    ``backoff_max_s`` seconds."""
+    ``backoff_max_s`` seconds. ``tls``: TLS to the controller
+    (``lightrail.agents.channel.ClientTls``; None: plaintext)."""
 
     def __init__(
         self,
@@ -62,9 +64,10 @@ class HealthReporter:
         interval_s: float = 1.0,
         backoff_initial_s: float = 0.05,
         backoff_max_s: float = 2.0,
+        tls: ClientTls | None = None,
     ) -> None:
         self.source = source
-        self._targets = LeaderTargets(target)
+        self._targets = LeaderTargets(target, tls=tls)
         self.target = str(self._targets)
         self.interval_s = interval_s
         self._backoff = Backoff(initial_s=backoff_initial_s, max_s=backoff_max_s)
@@ -99,14 +102,14 @@ class HealthReporter:
                     continue
                 redirects = 0
                 log.warning("health_stream_broken", host=self.source.host, controller=address,
-                            code=exc.code().name, detail=exc.details())
+                            detail=self._targets.describe(exc))
                 order = self._targets.addresses
                 self._targets.current = (order[(order.index(address) + 1) % len(order)]
                                          if address in order else order[0])
                 await asyncio.sleep(backoff.next_s())
 
     async def _session(self, address: str) -> None:
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with self._targets.channel(address) as channel:
             call = agent_pb2_grpc.AgentServiceStub(channel).HealthStream()  # type: ignore[call-arg]
             changed = asyncio.Event()
 

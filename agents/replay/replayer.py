@@ -29,8 +29,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-import grpc
-
+from lightrail.agents.channel import ClientTls
 from lightrail.agents.client import ControllerClient, RankSession, placement_of
 from lightrail.agents.errors import PhaseError, PlacementChanged
 from lightrail.agents.host.agent import HostAgent
@@ -224,7 +223,8 @@ def _percentile(values: Sequence[float], q: float) -> float:
 
 class Replayer:
     """Runs one workload through a controller at ``target`` (``host:port``, or the replicas'
-    addresses ``a:1,b:2``: the host agents and the operator calls follow the leader)."""
+    addresses ``a:1,b:2``: the host agents and the operator calls follow the leader), over TLS
+    with ``tls`` when given (``lightrail.agents.channel.ClientTls``)."""
 
     def __init__(
         self,
@@ -239,6 +239,7 @@ class Replayer:
         timeout_s: float = 30.0,
         max_ops: int | None = None,
         on_progress: Callable[[int, int], None] | None = None,
+        tls: ClientTls | None = None,
     ) -> None:
         if iterations < 1:
             raise ReplayError(f"iterations: must be >= 1, got {iterations}")
@@ -246,6 +247,7 @@ class Replayer:
             raise ReplayError(f"time_scale: must be >= 0, got {time_scale}")
         self.workload = workload
         self.target = target
+        self.tls = tls
         self.job_id = job_id
         self.iterations = iterations
         self.time_scale = time_scale
@@ -301,13 +303,15 @@ class Replayer:
         """The controller's provisioning counters for this job (None if it has none), from
         the leader. Raises ``NoLeader`` and the leader's ``grpc.aio.AioRpcError``."""
 
+        targets = LeaderTargets(self.target, tls=self.tls)
+
         async def attempt(address: str) -> operator_pb2.ListJobsResponse:
-            async with grpc.aio.insecure_channel(address) as ch:
+            async with targets.channel(address) as ch:
                 jobs: operator_pb2.ListJobsResponse = await operator_pb2_grpc.OperatorServiceStub(
                     ch).ListJobs(operator_pb2.ListJobsRequest(), timeout=10.0)
                 return jobs
 
-        resp = await LeaderTargets(self.target).call(attempt)
+        resp = await targets.call(attempt)
         for j in resp.jobs:
             if j.job_id == self.job_id:
                 return ProvisioningStats(j.provisioning_hits, j.provisioning_late,
@@ -317,7 +321,7 @@ class Replayer:
     async def _agent(self, host: str) -> HostAgent:
         agent = self._agents.get(host)
         if agent is None:
-            agent = HostAgent(host, self.target)
+            agent = HostAgent(host, self.target, tls=self.tls)
             self._agents[host] = agent
             agent.start()
             await agent.wait_connected(10.0)

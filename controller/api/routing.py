@@ -22,6 +22,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from lightrail.controller.api.agent_service import AgentServicer
+from lightrail.controller.api.auth import OperatorAuth
 from lightrail.controller.api.codec import ERROR_METADATA_KEY, LEADER_METADATA_KEY
 from lightrail.controller.api.operator_service import OperatorServicer
 from lightrail.controller.domain.errors import ErrorCode
@@ -167,10 +168,13 @@ class RoutedAgentService(agent_pb2_grpc.AgentServiceServicer):
 class RoutedOperatorService(operator_pb2_grpc.OperatorServiceServicer):
     """OperatorService of a replica: the leader's ``OperatorServicer`` while it leads, else a
     redirect (``LeaderRoute``), so an operator pointed at a standby gets the leader's answer
-    through ``lightrail.agents.leader``."""
+    through ``lightrail.agents.leader``. Mutating calls (Failover, Drain) first need an
+    operator identity (``auth``, ``lightrail.controller.api.auth``), on every replica:
+    a standby refuses an unknown caller instead of redirecting it."""
 
-    def __init__(self, route: LeaderRoute) -> None:
+    def __init__(self, route: LeaderRoute, auth: OperatorAuth) -> None:
         self._route = route
+        self._auth = auth
 
     async def GetStatus(  # noqa: N802
         self, request: operator_pb2.GetStatusRequest, context: _Context
@@ -193,12 +197,14 @@ class RoutedOperatorService(operator_pb2_grpc.OperatorServiceServicer):
     async def Failover(  # noqa: N802
         self, request: operator_pb2.FailoverRequest, context: _Context
     ) -> operator_pb2.FailoverResponse:
+        await self._auth.require(context, "Failover")
         target = await self._route.operator_or_redirect(context)
         return await target.Failover(request, context)
 
     async def Drain(  # noqa: N802
         self, request: operator_pb2.DrainRequest, context: _Context
     ) -> operator_pb2.DrainResponse:
+        await self._auth.require(context, "Drain")
         target = await self._route.operator_or_redirect(context)
         return await target.Drain(request, context)
 
@@ -221,11 +227,14 @@ class RoutedOperatorService(operator_pb2_grpc.OperatorServiceServicer):
         return await target.ListJobs(request, context)
 
 
-def add_routed_services(server: grpc.aio.Server, route: LeaderRoute) -> None:
+def add_routed_services(server: grpc.aio.Server, route: LeaderRoute,
+                        auth: OperatorAuth | None = None) -> None:
     """Register the routed AgentService and OperatorService and the health service of
-    ``route`` on ``server`` (before it starts)."""
+    ``route`` on ``server`` (before it starts); mutating operator calls are checked by
+    ``auth`` (None: no operator configured, loopback callers only)."""
     agent_pb2_grpc.add_AgentServiceServicer_to_server(RoutedAgentService(route), server)
-    operator_pb2_grpc.add_OperatorServiceServicer_to_server(RoutedOperatorService(route), server)
+    operator_pb2_grpc.add_OperatorServiceServicer_to_server(
+        RoutedOperatorService(route, auth if auth is not None else OperatorAuth(())), server)
     health_pb2_grpc.add_HealthServicer_to_server(route.health, server)
 
 

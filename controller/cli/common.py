@@ -12,6 +12,8 @@ from typing import Any
 
 from rich.console import Console
 
+from lightrail.agents.channel import ClientTls, ClientTlsError
+
 DEFAULT_TARGET = os.environ.get("LIGHTRAIL_CONTROLLER", "127.0.0.1:50051")
 CONTROLLER_HELP = ("controller HOST:PORT, or the replicas' addresses HOST:PORT,HOST:PORT,... "
                    "(tried in order; a standby redirects to the leader) "
@@ -74,3 +76,66 @@ def non_negative_float(text: str) -> float:
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
     return value
+
+
+class CliUsageError(ValueError):
+    """A command-line option cannot be used; the message names it (never a secret's value)."""
+
+
+def add_tls_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--tls-ca``, ``--tls-cert``, ``--tls-key``: TLS to the controller (README "Security");
+    defaults from ``$LIGHTRAIL_TLS_CA``, ``$LIGHTRAIL_TLS_CERT``, ``$LIGHTRAIL_TLS_KEY``."""
+    parser.add_argument("--tls-ca", default=os.environ.get("LIGHTRAIL_TLS_CA") or None,
+                        metavar="PEM",
+                        help="CA that signed the controller's certificate: connect over TLS "
+                             "(default $LIGHTRAIL_TLS_CA; none: plaintext, unless --tls-cert "
+                             "is given: then the system's trusted roots)")
+    parser.add_argument("--tls-cert", default=os.environ.get("LIGHTRAIL_TLS_CERT") or None,
+                        metavar="PEM",
+                        help="client certificate, for a controller that requires one "
+                             "(controller.tls.client_ca_file) (default $LIGHTRAIL_TLS_CERT)")
+    parser.add_argument("--tls-key", default=os.environ.get("LIGHTRAIL_TLS_KEY") or None,
+                        metavar="PEM",
+                        help="private key of --tls-cert (default $LIGHTRAIL_TLS_KEY)")
+
+
+def client_tls(args: argparse.Namespace) -> ClientTls | None:
+    """The ``ClientTls`` of ``add_tls_arguments``' options, None when none is given
+    (plaintext). Raises ``CliUsageError`` naming the option of a file that cannot be used."""
+    if args.tls_ca is None and args.tls_cert is None and args.tls_key is None:
+        return None
+    try:
+        return ClientTls.from_files(args.tls_ca, args.tls_cert, args.tls_key)
+    except ClientTlsError as exc:
+        raise CliUsageError(str(exc)) from None
+
+
+TOKEN_ENV = "LIGHTRAIL_TOKEN"
+
+
+def add_token_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--token`` and ``--token-file``: the operator's bearer token for mutating calls (default
+    ``$LIGHTRAIL_TOKEN``)."""
+    parser.add_argument("--token", default=None,
+                        help="operator bearer token (visible to other users in the process "
+                             "list: prefer --token-file or $LIGHTRAIL_TOKEN)")
+    parser.add_argument("--token-file", default=None, metavar="PATH",
+                        help="file holding the operator bearer token (one line)")
+
+
+def operator_token(args: argparse.Namespace) -> str | None:
+    """The bearer token of ``add_token_arguments``' options: ``--token-file``, else
+    ``--token``, else ``$LIGHTRAIL_TOKEN``; None when none is given. Raises ``CliUsageError``
+    naming the file when it cannot be read or is empty (never its content)."""
+    if args.token_file is not None:
+        try:
+            token = Path(args.token_file).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            raise CliUsageError(f"--token-file: cannot read {args.token_file!r}: "
+                                f"{reason or exc}") from None
+        if not token:
+            raise CliUsageError(f"--token-file: {args.token_file!r} is empty")
+        return token
+    given: str | None = args.token if args.token is not None else os.environ.get(TOKEN_ENV)
+    return (given.strip() or None) if given is not None else None

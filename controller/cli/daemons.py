@@ -15,6 +15,9 @@ from typing import TYPE_CHECKING
 from lightrail.controller.cli.common import (
     CONTROLLER_HELP,
     DEFAULT_TARGET,
+    CliUsageError,
+    add_tls_arguments,
+    client_tls,
     positive_int,
     run_async,
 )
@@ -44,6 +47,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
             LeadershipLost,
             RunningController,
             ServingReplica,
+            TlsSetupError,
             run_controller,
         )
         from lightrail.controller.cli.drivers import driver_registry
@@ -74,7 +78,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
             else:
                 await run_controller(cfg, stop, drivers=driver_registry(), on_started=announce,
                                      on_serving=announce_serving)
-        except LeadershipLost as exc:
+        except (LeadershipLost, TlsSetupError) as exc:
             print(f"lightrail controller: {exc}", file=sys.stderr)
             return 1
         except StoreError as exc:  # one line naming the endpoints, not a traceback
@@ -147,6 +151,11 @@ async def open_health_source(kind: str, host: str, *, emulated_gpus: int) -> Hea
 
 def cmd_agent(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, "json")
+    try:
+        tls = client_tls(args)
+    except CliUsageError as exc:
+        print(f"lightrail agent: {exc}", file=sys.stderr)
+        return 2
 
     async def main() -> int:
         from lightrail.agents.host.agent import HostAgent
@@ -164,14 +173,15 @@ def cmd_agent(args: argparse.Namespace) -> int:
             print(f"lightrail agent: {exc}", file=sys.stderr)
             return 1
         try:
-            reporter = HealthReporter(source, args.controller)
+            reporter = HealthReporter(source, args.controller, tls=tls)
         except ValueError as exc:
             print(f"lightrail agent: --{exc}", file=sys.stderr)
             return 2
-        async with HostAgent(args.host, args.controller) as agent, asyncio.TaskGroup() as tg:
+        async with HostAgent(args.host, args.controller, tls=tls) as agent, \
+                asyncio.TaskGroup() as tg:
             monitor = tg.create_task(source.run(), name="health-monitor")
             link = tg.create_task(reporter.run(), name="health-reporter")
-            await serve_local(agent, args.controller, args.socket, stop)
+            await serve_local(agent, args.controller, args.socket, stop, tls=tls)
             monitor.cancel()
             link.cancel()
         return 0
@@ -196,6 +206,7 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
 
     c = subcommands.add_parser("agent", help="run a host agent (phase relay)")
     c.add_argument("--controller", default=DEFAULT_TARGET, help=CONTROLLER_HELP)
+    add_tls_arguments(c)
     c.add_argument("--host", default=os.uname().nodename, help="this host's inventory name")
     c.add_argument("--socket", default="/run/lightrail/agent.sock",
                    help="Unix socket for the job-side library")

@@ -1,5 +1,7 @@
 """Operator commands over OperatorService: status, switches, circuits, jobs, gpus, hosts,
-failover, drain."""
+failover, drain. Every command takes ``--tls-ca/--tls-cert/--tls-key``; the mutating ones
+(failover, drain) also ``--token``/``--token-file`` (``$LIGHTRAIL_TOKEN``), sent as
+``authorization: Bearer <token>`` (README "Security")."""
 
 from __future__ import annotations
 
@@ -15,10 +17,16 @@ from google.protobuf.message import Message
 from rich.table import Table
 
 from lightrail.agents.leader import LeaderTargets, NoLeader
+from lightrail.controller.api.auth import AUTHORIZATION_KEY
 from lightrail.controller.cli.common import (
     CONTROLLER_HELP,
     DEFAULT_TARGET,
+    CliUsageError,
+    add_tls_arguments,
+    add_token_arguments,
+    client_tls,
     make_console,
+    operator_token,
     run_async,
 )
 from lightrail.v1 import operator_pb2, operator_pb2_grpc
@@ -32,17 +40,29 @@ async def operator_call(
     tried, or the leader's ``grpc.aio.AioRpcError``."""
 
     async def attempt(address: str) -> Message:
-        async with grpc.aio.insecure_channel(address) as ch:
+        async with targets.channel(address) as ch:
             result: Message = await call(operator_pb2_grpc.OperatorServiceStub(ch))
             return result
 
     return await targets.call(attempt)
 
 
+def token_metadata(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
+    """The call metadata carrying the operator's bearer token (``operator_token``), empty
+    without one. Raises ``CliUsageError``."""
+    token = operator_token(args)
+    return () if token is None else ((AUTHORIZATION_KEY, f"Bearer {token}"),)
+
+
 def _operator(args: argparse.Namespace, call: Callable[[Any], Any],
               render: Callable[[Any], Table | str]) -> int:
     try:
-        targets = LeaderTargets(args.controller)
+        tls = client_tls(args)
+    except CliUsageError as exc:
+        print(f"lightrail {args.cmd}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        targets = LeaderTargets(args.controller, tls=tls)
     except ValueError as exc:
         print(f"lightrail {args.cmd}: --{exc}", file=sys.stderr)
         return 2
@@ -148,13 +168,23 @@ def cmd_failover(args: argparse.Namespace) -> int:
         spare_host, spare_gpu = host, int(gpu)
     req = operator_pb2.FailoverRequest(job_id=args.job, rank=args.rank, spare_host=spare_host,
                                        spare_gpu=spare_gpu, reason=args.reason)
-    return _operator(args, lambda s: s.Failover(req, timeout=60),
+    try:
+        md = token_metadata(args)
+    except CliUsageError as exc:
+        print(f"lightrail failover: {exc}", file=sys.stderr)
+        return 2
+    return _operator(args, lambda s: s.Failover(req, timeout=60, metadata=md),
                      lambda r: _timeline_table("failover", [r]))
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
     req = operator_pb2.DrainRequest(host=args.host, reason=args.reason)
-    return _operator(args, lambda s: s.Drain(req, timeout=120),
+    try:
+        md = token_metadata(args)
+    except CliUsageError as exc:
+        print(f"lightrail drain: {exc}", file=sys.stderr)
+        return 2
+    return _operator(args, lambda s: s.Drain(req, timeout=120, metadata=md),
                      lambda r: _timeline_table(f"drained {args.host}", list(r.failovers)))
 
 
@@ -179,6 +209,7 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
     ):
         c = subcommands.add_parser(name, help=doc)
         c.add_argument("--controller", default=DEFAULT_TARGET, help=CONTROLLER_HELP)
+        add_tls_arguments(c)
         c.add_argument("--json", action="store_true")
         if name == "circuits":
             c.add_argument("--switch")
@@ -187,6 +218,8 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
 
     c = subcommands.add_parser("failover", help="move a job rank to a spare GPU now")
     c.add_argument("--controller", default=DEFAULT_TARGET, help=CONTROLLER_HELP)
+    add_tls_arguments(c)
+    add_token_arguments(c)
     c.add_argument("--json", action="store_true")
     c.add_argument("--job", required=True, help="job id")
     c.add_argument("--rank", required=True, type=int, help="rank to move")
@@ -199,6 +232,8 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
     c = subcommands.add_parser("drain", help="take a host out of service (its ranks fail over)")
     c.add_argument("host")
     c.add_argument("--controller", default=DEFAULT_TARGET, help=CONTROLLER_HELP)
+    add_tls_arguments(c)
+    add_token_arguments(c)
     c.add_argument("--json", action="store_true")
     c.add_argument("--reason", default="operator drain")
     c.set_defaults(func=cmd_drain)

@@ -17,9 +17,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from lightrail.agents.channel import ClientTls
 from lightrail.agents.leader import LeaderTargets, NoLeader, describe
 from lightrail.controller.cli.common import (
     DLRM_TRACE,
+    CliUsageError,
+    add_tls_arguments,
+    client_tls,
     make_console,
     non_negative_float,
     positive_int,
@@ -70,19 +74,21 @@ def _print_report(console: Console, report: Any, fabric: str, delay_ms: float) -
             f"-> hit rate {prov.hit_rate:.0%}")
 
 
-async def _hosts(target: str) -> list[Any]:
+async def _hosts(target: str, tls: ClientTls | None = None) -> list[Any]:
     """The fabric's non-spare hosts, from the leader among ``target`` (``host:port`` or
-    replicas ``a:1,b:2``). Raises ``NoLeader``, ``ValueError`` (empty list) and the leader's
-    ``grpc.aio.AioRpcError``."""
+    replicas ``a:1,b:2``), over TLS with ``tls`` when given. Raises ``NoLeader``,
+    ``ValueError`` (empty list) and the leader's ``grpc.aio.AioRpcError``."""
     from lightrail.agents.replay.replayer import HostSlot
 
+    targets = LeaderTargets(target, tls=tls)
+
     async def attempt(address: str) -> operator_pb2.ListHostsResponse:
-        async with grpc.aio.insecure_channel(address) as ch:
+        async with targets.channel(address) as ch:
             resp: operator_pb2.ListHostsResponse = await operator_pb2_grpc.OperatorServiceStub(
                 ch).ListHosts(operator_pb2.ListHostsRequest(), timeout=10.0)
             return resp
 
-    resp = await LeaderTargets(target).call(attempt)
+    resp = await targets.call(attempt)
     return [HostSlot(h.name, tuple(h.wired_gpus)) for h in resp.hosts if not h.spare]
 
 
@@ -100,7 +106,7 @@ def _controller_error(shown_as: str, exc: Exception) -> tuple[str, int]:
 
 
 async def _inject_gpu_failure(
-    target: str, gpu: tuple[str, int], reached: asyncio.Event
+    target: str, gpu: tuple[str, int], reached: asyncio.Event, tls: ClientTls | None = None
 ) -> None:
     """Once ``reached`` is set, report ``gpu`` lost (XID 79) as its host agent would, to the
     leader among ``target`` (a standby's redirect comes with the first read)."""
@@ -112,8 +118,10 @@ async def _inject_gpu_failure(
         xid=79, has_xid=True)])
     channels: list[grpc.aio.Channel] = []
 
+    targets = LeaderTargets(target, tls=tls)
+
     async def attempt(address: str) -> None:
-        ch = grpc.aio.insecure_channel(address)
+        ch = targets.channel(address)
         channels.append(ch)
         call = agent_pb2_grpc.AgentServiceStub(ch).HealthStream()  # type: ignore[call-arg]
         with contextlib.suppress(asyncio.InvalidStateError):  # ended: read() raises why
@@ -121,7 +129,7 @@ async def _inject_gpu_failure(
         await call.read()
 
     try:
-        await LeaderTargets(target).call(attempt)
+        await targets.call(attempt)
         await asyncio.Event().wait()  # keep the stream (the host's heartbeat) open
     finally:
         for ch in channels:
@@ -143,11 +151,13 @@ async def replay_main(
     fail_gpu: tuple[str, int] | None = None,
     fail_after: int = 2,
     devices: str = "tl1",
+    tls: ClientTls | None = None,
 ) -> int:
     """Load ``trace``, run it through a controller (embedded when ``controller`` is None),
     print the summary. ``fail_gpu`` (host, gpu): after ``fail_after`` iterations that GPU's
-    emulated host reports it lost (NVML XID 79) and the job goes on with a spare. Returns the
-    exit code."""
+    emulated host reports it lost (NVML XID 79) and the job goes on with a spare. ``tls``:
+    TLS to ``controller`` (the embedded one is plaintext on loopback). Returns the exit
+    code."""
     from lightrail.agents.client import ControllerClient, JobRegistrationError
     from lightrail.agents.replay.replayer import Replayer, ReplayError, report_to_json
     from lightrail.agents.replay.trace.loader import load_workload
@@ -161,17 +171,18 @@ async def replay_main(
         return 2
     fabric_name = fabric or ("demo-4x2" if workload.world_size <= 8 else "rail-16x8")
 
-    async def run(target: str, shown_as: str) -> int:
-        """Replay against the controller at ``target``; the summary names it ``shown_as``."""
+    async def run(target: str, shown_as: str, tls: ClientTls | None = None) -> int:
+        """Replay against the controller at ``target`` (TLS with ``tls``); the summary names
+        it ``shown_as``."""
         try:
-            hosts = await _hosts(target)
+            hosts = await _hosts(target, tls)
         except (grpc.aio.AioRpcError, NoLeader, ValueError) as exc:
             message, code = _controller_error(shown_as, exc)
             err.print(message, markup=False, highlight=False, soft_wrap=True)
             return code
         try:
             replayer = Replayer(workload, target, hosts, job_id=job_id, iterations=iterations,
-                                time_scale=time_scale, max_ops=max_ops)
+                                time_scale=time_scale, max_ops=max_ops, tls=tls)
         except ReplayError as exc:
             err.print(f"lightrail replay: {exc}")
             return 2
@@ -188,10 +199,10 @@ async def replay_main(
                     reached.set()
 
             replayer.on_progress = on_progress
-            injector = (asyncio.create_task(_inject_gpu_failure(target, fail_gpu, reached),
+            injector = (asyncio.create_task(_inject_gpu_failure(target, fail_gpu, reached, tls),
                                             name="inject-failure")
                         if fail_gpu is not None else None)
-            async with ControllerClient(target) as client:
+            async with ControllerClient(target, tls=tls) as client:
                 try:
                     report = await replayer.run(client)
                 except (ReplayError, JobRegistrationError) as exc:
@@ -209,7 +220,7 @@ async def replay_main(
         return 0
 
     if controller is not None:
-        return await run(controller, controller)
+        return await run(controller, controller, tls)
     return await _replay_embedded(run, fabric_name, spare_host=fail_gpu is not None,
                                   delay_ms=delay_ms, devices=devices,
                                   err=err if progress and not as_json else None)
@@ -272,11 +283,16 @@ async def _replay_embedded(
 
 def cmd_replay(args: argparse.Namespace) -> int:
     configure_logging("warning", "console")
+    try:
+        tls = client_tls(args)
+    except CliUsageError as exc:
+        print(f"lightrail replay: {exc}", file=sys.stderr)
+        return 2
     return run_async(replay_main(
         Path(args.trace), controller=args.controller, fabric=args.fabric,
         delay_ms=args.delay_ms, iterations=args.iterations, time_scale=args.time_scale,
         job_id=args.job_id, as_json=args.json, progress=not args.no_progress,
-        max_ops=args.max_ops, devices=args.devices,
+        max_ops=args.max_ops, devices=args.devices, tls=tls,
     ))
 
 
@@ -341,6 +357,7 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
                    help="controller host:port, or the replicas' addresses "
                         "HOST:PORT,HOST:PORT,... (the leader answers) (default: start an "
                         "embedded one)")
+    add_tls_arguments(c)
     c.add_argument("--fabric", choices=["demo-4x2", "rail-16x8"], default=None,
                    help="embedded fabric (default: by world size)")
     c.add_argument("--job-id", default="replay", help="job id to register (default replay)")

@@ -60,14 +60,15 @@ class Switch:
     """An optical circuit switch (or silicon-photonic switch) as the controller knows it.
 
     ``model`` selects the driver; ``options`` carries driver settings (address, credentials
-    reference, emulation parameters) verbatim from config.
+    or the environment variables holding them, emulation parameters) verbatim from config;
+    they are left out of ``repr`` (a password may be among them).
     """
 
     switch_id: str
     model: str
     capabilities: SwitchCapabilities
     rail: int | None
-    options: Mapping[str, str | int | float | bool] = field(default_factory=dict)
+    options: Mapping[str, str | int | float | bool] = field(default_factory=dict, repr=False)
 
     @property
     def reconfiguration_delay_s(self) -> float:
