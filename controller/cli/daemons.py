@@ -53,6 +53,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
         from lightrail.controller.cli.drivers import driver_registry
         from lightrail.controller.cli.embedded import embedded_config
         from lightrail.controller.store.etcd_server import EmbeddedEtcd
+        from lightrail.drivers.base import DriverError
 
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -78,7 +79,8 @@ def cmd_controller(args: argparse.Namespace) -> int:
             else:
                 await run_controller(cfg, stop, drivers=driver_registry(), on_started=announce,
                                      on_serving=announce_serving)
-        except (LeadershipLost, TlsSetupError) as exc:
+        except (LeadershipLost, TlsSetupError, DriverError) as exc:
+            # one line (a switch not opened at start names itself: DriverError), no traceback
             print(f"lightrail controller: {exc}", file=sys.stderr)
             return 1
         except StoreError as exc:  # one line naming the endpoints, not a traceback
