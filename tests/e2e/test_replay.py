@@ -1,7 +1,8 @@
 """End to end: every recorded input in ../shared/data replayed through the controller (real
-etcd, real gRPC, host agents with one PhaseStream each) on emulated rails, then the safety
-invariant checked on the switches' change logs: no cross-connect changed while a rank held it,
-no admission before the switch had made it."""
+etcd, real gRPC, host agents with one PhaseStream each) on emulated rails served by their own
+process (``lightrail emulate``, TL1 over sockets), then the safety invariant checked on the
+switches' change logs (read through the emulator's control API): no cross-connect changed while
+a rank held it, no admission before the switch had made it."""
 
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ import pytest
 from lightrail.agents.client import ControllerClient
 from lightrail.agents.replay.replayer import HostSlot, Replayer, ReplayReport
 from lightrail.agents.replay.trace.loader import load_workload
-from lightrail.controller.cli.embedded import embedded_config, running_controller
+from lightrail.controller.cli.embedded import embedded_config, running_controller, spawn_emulator
 from lightrail.controller.config import FabricSection, build_fabric
 from lightrail.controller.store.etcd_server import EmbeddedEtcd
-from lightrail.emulator.ocs import EmulatedFabricDevices
-from lightrail.emulator.servers.fabric import emulated_rails, rail_section
+from lightrail.emulator.control import ControlClient
+from lightrail.emulator.servers.fabric import rail_section
 from tests.invariants import check_holds
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -39,20 +40,19 @@ async def replay_checked(
 ) -> tuple[ReplayReport, Replayer]:
     section = rail_section(fabric_name, delay_ms=delay_ms)
     fabric = build_fabric(section)
-    devices = EmulatedFabricDevices()
     workload = load_workload(path)
-    # the rails are emulated Polatis switches the controller drives over TL1 sockets
-    async with emulated_rails(section, devices, "tl1") as served, running_controller(
-            embedded_config(etcd.endpoint, served, admission_timeout_s=60.0),
-            devices=devices) as rc:
+    # the rails are emulated Polatis switches in their own process, driven over TL1 sockets
+    async with spawn_emulator(section) as emulator, ControlClient(
+            emulator.control_url) as control, running_controller(
+            embedded_config(etcd.endpoint, emulator.section, admission_timeout_s=60.0)) as rc:
         hosts = [HostSlot(h.name, tuple(range(h.gpu_count))) for h in fabric.hosts.values()]
         replayer = Replayer(workload, rc.grpc_target, hosts, job_id="e2e",
                             iterations=iterations, time_scale=0.0, timeout_s=60.0,
                             max_ops=max_ops)
         async with ControllerClient(rc.grpc_target) as client:
             report = await replayer.run(client)
-    violations = check_holds(fabric, replayer.placements, replayer.holds,
-                             {sid: dev.change_log for sid, dev in devices.items()})
+        logs = await control.change_logs()
+    violations = check_holds(fabric, replayer.placements, replayer.holds, logs)
     assert violations == [], violations[:5]
     return report, replayer
 
@@ -89,11 +89,11 @@ async def test_two_jobs_on_disjoint_ports_never_touch_each_other(etcd: EmbeddedE
     section = FabricSection.model_validate(
         {"rail": {"hosts": 8, "gpus_per_host": 2}, "reconfiguration_delay_ms": 1})
     fabric = build_fabric(section)
-    devices = EmulatedFabricDevices()
     workload = load_workload(path)
-    cfg = embedded_config(etcd.endpoint, section, admission_timeout_s=60.0)
     halves = [[f"host{i}" for i in range(4)], [f"host{i}" for i in range(4, 8)]]
-    async with running_controller(cfg, devices=devices) as rc:
+    async with spawn_emulator(section) as emulator, ControlClient(
+            emulator.control_url) as control, running_controller(
+            embedded_config(etcd.endpoint, emulator.section, admission_timeout_s=60.0)) as rc:
         replayers = [
             Replayer(workload, rc.grpc_target, [HostSlot(h, (0, 1)) for h in hosts],
                      job_id=f"job{k}", iterations=2, time_scale=0.0, timeout_s=60.0)
@@ -101,7 +101,7 @@ async def test_two_jobs_on_disjoint_ports_never_touch_each_other(etcd: EmbeddedE
         ]
         async with ControllerClient(rc.grpc_target) as client:
             reports = await asyncio.gather(*(r.run(client) for r in replayers))
-    logs = {sid: dev.change_log for sid, dev in devices.items()}
+        logs = await control.change_logs()
     owned: list[set[tuple[str, int]]] = []
     for r in replayers:
         assert check_holds(fabric, r.placements, r.holds, logs) == []

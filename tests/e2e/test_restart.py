@@ -45,9 +45,11 @@ def free_port() -> int:
 
 async def circuits(target: str) -> dict[str, frozenset[CrossConnect]]:
     """The controller's view of every switch's cross-connects (operator ListCircuits)."""
+    # wait_for_ready: gRPC shares one subchannel per address in the process, and the agents'
+    # attempts during the outage left it in reconnect backoff ("connection refused")
     async with grpc.aio.insecure_channel(target) as channel:
         reply = await operator_pb2_grpc.OperatorServiceStub(channel).ListCircuits(
-            operator_pb2.ListCircuitsRequest(), timeout=10)
+            operator_pb2.ListCircuitsRequest(), timeout=10, wait_for_ready=True)
     out: dict[str, set[CrossConnect]] = {}
     for x in reply.cross_connects:
         out.setdefault(x.switch_id, set()).add(CrossConnect(x.ingress, x.egress))
