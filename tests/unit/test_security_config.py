@@ -5,9 +5,9 @@ schema, config errors that never show a credential, and the client's TLS files."
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import grpc
 import pytest
@@ -206,3 +206,40 @@ def test_tls_hints() -> None:
     assert "does not name the host" in tls_hint("Hostname Verification Check failed.", tls)
     assert "does not speak TLS" in tls_hint("SSL_ERROR_SSL: WRONG_VERSION_NUMBER", tls)
     assert tls_hint("Connection refused", tls) == ""
+
+
+async def test_start_warnings_and_tls_setup_errors(tmp_path: Path) -> None:
+    """Plaintext beyond loopback and no operators are logged as warnings at start; a TLS file
+    that is no certificate fails with the files named."""
+    from structlog.testing import capture_logs
+
+    from lightrail.controller.app import TlsSetupError, _bind, _operator_auth
+    from lightrail.controller.config import (
+        ControllerSection,
+        ControllerTlsSection,
+        OperatorConfig,
+    )
+
+    def warnings(logs: Sequence[MutableMapping[str, Any]]) -> list[object]:
+        return [e["event"] for e in logs if e["log_level"] == "warning"]
+
+    for listen, expected in (("127.0.0.1:0", []), ("localhost:0", []),
+                             ("0.0.0.0:0", ["grpc_plaintext_beyond_loopback"])):
+        server = grpc.aio.server()
+        with capture_logs() as logs:
+            assert _bind(server, ControllerSection(listen=listen)) > 0
+        await server.stop(None)
+        assert warnings(logs) == expected, listen
+    with capture_logs() as logs:
+        _operator_auth(ControllerSection())
+        _operator_auth(ControllerSection(operators=[OperatorConfig(name="a",
+                                                                   token_sha256="0" * 64)]))
+    assert warnings(logs) == ["no_operators_configured"]
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate")
+    tls = ControllerTlsSection(cert_file=str(junk), key_file=str(junk))
+    server = grpc.aio.server()
+    with pytest.raises(TlsSetupError, match=r"controller.tls: cannot serve 127.0.0.1:0 with "
+                                            r"cert_file '.*junk.pem' and key_file"):
+        _bind(server, ControllerSection(listen="127.0.0.1:0", tls=tls))
+    await server.stop(None)
