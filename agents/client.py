@@ -308,7 +308,7 @@ def placement_of(event: JobEvent) -> list[RankPlacement] | None:
             continue
         rank, _, where = item.partition("=")
         host, _, gpu = where.rpartition("/gpu")
-        if not host or not gpu.isdigit() or not rank.isdigit():
+        if not host or not gpu.isdecimal() or not rank.isdecimal():
             raise ValueError(f"placement: malformed entry {item!r}")
         out.append(RankPlacement(int(rank), host, int(gpu)))
     return sorted(out, key=lambda p: p.rank)

@@ -53,7 +53,7 @@ class _Strict(BaseModel):
 
 def _check_host_port(value: str) -> str:
     host, _, port = value.rpartition(":")
-    if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not host or not port.isdecimal() or not 0 <= int(port) <= 65535:
         raise ValueError(f"expected HOST:PORT with a port in 0..65535, got {value!r}")
     return value
 

@@ -494,7 +494,7 @@ class ControlServer:
 def _since(request: web.Request) -> int:
     """The ``since`` query parameter (default 0). Raises ``ControlInputError``."""
     raw = request.query.get("since", "0")
-    if not raw.isdigit():
+    if not raw.isdecimal():
         raise ControlInputError("since", raw, f"must be an integer >= 0, got {raw!r}")
     return int(raw)
 

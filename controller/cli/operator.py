@@ -161,7 +161,7 @@ def cmd_failover(args: argparse.Namespace) -> int:
     spare_host, spare_gpu = "", 0
     if args.to:
         host, _, gpu = args.to.rpartition(":")
-        if not host or not gpu.isdigit():
+        if not host or not gpu.isdecimal():
             print(f"lightrail failover: --to: expected HOST:GPU, got {args.to!r}",
                   file=sys.stderr)
             return 2

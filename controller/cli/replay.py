@@ -302,7 +302,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     fail_gpu = None
     if args.fail_gpu:
         host, _, gpu = args.fail_gpu.rpartition(":")
-        if not host or not gpu.isdigit():
+        if not host or not gpu.isdecimal():
             print(f"lightrail demo: --fail-gpu: expected HOST:GPU, got {args.fail_gpu!r}",
                   file=sys.stderr)
             return 2

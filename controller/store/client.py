@@ -154,7 +154,7 @@ class TlsFiles:
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
     """``"HOST:PORT"`` -> (host, port). Raises ValueError for anything else."""
     host, sep, port = endpoint.rpartition(":")
-    if not sep or not host or not port.isdigit():
+    if not sep or not host or not port.isdecimal():
         raise ValueError(f"etcd endpoint must be HOST:PORT, got {endpoint!r}")
     return host, int(port)
 

@@ -63,6 +63,6 @@ class EtcdHealthStore:
         out: dict[tuple[str, int], str] = {}
         for key, value in snap.items.items():
             _, host, gpu = key.split("/", 2)
-            if gpu.isdigit() and isinstance(value, dict) and value.get("state") == "failed":
+            if gpu.isdecimal() and isinstance(value, dict) and value.get("state") == "failed":
                 out[(host, int(gpu))] = str(value.get("reason", "failed"))
         return out

@@ -507,7 +507,7 @@ class SiphDriver:
         out: dict[int, list[str]] = {}
         for line in lines:
             fields = line.split(",")
-            if not fields[0].isdigit() or int(fields[0]) not in self._caps.port_ids():
+            if not fields[0].isdecimal() or int(fields[0]) not in self._caps.port_ids():
                 raise self._protocol(f"bad port line in reply to {command}: {line[:60]!r}")
             out[int(fields[0])] = fields[1:]
         if len(out) != len(self._caps.port_ids()):
@@ -650,7 +650,7 @@ class SiphDriver:
             self._drop()
             raise self._protocol(f"not a Qontrol-style device id: {ident[:40]!r}")
         count = (await self._raw(conn, "nchan?", 1))[0]
-        if not count.isdigit():
+        if not count.isdecimal():
             self._drop()
             raise self._protocol(f"expected a channel count in reply to nchan?, got {count!r}")
         channels = int(count)

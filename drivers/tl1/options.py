@@ -34,4 +34,4 @@ class Tl1Options(DriverOptions):
     @classmethod
     def _port_digits(cls, value: object) -> object:
         """A port may also be given as a string of digits (``"3082"``)."""
-        return int(value) if isinstance(value, str) and value.isdigit() else value
+        return int(value) if isinstance(value, str) and value.isdecimal() else value

@@ -275,7 +275,7 @@ def _key(segment: str, list_name: str) -> int | None:
     name, sep, raw = segment.partition("=")
     if name != list_name or not sep:
         raise _ErrorReply(404, "invalid-value", f"unknown resource {segment!r}")
-    if not raw.isdigit():
+    if not raw.isdecimal():
         raise _ErrorReply(400, "invalid-value", f"{list_name} key {raw!r} is not a port id")
     return _port_id(int(raw), f"{list_name} key")
 

@@ -677,7 +677,7 @@ class Tl1Server:
             ports = parse_port_list(text)
         except Tl1SyntaxError:
             bad = next(
-                (t for t in text.replace("&", " ").split() if not t.isdigit()), text
+                (t for t in text.replace("&", " ").split() if not t.isdecimal()), text
             )
             raise _Deny("IDNV", f"Invalid OXC port: {bad}") from None
         for port in ports:

@@ -66,6 +66,9 @@ def test_generated_rail_fabric() -> None:
          "controller.recovery_grace_s: Input should be a finite number"),
         ({"controller": {"metrics_listen": "0.0.0.0:99999"}},
          "expected HOST:PORT with a port in 0..65535, got '0.0.0.0:99999'"),
+        # '²' passes str.isdigit() but int() refuses it: a ValueError, not a clear error
+        ({"controller": {"metrics_listen": "127.0.0.1:\u00b2"}},
+         "expected HOST:PORT with a port in 0..65535, got '127.0.0.1:\u00b2'"),
         ({"fabric": {"rail": {"hosts": 100000, "gpus_per_host": 64}}},
          "rail: more than 131072 GPUs"),
     ],
