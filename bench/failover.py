@@ -2,6 +2,8 @@
 
 A controller (in this process, on a private etcd) runs a job of 8 ranks on 4 hosts x 2 GPUs of
 a rail fabric with a pool of spare hosts (one failure domain, every spare wired to both rails).
+The rails are emulated Polatis switches in their own process (``lightrail emulate``), driven
+over TL1 sockets as hardware would be.
 Failures are injected one at a time, each on a GPU of the current placement:
 
 * ``xid``: the host agent reports NVML XID 79 (fallen off the bus) on its health stream;
@@ -29,7 +31,7 @@ from collections.abc import Sequence
 import grpc
 
 from lightrail.agents.client import ControllerClient
-from lightrail.controller.cli.embedded import embedded_config, running_controller
+from lightrail.controller.cli.embedded import embedded_config, running_controller, spawn_emulator
 from lightrail.controller.config import FabricSection
 from lightrail.controller.domain.events import JobEvent, JobEventKind
 from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup, RankPlacement
@@ -57,8 +59,8 @@ async def run(
         {"rail": {"hosts": 4, "gpus_per_host": 2, "spares": 2 * failures},
          "reconfiguration_delay_ms": delay_ms})
     out: dict[str, list[float]] = {"planned": [], "confirmed": [], "stored": [], "total": []}
-    async with EmbeddedEtcd() as etcd:
-        cfg = embedded_config(etcd.endpoint, section, admission_timeout_s=60)
+    async with EmbeddedEtcd() as etcd, spawn_emulator(section) as emulator:
+        cfg = embedded_config(etcd.endpoint, emulator.section, admission_timeout_s=60)
         hb_s = heartbeat_ms / 1e3
         cfg = cfg.model_copy(update={"controller": cfg.controller.model_copy(update={
             "heartbeat_interval_s": hb_s, "heartbeat_deadline_s": 3 * hb_s})})

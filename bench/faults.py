@@ -458,11 +458,12 @@ async def settle_and_check(st: Stack, result: CaseResult, replays: Sequence[Repl
         for v in violations[:3]:
             result.notes.append(f"unsafe: {v}")
     if device_lost:
+        held = sum(1 for v in device_lost if v.problem.startswith("broken"))
         result.notes.append(
-            f"{len(device_lost)} rank-holds lost circuits the device dropped on its own "
-            f"(reboot losing its cross-connects) while held or within "
-            f"{DEVICE_LOSS_GRACE_S:g} s before the rank's admission reached it: the device's "
-            "fault, not an unsafe admission (each is in tests/invariants.check_holds' "
+            f"circuits a device dropped on its own (a reboot losing its cross-connects), the "
+            f"device's fault and not counted as unsafe: {held} rank-holds lost them while "
+            f"held, {len(device_lost) - held} were admitted at most {DEVICE_LOSS_GRACE_S:g} s "
+            "after the loss, before the controller could know (tests/invariants.check_holds "
             "device_losses)")
     crashed = st.crashed()
     result.crashes += len(crashed)
