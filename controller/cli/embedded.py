@@ -11,11 +11,11 @@ import contextlib
 import json
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 
@@ -127,32 +127,45 @@ async def spawn_controller(
     with tempfile.TemporaryDirectory(prefix="lightrail-ctl-") as tmp:
         path = Path(tmp) / "controller.yaml"
         path.write_text(yaml.safe_dump(data), encoding="utf-8")
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "lightrail.controller", "--config", str(path),
-            f"--announce={announce}",
-            stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL,
-        )
+        async with _announced_child(
+                "controller", ["-m", "lightrail.controller", "--config", str(path),
+                               f"--announce={announce}"],
+                start_timeout_s=start_timeout_s,
+                stop_timeout_s=cfg.controller.shutdown_timeout_s * 2) as (info, pid):
+            yield ChildController(info["grpc"], info["metrics"], pid)
+
+
+@asynccontextmanager
+async def _announced_child(
+    what: str, argv: Sequence[str], *, start_timeout_s: float, stop_timeout_s: float
+) -> AsyncIterator[tuple[dict[str, Any], int]]:
+    """Run ``python ARGV`` as a child process that prints one JSON line to stdout once it
+    serves; yield that announcement and the child's pid. On exit SIGTERM it (unless the caller
+    killed it), then SIGKILL after ``stop_timeout_s``. Its stderr is this process's. Raises
+    ``RuntimeError`` with the exit code if it exits before announcing, ``TimeoutError`` if it
+    does not announce within ``start_timeout_s``; ``what`` names it in both."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, *argv, stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL)
+    try:
+        assert proc.stdout is not None
         try:
-            assert proc.stdout is not None
+            line = await asyncio.wait_for(proc.stdout.readline(), start_timeout_s)
+        except TimeoutError:
+            raise TimeoutError(f"{what} process did not serve within {start_timeout_s} s"
+                               ) from None
+        if not line:
+            rc = await proc.wait()
+            raise RuntimeError(f"{what} process exited with code {rc} before serving")
+        yield json.loads(line), proc.pid
+    finally:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):  # killed by the caller
+                proc.terminate()
             try:
-                line = await asyncio.wait_for(proc.stdout.readline(), start_timeout_s)
+                await asyncio.wait_for(proc.wait(), stop_timeout_s)
             except TimeoutError:
-                raise TimeoutError(
-                    f"controller process did not serve within {start_timeout_s} s") from None
-            if not line:
-                rc = await proc.wait()
-                raise RuntimeError(f"controller process exited with code {rc} before serving")
-            info = json.loads(line)
-            yield ChildController(info["grpc"], info["metrics"], proc.pid)
-        finally:
-            if proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):  # killed by the caller
-                    proc.terminate()
-                try:
-                    await asyncio.wait_for(proc.wait(), cfg.controller.shutdown_timeout_s * 2)
-                except TimeoutError:
-                    proc.kill()
-                    await proc.wait()
+                proc.kill()
+                await proc.wait()
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,35 +203,14 @@ async def spawn_emulator(
         path = Path(tmp) / "fabric.yaml"
         path.write_text(yaml.safe_dump({"fabric": section.model_dump(mode="json")}),
                         encoding="utf-8")
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "lightrail.controller.cli.main", "emulate",
-            "--fabric", str(path), "--protocol", protocol, "--log-level", log_level,
-            *(f"--account={u}:{p}" for u, p in (accounts or {}).items()),
-            stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL,
-        )
-        try:
-            assert proc.stdout is not None
-            try:
-                line = await asyncio.wait_for(proc.stdout.readline(), start_timeout_s)
-            except TimeoutError:
-                raise TimeoutError(
-                    f"emulator process did not serve within {start_timeout_s} s") from None
-            if not line:
-                rc = await proc.wait()
-                raise RuntimeError(f"emulator process exited with code {rc} before serving")
-            info = json.loads(line)
+        async with _announced_child(
+                "emulator", ["-m", "lightrail.controller.cli.main", "emulate", "--fabric",
+                             str(path), "--protocol", protocol, "--log-level", log_level,
+                             *(f"--account={u}:{p}" for u, p in (accounts or {}).items())],
+                start_timeout_s=start_timeout_s, stop_timeout_s=10.0) as (info, pid):
             served = FabricSection.model_validate(info["fabric"])
             addresses = {sid: f"{s['host']}:{s['port']}" for sid, s in info["switches"].items()}
-            yield ChildEmulator(info["control"], served, addresses, proc.pid)
-        finally:
-            if proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):  # killed by the caller
-                    proc.terminate()
-                try:
-                    await asyncio.wait_for(proc.wait(), 10.0)
-                except TimeoutError:
-                    proc.kill()
-                    await proc.wait()
+            yield ChildEmulator(info["control"], served, addresses, pid)
 
 
 @asynccontextmanager
