@@ -53,6 +53,7 @@ class _Kind(enum.Enum):
     ENTER = 1
     RELEASE = 2
     HELD = 3
+    CANCEL = 4
 
 
 @dataclass(slots=True)
@@ -83,9 +84,9 @@ class _Encoder:
     """Encodes requests for one stream session. Enters of one phase instance that go out
     together become one ``EnterMany`` (they share a request id, ``HostAgent._share_ids``),
     releases of one instance one ``ReleaseMany``, after a ``DefinePhase`` on the phase's first
-    use on the stream; releases go first, then holds, then enters (a rank's release and its
-    next enter may travel together; its enter and release of one phase never do). Holds go
-    per rank, their group after a ``DefineGroup``."""
+    use on the stream; cancels of given-up enters go first, then releases, then holds, then
+    enters (a rank's release and its next enter may travel together; its enter and release of
+    one phase never do). Holds go per rank, their group after a ``DefineGroup``."""
 
     __slots__ = ("_defined", "_phase_ids")
 
@@ -112,7 +113,12 @@ class _Encoder:
         enters: dict[tuple[str, PhaseKey, int, int], list[_Out]] = {}
         singles: list[_Out] = []
         for m in batch:
-            if m.kind is _Kind.RELEASE:
+            if m.kind is _Kind.CANCEL:  # first: a later enter of the rank must not be busy
+                c = reqs.add().cancel_enter
+                c.job_id = m.job_id
+                c.rank = m.rank
+                c.request_id = m.request_id
+            elif m.kind is _Kind.RELEASE:
                 releases.setdefault((m.job_id, m.phase, m.iteration), []).append(m.rank)
             elif m.kind is _Kind.ENTER:
                 enters.setdefault((m.job_id, m.phase, m.iteration, m.request_id), []).append(m)
@@ -303,6 +309,8 @@ class HostAgent:
         """Block until ``rank`` is admitted into ``phase``. Raises a ``PhaseError`` subclass:
         ``PhaseTimeout`` after ``timeout_s`` (enforced by the controller, and locally with a
         grace period if the controller is gone), ``PlacementChanged``, ``ControllerUnavailable``.
+        Cancelling the caller withdraws the wait at the controller (``CancelEnter``; an
+        admission already on its way is released), so the rank may enter another phase at once.
         """
         key = (job_id, rank)
         if key in self._pending:
@@ -318,6 +326,12 @@ class HostAgent:
                                 self._reconnect_budget_s)
         try:
             return await fut
+        except asyncio.CancelledError:
+            held = self._held.get(key)
+            if held is not None and held.phase == phase and held.iteration == iteration:
+                del self._held[key]  # admitted as the caller gave up: the cancel releases it
+            self._send(_Out(_Kind.CANCEL, job_id, rank, phase, iteration, p.request_id))
+            raise
         finally:
             guard.cancel()
             if self._pending.get(key) is p:
@@ -415,7 +429,10 @@ class HostAgent:
                        for (j, r), h in self._held.items()]
             resync += [_Out(_Kind.ENTER, j, r, p.phase, p.iteration, p.request_id, p.timeout_s)
                        for (j, r), p in self._pending.items()]
-            self._outbox = resync + [m for m in self._outbox if m.kind is _Kind.RELEASE]
+            # releases and cancels queued since go too (a cancel may withdraw a wait the
+            # controller kept when the old stream broke; the encoder sends cancels first)
+            self._outbox = resync + [m for m in self._outbox
+                                     if m.kind is _Kind.RELEASE or m.kind is _Kind.CANCEL]
             encoder = _Encoder()
             served: dict[str, set[int]] = {}
             for j, r in (*self._last_release, *self._held, *self._pending):

@@ -26,8 +26,9 @@ import contextlib
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from lightrail.agents.channel import ClientTls
 from lightrail.agents.client import ControllerClient, RankSession, placement_of
@@ -395,7 +396,7 @@ class Replayer:
         it = 0
         while it < self.iterations:
             try:
-                await self._iteration(session, rank, it)
+                await self._interruptible(self._iteration(session, rank, it))
             except (PlacementChanged, _Restart):
                 session = await self._rejoin(rank)
                 continue  # the same iteration again, from its checkpoint
@@ -403,6 +404,29 @@ class Replayer:
             if self.on_progress is not None and self._done_iters[it] == len(self.placements):
                 self.on_progress(it + 1, self.iterations)
             it += 1
+
+    async def _interruptible(self, iteration: Coroutine[Any, Any, None]) -> None:
+        """Run one rank's ``iteration``; when the job restarts (a failover seen by any rank or
+        by the watch) cancel it wherever it waits and raise ``_Restart``. A rank that entered
+        a phase of the old attempt just after the controller refused the waiting ones would
+        otherwise wait there for peers that already restarted (and they for it): cancelling
+        its enter withdraws the wait at the controller (``HostAgent.enter``)."""
+        task = asyncio.ensure_future(iteration)
+        restart = asyncio.ensure_future(self._restart.wait())
+        try:
+            await asyncio.wait({task, restart}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        finally:
+            restart.cancel()
+        if task.done():
+            task.result()  # PlacementChanged / _Restart / a failure propagate
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, PhaseError, _Restart):
+            await task
+        raise _Restart
 
     async def _iteration(self, session: RankSession, rank: int, it: int) -> None:
         ops = self.ops.get(rank, [])

@@ -499,6 +499,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             except (ReleaseError, InvalidRequest) as exc:
                 code = exc.code if isinstance(exc, ReleaseError) else ErrorCode.INVALID_PHASE
                 self._release_refused(sink, r.job_id, r.rank, code, exc)
+        elif kind == "cancel_enter":
+            c = req.cancel_enter  # the rank's caller gave up: as a cancelled unary EnterPhase
+            service.cancel(c.job_id, c.rank, c.request_id)
         elif kind == "sync_done":
             service.synced(req.sync_done.job_id, list(req.sync_done.ranks))
         elif kind == "held":

@@ -124,3 +124,34 @@ async def test_blocking_session_for_training_loops(
     # the ring is made once; later steps find it there
     assert results[0][1:] == [True, True] and results[1][1:] == [True, True]
     assert devices["ocs-rail0"].cross_connects == {CrossConnect(1, 6), CrossConnect(2, 5)}
+
+
+async def test_a_cancelled_enter_is_withdrawn_at_the_controller(ctl: RunningController) -> None:
+    """A rank whose caller gives up waiting (the job restarts after a failover) may enter
+    another phase at once: the agent's CancelEnter withdrew its wait; without it the
+    controller still counts the rank as waiting and refuses the next enter RANK_BUSY."""
+    pair = PhaseKey(ProcessGroup.of([0, 1]), Collective.SEND_RECV)
+    solo = PhaseKey(ProcessGroup.of([0, 1]), Collective.ALL_REDUCE)
+    async with HostAgent("host0", ctl.grpc_target) as agent:
+        agent.start()
+        await agent.wait_connected(10)
+        waiting = asyncio.create_task(agent.enter("job", 0, pair, 0, timeout_s=30))
+        coord = ctl.service.coordinator
+        for _ in range(200):  # until the controller has the wait (a deadline, not timing)
+            if coord.waiting_request("job", 0) is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert coord.waiting_request("job", 0) is not None
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        for _ in range(200):
+            if coord.waiting_request("job", 0) is None:
+                break
+            await asyncio.sleep(0.01)
+        assert coord.waiting_request("job", 0) is None  # withdrawn, not left to time out
+        async with ControllerClient(ctl.grpc_target) as peer:
+            other = asyncio.create_task(peer.enter("job", 1, solo, timeout_s=10))
+            adm = await asyncio.wait_for(agent.enter("job", 0, solo, 0, timeout_s=10), 15)
+            await other
+        assert adm.steps >= 1

@@ -60,3 +60,16 @@ async def test_enters_of_one_instance_share_one_request_id() -> None:
     agent._share_ids(batch)
     assert batch[0].request_id == batch[1].request_id != 100
     assert batch[2].request_id == 101  # alone in its instance: unchanged
+
+
+def test_a_cancel_goes_out_before_the_ranks_next_enter() -> None:
+    # the rank gave up request 7 (its job restarts) and enters the ring: the controller must
+    # withdraw the wait first, or the enter would find the rank busy
+    out = _Encoder().encode([
+        _Out(_Kind.ENTER, "job", 0, RING, 1, 9, 5.0),
+        _Out(_Kind.RELEASE, "job", 2, RING, 0),
+        _Out(_Kind.CANCEL, "job", 0, PAIR, 1, 7),
+    ])
+    assert kinds(out) == ["cancel_enter", "define_phase", "release_many", "enter_many"]
+    c = out.requests[0].cancel_enter
+    assert (c.job_id, c.rank, c.request_id) == ("job", 0, 7)

@@ -698,6 +698,7 @@ class PhaseRequest(_message.Message):
     DEFINE_PHASE_FIELD_NUMBER: _builtins.int
     ENTER_MANY_FIELD_NUMBER: _builtins.int
     RELEASE_MANY_FIELD_NUMBER: _builtins.int
+    CANCEL_ENTER_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def enter(self) -> Global___EnterPhaseRequest: ...
     @_builtins.property
@@ -714,6 +715,8 @@ class PhaseRequest(_message.Message):
     def enter_many(self) -> Global___EnterMany: ...
     @_builtins.property
     def release_many(self) -> Global___ReleaseMany: ...
+    @_builtins.property
+    def cancel_enter(self) -> Global___CancelEnter: ...
     def __init__(
         self,
         *,
@@ -725,16 +728,49 @@ class PhaseRequest(_message.Message):
         define_phase: Global___DefinePhase | None = ...,
         enter_many: Global___EnterMany | None = ...,
         release_many: Global___ReleaseMany | None = ...,
+        cancel_enter: Global___CancelEnter | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["define_group", b"define_group", "define_phase", b"define_phase", "enter", b"enter", "enter_many", b"enter_many", "held", b"held", "kind", b"kind", "release", b"release", "release_many", b"release_many", "sync_done", b"sync_done"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel_enter", b"cancel_enter", "define_group", b"define_group", "define_phase", b"define_phase", "enter", b"enter", "enter_many", b"enter_many", "held", b"held", "kind", b"kind", "release", b"release", "release_many", b"release_many", "sync_done", b"sync_done"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["define_group", b"define_group", "define_phase", b"define_phase", "enter", b"enter", "enter_many", b"enter_many", "held", b"held", "kind", b"kind", "release", b"release", "release_many", b"release_many", "sync_done", b"sync_done"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_enter", b"cancel_enter", "define_group", b"define_group", "define_phase", b"define_phase", "enter", b"enter", "enter_many", b"enter_many", "held", b"held", "kind", b"kind", "release", b"release", "release_many", b"release_many", "sync_done", b"sync_done"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["enter", "release", "held", "define_group", "sync_done", "define_phase", "enter_many", "release_many"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["enter", "release", "held", "define_group", "sync_done", "define_phase", "enter_many", "release_many", "cancel_enter"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
 Global___PhaseRequest: _TypeAlias = PhaseRequest  # noqa: Y015
+
+@_typing.final
+class CancelEnter(_message.Message):
+    """The caller of an enter (EnterPhaseRequest or EnterMany) request_id of rank gave up waiting:
+    its task was cancelled (the job restarts after a failover, the process exits). The
+    controller withdraws the rank's wait, or its hold if the admission was already on its way,
+    as it does for a cancelled unary EnterPhase; a no-op when the rank has moved on. Sent before
+    any later enter of the same rank in the same batch.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    rank: _builtins.int
+    request_id: _builtins.int
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        rank: _builtins.int = ...,
+        request_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "rank", b"rank", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelEnter: _TypeAlias = CancelEnter  # noqa: Y015
 
 @_typing.final
 class PhaseRequestBatch(_message.Message):
