@@ -114,10 +114,8 @@ class _Encoder:
         singles: list[_Out] = []
         for m in batch:
             if m.kind is _Kind.CANCEL:  # first: a later enter of the rank must not be busy
-                c = reqs.add().cancel_enter
-                c.job_id = m.job_id
-                c.rank = m.rank
-                c.request_id = m.request_id
+                reqs.add().cancel_enter.CopyFrom(agent_pb2.CancelEnter(
+                    job_id=m.job_id, rank=m.rank, request_id=m.request_id))
             elif m.kind is _Kind.RELEASE:
                 releases.setdefault((m.job_id, m.phase, m.iteration), []).append(m.rank)
             elif m.kind is _Kind.ENTER:
@@ -136,6 +134,13 @@ class _Encoder:
             r.ranks.extend(ranks)
         for m in singles:  # holds, and releases beyond the phase-id limit: before any enter
             self._single(reqs, m)
+        self._enters(reqs, enters)
+        return out
+
+    def _enters(self, reqs: _Requests,
+                enters: dict[tuple[str, PhaseKey, int, int], list[_Out]]) -> None:
+        """Append one ``EnterMany`` per phase instance and request id (per rank beyond the
+        phase-id limit)."""
         later: list[_Out] = []
         for (job_id, phase, iteration, request_id), group in enters.items():
             pid = self._phase_id(reqs, phase)
@@ -156,7 +161,6 @@ class _Encoder:
                 e.compute_gap_s = first.compute_gap_s
         for m in later:
             self._single(reqs, m)
-        return out
 
     def _single(self, reqs: _Requests, m: _Out) -> None:
         group = m.phase.group
