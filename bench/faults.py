@@ -23,6 +23,10 @@ Cases (each seeded, each stopping by itself):
   port, reboot keeping or losing cross-connects) on the TL1 and the RESTCONF rail while replays
   run: every affected rank gets an explicit error (counted by code) or is admitted after
   confirmation. Time: fault injected to the replay's end (completed or failed explicitly).
+* ``fuzz``: the property-based tests of bad input (``tests/fuzz.py``: config, traces, every gRPC
+  request through the real servicers, TL1 and RESTCONF replies) with ``--fuzz-examples``
+  examples per test instead of CI's bound (``LIGHTRAIL_FUZZ_EXAMPLES``); runs = tests, crashes =
+  tests that found an input without a clear error. Time: per test.
 * ``etcd-member`` (with ``tests/etcd_cluster.py``, over TLS with client certificates): a random
   member of a 3-member etcd cluster killed and restarted, and a compaction during the
   controllers' watches, while a replay runs; lease TTL ``ETCD_CASE_TTL_S``. The replay must go
@@ -38,7 +42,7 @@ replicas that exited without being killed, replays that stalled (no iteration wi
 failed with an error that is not explicit.
 
     .venv/bin/python bench/faults.py [--kills 50] [--pauses 3] [--device-faults 20]
-        [--etcd-kills 3] [--seed 1] [--cases leader-kill,leader-pause,...]
+        [--etcd-kills 3] [--fuzz-examples 1000] [--seed 1] [--cases leader-kill,...]
 
 prints one table: case, runs, p50/p99 of the case's time, lost, doubled, unsafe, crashes.
 ``tests/faults/`` runs a bounded subset of the same code in ``make test``.
@@ -49,7 +53,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import random
+import re
 import signal
 import socket
 import statistics
@@ -705,7 +711,10 @@ async def _etcd_member_runs(cluster: Any, tls: EtcdTlsSection, workload: Workloa
 # --- main ------------------------------------------------------------------------------------
 
 
-CASES = ("leader-kill", "leader-pause", "device-faults", "etcd-member")
+CASES = ("leader-kill", "leader-pause", "device-faults", "etcd-member", "fuzz")
+FUZZ_TESTS = ("tests/unit/test_fuzz_inputs.py", "tests/unit/test_fuzz_wire.py",
+              "tests/integration/test_fuzz_grpc.py", "tests/integration/test_fuzz_drivers.py")
+"""The property-based test modules the ``fuzz`` case runs."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -720,6 +729,34 @@ class Plan:
     cases: tuple[str, ...] = CASES
     logs: Path | None = None
     """Where the replicas' configs and logs are kept (default: a temporary directory)."""
+    fuzz_examples: int = 1000
+
+
+async def fuzz(examples: int) -> CaseResult:
+    """Run ``FUZZ_TESTS`` with ``examples`` examples per test (a child pytest, so its own
+    controller and etcd); count the tests and the failures."""
+    result = CaseResult("fuzz")
+    env = {**os.environ, "LIGHTRAIL_FUZZ_EXAMPLES": str(examples), "LIGHTRAIL_REQUIRE_ETCD": "1"}
+    t0 = time.monotonic()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *FUZZ_TESTS,
+        cwd=REPO, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    out, _ = await proc.communicate()
+    text = out.decode(errors="replace")
+    passed = failed = 0
+    for line in text.splitlines()[::-1]:
+        if " passed" in line or " failed" in line:
+            for count, word in re.findall(r"(\d+) (passed|failed|error)", line):
+                passed += int(count) if word == "passed" else 0
+                failed += int(count) if word != "passed" else 0
+            break
+    result.runs = passed + failed
+    result.crashes = failed if proc.returncode in (0, 1) else max(failed, 1)
+    if result.runs:
+        result.times_s = [(time.monotonic() - t0) / result.runs] * result.runs
+    result.notes.append(f"{examples} examples per test, pytest exit {proc.returncode}")
+    result.notes.extend(line for line in text.splitlines() if line.startswith("FAILED"))
+    return result
 
 
 async def campaign(plan: Plan, workload: Workload | None = None) -> list[CaseResult]:
@@ -745,6 +782,8 @@ async def campaign(plan: Plan, workload: Workload | None = None) -> list[CaseRes
                 results.append(await device_faults(st, workload, plan.device_faults, rng))
         if "etcd-member" in plan.cases:
             results.append(await etcd_member(workload, plan.etcd_kills, rng, tmp))
+    if "fuzz" in plan.cases:
+        results.append(await fuzz(plan.fuzz_examples))
     return results
 
 
@@ -755,6 +794,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--device-faults", type=int, default=20)
     p.add_argument("--etcd-kills", type=int, default=3)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--fuzz-examples", type=int, default=1000,
+                   help="examples per property-based test in the fuzz case (CI runs 50-150)")
     p.add_argument("--logs", type=Path, default=None,
                    help="keep the replicas' configs and logs in this directory")
     p.add_argument("--cases", default=",".join(CASES),
@@ -769,7 +810,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     plan = Plan(args.kills, args.pauses, args.device_faults, args.etcd_kills, args.seed, cases,
-                args.logs)
+                args.logs, args.fuzz_examples)
     started = time.monotonic()
     results = asyncio.run(campaign(plan))
     print(f"fault campaign, seed {plan.seed}, lease TTL {LEASE_TTL_S:g} s, reconfiguration "
