@@ -57,37 +57,6 @@ def rail_section(
     })
 
 
-@asynccontextmanager
-async def emulated_rails(
-    section: FabricSection, devices: EmulatedFabricDevices, protocol: str = "tl1"
-) -> AsyncIterator[FabricSection]:
-    """Serve the switches of a generated rail fabric over ``protocol`` ("tl1", "restconf";
-    "emulated" serves nothing: the in-process driver) and yield the section that points the
-    controller's drivers at them."""
-    if protocol == "emulated":
-        yield section
-        return
-    fabric = build_fabric(section)
-    async with serve_fabric(fabric, devices, protocol) as options:
-        assert section.rail is not None
-        rail = section.rail.model_copy(update={"model": protocol, "switch_options": options})
-        yield section.model_copy(update={"rail": rail})
-
-
-@asynccontextmanager
-async def serve_fabric(
-    fabric: Fabric,
-    devices: EmulatedFabricDevices,
-    protocol: str = "tl1",
-) -> AsyncIterator[dict[str, dict[str, OptionValue]]]:
-    """Start one ``protocol`` ("tl1" or "restconf") server per switch of ``fabric``
-    (``serve_switches``); yield the driver options per switch id (``host``, ``port``,
-    credentials) to put in the controller's config with ``model: <protocol>``. Stops every
-    server on exit. Raises ``ValueError`` for an unknown protocol."""
-    async with serve_switches(fabric, devices, protocol=protocol, environ={}) as served:
-        yield {sid: dict(s.options) for sid, s in served.items()}
-
-
 @dataclass(frozen=True, slots=True)
 class ServedSwitch:
     """One switch served on a socket: the driver ``model`` the controller must use, the
