@@ -8,7 +8,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck check proto bench system-deps clean loadgen loadgen-deps
+.PHONY: demo test lint typecheck check proto bench system-deps clean loadgen loadgen-deps nccl-plugin
 
 $(STAMP): requirements.lock pyproject.toml | system-deps
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,7 @@ system-deps:
 	@missing=""; \
 	command -v etcd >/dev/null 2>&1 || missing="$$missing etcd-server"; \
 	command -v openssl >/dev/null 2>&1 || missing="$$missing openssl"; \
+	command -v $(CC) >/dev/null 2>&1 || missing="$$missing gcc"; \
 	$(PYTHON) -c "import ensurepip, venv" >/dev/null 2>&1 || missing="$$missing python3-venv"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = "0" ]; then \
@@ -36,7 +37,7 @@ system-deps:
 demo: $(STAMP) system-deps
 	$(VENV)/bin/lightrail demo
 
-test: $(STAMP) system-deps
+test: $(STAMP) system-deps nccl-plugin
 	LIGHTRAIL_REQUIRE_ETCD=1 $(PY) -m pytest -q
 
 lint: $(STAMP)
@@ -50,6 +51,20 @@ check: lint typecheck test
 
 proto: $(STAMP)
 	$(PY) scripts/gen_proto.py
+
+# The NCCL profiler plugin (agents/nccl/, plain C, no CUDA): NCCL loads it with
+# NCCL_PROFILER_PLUGIN=lightrail when agents/nccl/build is on LD_LIBRARY_PATH, or with the path
+# of the .so. tests/integration/test_nccl_plugin.py builds it through this target too.
+NCCL_PLUGIN_DIR := agents/nccl
+NCCL_PLUGIN := $(NCCL_PLUGIN_DIR)/build/libnccl-profiler-lightrail.so
+NCCL_PLUGIN_CFLAGS := -std=c11 -O2 -g -Wall -Wextra -Wpedantic -Werror -fPIC -fvisibility=hidden
+
+nccl-plugin: $(NCCL_PLUGIN)
+
+$(NCCL_PLUGIN): $(NCCL_PLUGIN_DIR)/plugin.c $(NCCL_PLUGIN_DIR)/lightrail_nccl_wire.h \
+		$(NCCL_PLUGIN_DIR)/nccl_profiler_abi.h
+	mkdir -p $(dir $@)
+	$(CC) $(NCCL_PLUGIN_CFLAGS) -shared -pthread $(NCCL_PLUGIN_DIR)/plugin.c -o $@
 
 # The compiled load generator of bench/hot_path.py (bench/loadgen/loadgen.cc, gRPC C++ from
 # Debian). `make loadgen` fails naming the packages when they are missing; `make bench` builds
@@ -95,4 +110,4 @@ bench: $(STAMP) system-deps
 	$(PY) bench/hot_path.py
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache $(LOADGEN_BUILD)
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache $(LOADGEN_BUILD) $(NCCL_PLUGIN_DIR)/build
