@@ -183,6 +183,11 @@ def cmd_agent(args: argparse.Namespace) -> int:
                 asyncio.TaskGroup() as tg:
             monitor = tg.create_task(source.run(), name="health-monitor")
             link = tg.create_task(reporter.run(), name="health-reporter")
+            if args.nccl_socket:
+                from lightrail.agents.host.nccl_endpoint import NcclEndpoint
+
+                tg.create_task(NcclEndpoint(agent).serve(args.nccl_socket, stop),
+                               name="nccl-endpoint")
             await serve_local(agent, args.controller, args.socket, stop, tls=tls)
             monitor.cancel()
             link.cancel()
@@ -212,6 +217,11 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
     c.add_argument("--host", default=os.uname().nodename, help="this host's inventory name")
     c.add_argument("--socket", default="/run/lightrail/agent.sock",
                    help="Unix socket for the job-side library")
+    c.add_argument("--nccl-socket", metavar="PATH", default=None,
+                   help="also serve the NCCL profiler plugin (libnccl-profiler-lightrail.so) "
+                        "and the framework side's communicator registrations on this Unix "
+                        "socket (the plugin's LIGHTRAIL_NCCL_SOCKET, e.g. "
+                        "/run/lightrail/nccl.sock); off by default")
     c.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     c.add_argument("--health", choices=["nvml", "emulated"], default="nvml",
                    help="GPU health source: nvml (the NVIDIA driver's NVML; fails if it is "

@@ -29,7 +29,7 @@ from lightrail.controller.config import FabricSection
 from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup, RankPlacement
 from lightrail.controller.store.etcd_server import EmbeddedEtcd
 from lightrail.emulator.ocs import EmulatedFabricDevices
-from tests.nccl_harness import PLUGIN, ROOT, Plugin
+from tests.nccl_harness import PLUGIN, ROOT, Comm, Plugin
 
 HOSTS = 4
 PLACE = [RankPlacement(r, f"host{r}", 0) for r in range(HOSTS)]
@@ -434,3 +434,52 @@ def test_unknown_version_symbol_is_absent(plugin_built: Path) -> None:
     with pytest.raises(ValueError, match="ncclProfiler_v3"):
         Plugin(path=plugin_built, version=3)
 
+
+
+async def test_lightrail_agent_serves_the_nccl_socket(
+    ctl: RunningController, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    plugin_built: Path,
+) -> None:
+    """``lightrail agent --nccl-socket PATH`` (a process): the framework side registers, the
+    plugin's phases of rank 0 reach the controller through it (rank 1 through an in-process
+    agent) and are admitted."""
+    sockets = {name: tmp_path / f"{name}.sock" for name in ("agent", "nccl")}
+    group = ProcessGroup.of([0, 1])
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "lightrail.controller.cli.main", "agent",
+        "--controller", ctl.grpc_target, "--host", "host0", "--health", "emulated",
+        "--socket", str(sockets["agent"]), "--nccl-socket", str(sockets["nccl"]),
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    try:
+        async with hosts(ctl, tmp_path, n=2) as hs:
+            deadline = asyncio.get_running_loop().time() + 20
+            while True:
+                try:
+                    await asyncio.to_thread(register_comm, str(sockets["nccl"]), "pair", "job",
+                                            group.ranks, 0)
+                    break
+                except (FileNotFoundError, ConnectionRefusedError):
+                    assert asyncio.get_running_loop().time() < deadline, "no NCCL socket"
+                    await asyncio.sleep(0.05)  # the agent process is starting
+            await register(hs[1], "pair", group, 1)
+            p0 = load(monkeypatch, sockets["nccl"])
+            c0 = p0.init("pair", 2, 0)
+            p1 = load(monkeypatch, hs[1].socket)
+            c1 = p1.init("pair", 2, 1)
+
+            def train(p: Plugin, c: Comm) -> None:
+                p.collective(c, "AllReduce", 1024)
+                p.finalize(c)
+
+            await asyncio.wait_for(asyncio.gather(asyncio.to_thread(train, p0, c0),
+                                                  asyncio.to_thread(train, p1, c1)), 30)
+            await asyncio.sleep(0)
+    finally:
+        proc.terminate()
+        _, err = await asyncio.wait_for(proc.communicate(), 10)
+    ring = PhaseKey(group, Collective.ALL_REDUCE)
+    assert hs[1].agent.seen("enter", "admitted", "release") == [
+        ("enter", 1, ring), ("admitted", 1, ring), ("release", 1, ring)]
+    assert not [line for line in p0.logs if line.startswith("WARN")], p0.logs
+    assert proc.returncode == 0, err.decode()
+    assert not sockets["nccl"].exists()

@@ -52,7 +52,8 @@ def _heavy(names: list[str]) -> list[str]:
     return [n for n in names if any(n == p or n.startswith(p + ".") for p in FORBIDDEN)]
 
 
-@pytest.mark.parametrize("module", ["lightrail.agents.client", "lightrail.agents.errors"])
+@pytest.mark.parametrize("module", ["lightrail.agents.client", "lightrail.agents.errors",
+                                    "lightrail.agents.nccl.registration"])
 def test_job_side_import_loads_no_heavy_module(module: str) -> None:
     names = _loaded_after_import(module)
     assert module in names
@@ -74,7 +75,7 @@ def test_heavy_filter_matches_submodules_not_lookalikes() -> None:
 @pytest.mark.parametrize("module", [
     "lightrail.agents.host.agent", "lightrail.agents.host.reporter",
     "lightrail.agents.host.local_endpoint", "lightrail.agents.host.state",
-    "lightrail.agents.host.nvml",
+    "lightrail.agents.host.nvml", "lightrail.agents.host.nccl_endpoint",
 ])
 def test_host_agent_loads_no_emulator(module: str) -> None:
     names = _loaded_after_import(module)
