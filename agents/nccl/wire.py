@@ -176,7 +176,7 @@ Frame = Init | Enter | Release | Fini | Register | Admit | Registered
 def _text(value: str, name: str) -> bytes:
     raw = value.encode("utf-8")
     if len(raw) > MAX_NAME:
-        raise FrameError(f"{name} is {len(raw)} bytes long; at most {MAX_NAME}")
+        raise FrameError(f"{name} length={len(raw)} bytes; at most {MAX_NAME}")
     return raw
 
 
@@ -215,7 +215,7 @@ def _payload(frame: Frame) -> tuple[FrameType, bytes]:
         name = _text(frame.comm_name, "comm_name")
         ranks = [_u32(r, "ranks[]") for r in frame.ranks]
         if len(ranks) > (MAX_PAYLOAD - _REGISTER.size - 2 * MAX_NAME) // 4:
-            raise FrameError(f"ranks has {len(ranks)} entries; too many for one frame")
+            raise FrameError(f"ranks count={len(ranks)}; too many for one frame")
         return FrameType.REGISTER, _REGISTER.pack(
             _u64(frame.comm_hash, "comm_hash"), _u32(frame.rank, "rank"), len(ranks),
             int(frame.gated), 0, len(job), len(name)) + struct.pack(
@@ -240,7 +240,7 @@ def decode_header(data: bytes) -> Header:
     """The header in the first ``HEADER_BYTES`` of ``data``. Raises ``FrameError`` for a wrong
     magic, version or type, or a length over ``MAX_PAYLOAD``."""
     if len(data) < HEADER_BYTES:
-        raise FrameError(f"header is {len(data)} bytes; {HEADER_BYTES} expected")
+        raise FrameError(f"header length={len(data)} bytes; {HEADER_BYTES} expected")
     magic, version, ftype, length = _HEADER.unpack_from(data)
     if magic != MAGIC:
         raise FrameError(f"magic=0x{magic:08x}; 0x{MAGIC:08x} (LRNC) expected")
@@ -283,7 +283,7 @@ def _status(code: int) -> Status:
 
 def _name(raw: bytes, field: str) -> str:
     if len(raw) > MAX_NAME:
-        raise FrameError(f"{field} is {len(raw)} bytes long; at most {MAX_NAME}")
+        raise FrameError(f"{field} length={len(raw)} bytes; at most {MAX_NAME}")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
