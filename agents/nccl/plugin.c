@@ -57,7 +57,9 @@ typedef struct lrComm {
   char name[LR_MAX_NAME + 1];
 } lrComm;
 
-enum { LR_UNTRIED = 0, LR_CONNECTED = 1, LR_DISABLED = 2 };
+enum { LR_UNTRIED = 0, LR_CONNECTED = 1, LR_DISABLED = 2, LR_LOST = 3 };
+/* LR_DISABLED: no agent at the first init, nothing is gated. LR_LOST: the agent went away
+ * after gating began; every later phase is a refusal (exit, or ungated with continue). */
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static int g_state = LR_UNTRIED;
@@ -203,12 +205,12 @@ static void disconnect(void) {
   g_cur = NULL;
 }
 
-/* The agent is gone or answered nonsense: nothing can be gated any more. */
+/* The agent is gone or answered nonsense: nothing can be admitted any more. */
 static void lost(const char* what) {
   int err = errno;
   lr_log(LR_NCCL_LOG_WARN, "host agent connection lost (%s: %s)", what, strerror(err));
   disconnect();
-  g_state = LR_DISABLED;
+  g_state = LR_LOST;
 }
 
 static void refused(const lrComm* c, const char* kind, const char* why) {
@@ -347,9 +349,13 @@ static void enter(lrComm* c, int kind, uint64_t nbytes) {
 /* One call of `kind` moving `nbytes` on communicator `c`, from the enqueuing thread. */
 static void gate(lrComm* c, int kind, uint64_t nbytes) {
   pthread_mutex_lock(&g_mu);
-  if (c->gated && g_state == LR_CONNECTED && !(g_cur == c && g_cur_kind == kind)) {
-    release_current();
-    if (g_state == LR_CONNECTED) enter(c, kind, nbytes);
+  if (c->gated && !(g_cur == c && g_cur_kind == kind)) {
+    if (g_state == LR_CONNECTED) release_current();
+    if (g_state == LR_CONNECTED) {
+      enter(c, kind, nbytes);
+    } else if (g_state == LR_LOST && g_exit_on_refusal) {
+      refused(c, kind_name(kind), "the host agent connection was lost");
+    } /* LR_LOST with continue: said once, in lost() */
   }
   pthread_mutex_unlock(&g_mu);
 }
@@ -412,11 +418,13 @@ static lrNcclResult lr_init(void** context, uint64_t comm_hash, int* mask, int w
   if (g_state == LR_CONNECTED) {
     if (send_init(c) == 0) {
       c->announced = 1;
-      c->gated = 1;
-      *mask |= wanted;
     } else {
       lost("sending INIT");
     }
+  }
+  if (g_state == LR_CONNECTED || g_state == LR_LOST) {
+    c->gated = 1; /* LR_LOST: its phases are refusals */
+    *mask |= wanted;
   }
   g_open_comms++;
   pthread_mutex_unlock(&g_mu);
@@ -483,7 +491,7 @@ static lrNcclResult lr_finalize(void* context) {
     put32(put_header(buf, LR_FINI, 4), c->id);
     if (write_all(buf, sizeof buf) != 0) lost("sending FINI");
   }
-  if (--g_open_comms == 0 && g_state == LR_CONNECTED) {
+  if (--g_open_comms == 0 && (g_state == LR_CONNECTED || g_state == LR_LOST)) {
     disconnect(); /* the next communicator connects again */
     g_state = LR_UNTRIED;
   }

@@ -483,3 +483,27 @@ async def test_lightrail_agent_serves_the_nccl_socket(
     assert not [line for line in p0.logs if line.startswith("WARN")], p0.logs
     assert proc.returncode == 0, err.decode()
     assert not sockets["nccl"].exists()
+
+
+async def test_an_agent_that_goes_away_turns_later_phases_into_refusals(
+    ctl: RunningController, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    plugin_built: Path,
+) -> None:
+    """The agent stops after the plugin connected: the next phase is a refusal (with
+    ``continue``: logged, the call goes ahead), and later ones go ahead without more lines."""
+    monkeypatch.setenv("LIGHTRAIL_NCCL_ON_REFUSAL", "continue")
+    async with hosts(ctl, tmp_path, n=1) as hs:
+        await register(hs[0], "dp", ProcessGroup.of([0, 1]), 0)
+        plugin = load(monkeypatch, hs[0].socket)
+        comm = plugin.init("dp", 2, 0)
+    # the endpoint is gone (its connections closed)
+    plugin.collective(comm, "AllReduce", 64)
+    plugin.send_recv(comm, 8)
+    plugin.collective(comm, "AllGather", 64)
+    plugin.finalize(comm)
+    warnings = [line for line in plugin.logs if line.startswith("WARN")]
+    assert len(warnings) == 2, plugin.logs
+    assert "host agent connection lost" in warnings[0]
+    assert "phase all_reduce on communicator dp (rank 0 of 2) not admitted" in warnings[1]
+    assert "the call goes ahead ungated" in warnings[1]
+    assert hs[0].agent.calls == []
