@@ -61,10 +61,14 @@ NCCL_PLUGIN_CFLAGS := -std=c11 -O2 -g -Wall -Wextra -Wpedantic -Werror -fPIC -fv
 
 nccl-plugin: $(NCCL_PLUGIN)
 
-$(NCCL_PLUGIN): $(NCCL_PLUGIN_DIR)/plugin.c $(NCCL_PLUGIN_DIR)/lightrail_nccl_wire.h \
-		$(NCCL_PLUGIN_DIR)/nccl_profiler_abi.h
+NCCL_PLUGIN_SRC := $(NCCL_PLUGIN_DIR)/plugin.c $(NCCL_PLUGIN_DIR)/tuner.c
+
+# one library, two plugins: the profiler (the phase gate) and the tuner (Ring on gated
+# communicators); NCCL_TUNER_PLUGIN=lightrail finds it through the libnccl-tuner-lightrail.so link
+$(NCCL_PLUGIN): $(NCCL_PLUGIN_SRC) $(wildcard $(NCCL_PLUGIN_DIR)/*.h)
 	mkdir -p $(dir $@)
-	$(CC) $(NCCL_PLUGIN_CFLAGS) -shared -pthread $(NCCL_PLUGIN_DIR)/plugin.c -o $@
+	$(CC) $(NCCL_PLUGIN_CFLAGS) -shared -pthread $(NCCL_PLUGIN_SRC) -o $@
+	ln -sf $(notdir $@) $(dir $@)libnccl-tuner-lightrail.so
 
 # The compiled load generator of bench/hot_path.py (bench/loadgen/loadgen.cc, gRPC C++ from
 # Debian). `make loadgen` fails naming the packages when they are missing; `make bench` builds

@@ -131,6 +131,34 @@ class ProfilerV4(ctypes.Structure):
     ]
 
 
+_TUNER_INIT = ctypes.CFUNCTYPE(ctypes.c_int, _VOIDPP, ctypes.c_uint64, ctypes.c_size_t,
+                               ctypes.c_size_t, LOGGER, ctypes.c_void_p, ctypes.c_void_p)
+_TUNER_GET = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t,
+                              ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_int, _INTP)
+
+
+class TunerV5(ctypes.Structure):
+    """``ncclTuner_v5_t``."""
+
+    _fields_ = [("name", ctypes.c_char_p), ("init", _TUNER_INIT), ("getCollInfo", _TUNER_GET),
+                ("finalize", _FINALIZE)]
+
+
+class TunerV6(ctypes.Structure):
+    """``ncclTuner_v6_t`` (``getChunkSize`` last)."""
+
+    _fields_ = [*TunerV5._fields_, ("getChunkSize", ctypes.c_void_p)]
+
+
+NUM_ALGORITHMS = 7
+"""NCCL 2.30's cost table: Tree, Ring, CollNetDirect, CollNetChain, NVLS, NVLSTree, PAT."""
+NUM_PROTOCOLS = 3
+IGNORE = -1.0
+FUNC = {"Broadcast": 0, "AllGather": 2, "ReduceScatter": 3, "AllReduce": 4, "SendRecv": 5}
+"""``ncclFunc_t`` values."""
+
+
 @dataclass(eq=False)
 class Comm:
     """One communicator as NCCL holds it: the plugin's context."""
@@ -241,6 +269,25 @@ class Plugin:
     def finalize(self, comm: Comm) -> None:
         """``ncclProfiler->finalize`` at ``ncclCommDestroy``."""
         assert self.api.finalize(comm.context) == 0
+
+    def tuned(self, comm_hash: int, nnodes: int, func: str,
+              table: list[list[float]], version: int = 6) -> list[list[float]]:
+        """The cost table after the tuner side's ``getCollInfo`` for ``func`` on the
+        communicator ``comm_hash`` spanning ``nnodes`` hosts (NCCL: tuner init after the
+        profiler's, then getCollInfo per collective, then finalize)."""
+        api = (TunerV6 if version == 6 else TunerV5).in_dll(self._lib,
+                                                            f"ncclTunerPlugin_v{version}")
+        ctx = ctypes.c_void_p()
+        assert api.init(ctypes.byref(ctx), comm_hash, 4, nnodes, self._logger, None, None) == 0
+        flat = (ctypes.c_float * (NUM_ALGORITHMS * NUM_PROTOCOLS))(
+            *(v for row in table for v in row))
+        channels = ctypes.c_int(0)
+        assert api.getCollInfo(ctx, FUNC[func], 1 << 20, 1, ctypes.cast(flat, ctypes.c_void_p),
+                               NUM_ALGORITHMS, NUM_PROTOCOLS, 0, ctypes.byref(channels)) == 0
+        assert api.finalize(ctx) == 0
+        assert channels.value == 0  # the channel count stays NCCL's
+        return [list(flat[a * NUM_PROTOCOLS:(a + 1) * NUM_PROTOCOLS])
+                for a in range(NUM_ALGORITHMS)]
 
 
 def _main(argv: list[str]) -> int:

@@ -39,6 +39,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "lightrail_nccl_comms.h"
 #include "lightrail_nccl_wire.h"
 #include "nccl_profiler_abi.h"
 
@@ -48,6 +49,7 @@
 #define LR_REPLY_GRACE_S 30.0 /* the agent answers every ENTER within its timeout */
 
 typedef struct lrComm {
+  struct lrComm* next; /* g_comms */
   uint32_t id;
   int gated;  /* 0: never gated (no agent, or the agent said UNGATED) */
   int announced; /* INIT sent */
@@ -67,7 +69,8 @@ static int g_fd = -1;
 static int g_open_comms;
 static uint32_t g_next_comm_id;
 static uint64_t g_seq;
-static lrComm* g_cur; /* the communicator whose phase this process holds, or NULL */
+static lrComm* g_comms; /* every communicator not yet finalized */
+static lrComm* g_cur;   /* the communicator whose phase this process holds, or NULL */
 static int g_cur_kind;
 static uint64_t g_cur_seq;
 static uint32_t g_timeout_ms;
@@ -360,6 +363,16 @@ static void gate(lrComm* c, int kind, uint64_t nbytes) {
   pthread_mutex_unlock(&g_mu);
 }
 
+int lr_comm_gated(uint64_t comm_hash) {
+  int gated = 0;
+  pthread_mutex_lock(&g_mu);
+  for (const lrComm* c = g_comms; c != NULL; c = c->next) {
+    if (c->hash == comm_hash) gated = c->gated && (g_state == LR_CONNECTED);
+  }
+  pthread_mutex_unlock(&g_mu);
+  return gated;
+}
+
 /* --- NCCL names -------------------------------------------------------------------------- */
 
 /* The Lightrail collective of an NCCL function name (ncclFuncToString), 0: not gated. */
@@ -427,6 +440,8 @@ static lrNcclResult lr_init(void** context, uint64_t comm_hash, int* mask, int w
     *mask |= wanted;
   }
   g_open_comms++;
+  c->next = g_comms;
+  g_comms = c;
   pthread_mutex_unlock(&g_mu);
   *context = c;
   return lrNcclSuccess;
@@ -486,6 +501,12 @@ static lrNcclResult lr_finalize(void* context) {
   if (c == NULL) return lrNcclSuccess;
   pthread_mutex_lock(&g_mu);
   if (g_cur == c) release_current();
+  for (lrComm** p = &g_comms; *p != NULL; p = &(*p)->next) {
+    if (*p == c) {
+      *p = c->next;
+      break;
+    }
+  }
   if (g_state == LR_CONNECTED && c->announced) {
     uint8_t buf[LR_HEADER_BYTES + 4];
     put32(put_header(buf, LR_FINI, 4), c->id);

@@ -29,7 +29,7 @@ from lightrail.controller.config import FabricSection
 from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup, RankPlacement
 from lightrail.controller.store.etcd_server import EmbeddedEtcd
 from lightrail.emulator.ocs import EmulatedFabricDevices
-from tests.nccl_harness import PLUGIN, ROOT, Comm, Plugin
+from tests.nccl_harness import IGNORE, PLUGIN, ROOT, Comm, Plugin
 
 HOSTS = 4
 PLACE = [RankPlacement(r, f"host{r}", 0) for r in range(HOSTS)]
@@ -507,3 +507,48 @@ async def test_an_agent_that_goes_away_turns_later_phases_into_refusals(
     assert "phase all_reduce on communicator dp (rank 0 of 2) not admitted" in warnings[1]
     assert "the call goes ahead ungated" in warnings[1]
     assert hs[0].agent.calls == []
+
+
+TABLE = [[5.0, 4.0, 3.0],        # Tree: NCCL's pick without the tuner
+         [9.0, 8.0, 7.0],        # Ring
+         [IGNORE] * 3, [IGNORE] * 3, [IGNORE] * 3, [IGNORE] * 3,
+         [6.0, IGNORE, 2.0]]     # PAT
+RING_ONLY = [[IGNORE] * 3, [9.0, 8.0, 7.0], *([[IGNORE] * 3] * 5)]
+
+
+@pytest.mark.parametrize("version", [5, 6])
+async def test_the_tuner_runs_ring_on_gated_communicators_across_hosts(
+    ctl: RunningController, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    plugin_built: Path, version: int,
+) -> None:
+    """``ncclTunerPlugin_v5``/``_v6`` of the same library: all-reduce, reduce-scatter and
+    all-gather of a gated communicator spanning hosts keep only Ring's costs (NCCL then picks
+    Ring, and its protocol among Ring's); a communicator inside one host, a collective of
+    another kind, and a communicator the agent answered "not gated" keep NCCL's table."""
+    async with hosts(ctl, tmp_path, n=1, registration_wait_s=0.05) as hs:
+        await register(hs[0], "dp", ProcessGroup.of([0, 1]), 0)
+        plugin = load(monkeypatch, hs[0].socket)
+        gated = plugin.init("dp", 2, 0, comm_hash=0xD1)
+        stray = plugin.init("stray", 2, 0, comm_hash=0x57)
+        await asyncio.to_thread(plugin.collective, stray, "AllReduce", 64)  # -> not gated
+        for func in ("AllReduce", "ReduceScatter", "AllGather"):
+            assert plugin.tuned(0xD1, 2, func, TABLE, version) == RING_ONLY, func
+        assert plugin.tuned(0xD1, 1, "AllReduce", TABLE, version) == TABLE  # one host
+        assert plugin.tuned(0xD1, 2, "Broadcast", TABLE, version) == TABLE
+        assert plugin.tuned(0x57, 2, "AllReduce", TABLE, version) == TABLE  # not gated
+        assert plugin.tuned(0x99, 2, "AllReduce", TABLE, version) == TABLE  # unknown
+        no_ring = [row if a != 1 else [IGNORE] * 3 for a, row in enumerate(TABLE)]
+        assert plugin.tuned(0xD1, 2, "AllReduce", no_ring, version) == no_ring
+        plugin.finalize(gated)
+        plugin.finalize(stray)
+        assert plugin.tuned(0xD1, 2, "AllReduce", TABLE, version) == TABLE  # finalized
+
+
+def test_the_tuner_leaves_nccl_alone_without_an_agent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, plugin_built: Path
+) -> None:
+    plugin = load(monkeypatch, tmp_path / "absent.sock")
+    comm = plugin.init("dp", 2, 0, comm_hash=0xD1)
+    assert plugin.tuned(0xD1, 2, "AllReduce", TABLE) == TABLE
+    plugin.finalize(comm)
+    assert (plugin_built.parent / "libnccl-tuner-lightrail.so").resolve() == plugin_built
