@@ -276,7 +276,12 @@ class NcclEndpoint:
 
     async def _enter(self, conn: _Connection, frame: Enter,
                      writer: asyncio.StreamWriter) -> None:
-        reply = await self._admit(conn, frame)
+        try:
+            reply = await self._admit(conn, frame)
+        except Exception as exc:  # a bug here must not leave the plugin waiting for ADMIT
+            log.exception("nccl_enter_failed", peer=conn.peer, seq=frame.seq, error=str(exc))
+            writer.close()  # the plugin sees the agent go away (its refusal policy applies)
+            return
         writer.write(encode(reply))
         with contextlib.suppress(ConnectionError):
             await writer.drain()
