@@ -15,6 +15,8 @@ $(STAMP): requirements.lock pyproject.toml | system-deps
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.lock
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	# the optional extra lightrail[torch], for the PyTorch backend's tests (CPU build on this disk)
+	$(PY) -m pip install --quiet "torch==2.13.0"
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -1,0 +1,319 @@
+"""One rank's gate: turns a training process's collective calls into phases of the phase
+protocol (DESIGN.md "Phase protocol"), without torch (``lightrail.agents.torch.backend`` adapts
+torch's process groups to it).
+
+A phase is a *run*: consecutive calls of one kind (``Collective``) on one process group, keyed
+by the group's global ranks (Opus's definition: its shim merged consecutive calls of one
+backend). Before the first call of a run the calling thread blocks in EnterPhase until the
+controller admits the rank onto confirmed circuits; calls inside the run cost a lock and a
+dictionary lookup. The run is released (ReleasePhase) once its works have completed and either
+a call on another group or kind comes (which first waits for them) or the rank stays idle on it
+for ``linger_s`` — the release is what lets the controller's provisioning switch the next
+phase's circuits during the compute that follows.
+
+The phase key is (group, collective, seq 0, step 0) and the iteration 0: every run of one
+(group, kind) is an instance of one phase, and the controller learns the order of phases from
+it. Run boundaries must agree among a group's members (true of SPMD schedules: every member
+issues the group's calls in the same order and switches groups at the same points); a member
+that switches elsewhere while its peers still need it for the group's next call can deadlock
+with them exactly as it would on a real switched fabric, and the admission timeout then fails
+the call with ``PhaseTimeout``.
+
+Groups whose ranks all run on one host are never gated (scale-up: NVLink, no circuit).
+Threads: every method may be called from any thread; transitions are serialized by one lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+from lightrail.agents.errors import Admission, PhaseError, PlacementChanged
+from lightrail.controller.domain.errors import ErrorCode
+from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup, RankPlacement
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+W = TypeVar("W")
+
+
+class GateTransport(Protocol):
+    """What the gate calls, in its own event loop (``lightrail.agents.client.ControllerClient``
+    implements it, to a host agent's local socket or to the controller)."""
+
+    async def enter(self, job_id: str, rank: int, phase: PhaseKey, iteration: int = 0,
+                    timeout_s: float | None = 30.0, nbytes: int = 0,
+                    compute_gap_s: float = 0.0) -> Admission: ...
+
+    async def release_phase(self, job_id: str, rank: int, phase: PhaseKey,
+                            iteration: int = 0) -> None: ...
+
+
+@dataclass(slots=True)
+class PhaseStats:
+    """What one rank saw of one phase: runs ``entered`` (``noop``: onto circuits already there;
+    ``reconfigured``: after the switches changed), ``calls`` gated inside them, ``wait_s``
+    seconds blocked in admission, ``device_s`` seconds the switches took for this rank's
+    reconfigurations."""
+
+    group: tuple[int, ...]
+    collective: str
+    entered: int = 0
+    noop: int = 0
+    reconfigured: int = 0
+    calls: int = 0
+    wait_s: float = 0.0
+    device_s: float = 0.0
+
+
+@dataclass(slots=True)
+class _Run:
+    phase: PhaseKey
+    waits: list[Callable[[], None]] = field(default_factory=list)
+    """One per work issued in the run and not known complete: blocks until it is."""
+    outstanding: int = 0
+    generation: int = 0
+    """Bumped by every call of the run: a linger release scheduled before it is stale."""
+
+
+class RankGate:
+    """The gate of global rank ``rank`` of job ``job_id``: ``call`` wraps every collective.
+
+    ``transport_factory`` builds the transport inside the gate's event loop (a daemon thread;
+    gRPC objects belong to the loop that made them). ``hosts``: rank -> host of the whole job
+    (for the scale-up test; None: gate every group). ``timeout_s``: admission timeout, s;
+    ``linger_s``: idle time after a run's works completed before it is released, s.
+    ``clock``: monotonic seconds (injected by tests).
+    """
+
+    def __init__(
+        self,
+        job_id: str,
+        rank: int,
+        transport_factory: Callable[[], GateTransport],
+        *,
+        hosts: Sequence[str] | None = None,
+        timeout_s: float = 60.0,
+        linger_s: float = 0.002,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.job_id = job_id
+        self.rank = rank
+        self.timeout_s = timeout_s
+        self.linger_s = linger_s
+        self._clock = clock
+        self._hosts = None if hosts is None else tuple(hosts)
+        self._lock = threading.RLock()
+        self._run: _Run | None = None
+        self._done_lock = threading.Lock()
+        """Guards ``_Run.outstanding``: completion callbacks never wait for ``_lock``."""
+        self._last_done_at: float | None = None
+        self._stats: dict[PhaseKey, PhaseStats] = {}
+        self._local: dict[ProcessGroup, bool] = {}
+        self._placement_changed: str | None = None
+        self._closed = False
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever,
+                                        name=f"lightrail-gate-{rank}", daemon=True)
+        self._thread.start()
+        self._pending_release: Future[None] | None = None
+
+        async def make() -> GateTransport:
+            return transport_factory()
+
+        self.transport: GateTransport = self.run_coroutine(make())
+
+    # --- the loop thread --------------------------------------------------------------------
+
+    def run_coroutine(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+        """Run ``coro`` in the gate's loop and return its result, blocking the calling thread
+        (at most ``timeout_s`` s; None: no bound)."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
+
+    def spawn(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
+        """Start ``coro`` in the gate's loop without waiting for it."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    # --- phases -----------------------------------------------------------------------------
+
+    def is_scale_up(self, group: ProcessGroup) -> bool:
+        """True when every rank of ``group`` runs on one host (needs no circuit)."""
+        local = self._local.get(group)
+        if local is None:
+            hosts = self._hosts
+            local = hosts is not None and all(r < len(hosts) for r in group.ranks) and len(
+                {hosts[r] for r in group.ranks}) == 1
+            self._local[group] = local
+        return local
+
+    def placement_changed(self, message: str) -> None:
+        """The controller moved a rank of the job (WatchJob ``PLACEMENT_CHANGED``): the next
+        gated call raises ``PlacementChanged``."""
+        self._placement_changed = message
+
+    def call(self, phase: PhaseKey, nbytes: int, issue: Callable[[], W],
+             on_done: Callable[[W, Callable[[], None]], None],
+             wait: Callable[[W], None]) -> W:
+        """Issue one collective of ``phase`` (its group's global ranks and kind): enter the
+        phase first unless this rank's current run is the same phase, then ``issue()`` (which
+        returns the backend's work) and register ``on_done(work, callback)`` so the run knows
+        when its works completed; ``wait(work)`` blocks until a work completed (used before a
+        run is released for another). ``nbytes``: bytes of the call (the run's hint). Raises
+        ``PhaseError`` subclasses (``PlacementChanged``, ``PhaseTimeout``, ...) before issuing
+        anything."""
+        if self._placement_changed is not None:
+            raise PlacementChanged(ErrorCode.PLACEMENT_CHANGED, self._placement_changed)
+        if self.is_scale_up(phase.group):
+            return issue()
+        with self._lock:
+            if self._closed:
+                raise PhaseError(ErrorCode.CANCELLED, "the gate is closed")
+            run = self._run
+            if run is None or run.phase != phase:
+                if run is not None:
+                    self._finish(run)
+                run = self._enter(phase, nbytes)
+            run.generation += 1
+            stats = self._stats[phase]
+            stats.calls += 1
+            work = issue()
+            run.waits.append(lambda: wait(work))
+            with self._done_lock:
+                run.outstanding += 1
+            generation = run.generation
+        # A backend without completion futures (gloo send/recv) raises: that run is released
+        # at the next call elsewhere, after waiting for its works.
+        with contextlib.suppress(Exception):
+            on_done(work, lambda: self._work_done(run, generation))
+        return work
+
+    def _enter(self, phase: PhaseKey, nbytes: int) -> _Run:
+        """Block until admitted into ``phase``; the caller holds the lock."""
+        now = self._clock()
+        gap = 0.0 if self._last_done_at is None else max(0.0, now - self._last_done_at)
+        pending, self._pending_release = self._pending_release, None
+        adm = self.run_coroutine(self._enter_after(pending, phase, nbytes, gap))
+        waited = self._clock() - now
+        stats = self._stats.get(phase)
+        if stats is None:
+            stats = self._stats[phase] = PhaseStats(phase.group.ranks, phase.collective.value)
+        stats.entered += 1
+        stats.wait_s += waited
+        if adm.noop:
+            stats.noop += 1
+        else:
+            stats.reconfigured += 1
+            stats.device_s += adm.device_s
+        run = _Run(phase)
+        self._run = run
+        return run
+
+    async def _enter_after(self, pending: Future[None] | None, phase: PhaseKey, nbytes: int,
+                           gap_s: float) -> Admission:
+        if pending is not None:
+            await asyncio.wrap_future(pending)  # our release reaches the agent first
+        return await self.transport.enter(self.job_id, self.rank, phase, 0, self.timeout_s,
+                                          nbytes, gap_s)
+
+    def _finish(self, run: _Run) -> None:
+        """Release ``run`` once its works completed (waiting for them); the caller holds the
+        lock."""
+        waits, run.waits = run.waits, []
+        for wait in waits:
+            wait()
+        self._release(run)
+
+    def _release(self, run: _Run) -> None:
+        if self._run is run:
+            self._run = None
+        self._last_done_at = self._clock()
+        self._pending_release = self.spawn(self._release_async(run.phase))
+
+    async def _release_async(self, phase: PhaseKey) -> None:
+        try:
+            await self.transport.release_phase(self.job_id, self.rank, phase, 0)
+        except PhaseError as exc:
+            log.warning("lightrail gate: release of %s by rank %d failed: %s", phase,
+                        self.rank, exc)
+
+    def _work_done(self, run: _Run, generation: int) -> None:
+        """A work of ``run`` completed (any thread): at the last one, release after the
+        linger unless a new call came."""
+        with self._done_lock:
+            run.outstanding -= 1
+            if run.outstanding > 0 or self._run is not run or self._closed:
+                return
+        self._loop.call_soon_threadsafe(self._loop.call_later, self.linger_s,
+                                        self._linger_over, run, generation)
+
+    def _linger_over(self, run: _Run, generation: int) -> None:
+        """In the loop: release ``run`` if nothing was called on it since ``generation``."""
+        if not self._lock.acquire(blocking=False):
+            # a caller is in a transition; try again shortly rather than block the loop
+            self._loop.call_later(self.linger_s or 0.001, self._linger_over, run, generation)
+            return
+        try:
+            if self._run is run and run.generation == generation and run.outstanding == 0:
+                run.waits.clear()  # all complete
+                self._release(run)
+        finally:
+            self._lock.release()
+
+    # --- the end ----------------------------------------------------------------------------
+
+    def stats(self) -> list[PhaseStats]:
+        """The per-phase summary so far, in the order phases were first entered."""
+        with self._lock:
+            return [PhaseStats(s.group, s.collective, s.entered, s.noop, s.reconfigured,
+                               s.calls, s.wait_s, s.device_s) for s in self._stats.values()]
+
+    def write_summary(self, path: str | Path) -> None:
+        """Write ``stats()`` as JSON to ``path`` (``{"rank", "job_id", "phases": [...]}``)."""
+        doc = {"rank": self.rank, "job_id": self.job_id,
+               "phases": [{"group": list(s.group), "collective": s.collective,
+                           "entered": s.entered, "noop": s.noop,
+                           "reconfigured": s.reconfigured, "calls": s.calls,
+                           "wait_s": round(s.wait_s, 6), "device_s": round(s.device_s, 6)}
+                          for s in self.stats()]}
+        Path(path).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+
+    def drain(self, timeout_s: float = 10.0) -> None:
+        """Refuse new calls (``CANCELLED``) and release the current run, after its works
+        complete, waiting up to ``timeout_s`` s for the release to be sent. Idempotent."""
+        with self._lock:
+            self._closed = True
+            run = self._run
+            if run is not None:
+                self._finish(run)
+            pending, self._pending_release = self._pending_release, None
+        if pending is not None:
+            try:
+                pending.result(timeout_s)
+            except Exception as exc:
+                log.warning("lightrail gate: last release failed: %s", exc)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """``drain``, then stop the gate's loop. Idempotent."""
+        self.drain(timeout_s)
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=timeout_s)
+
+
+def phase_key(group: ProcessGroup, collective: Collective) -> PhaseKey:
+    """The gate's phase of ``collective`` on ``group``: seq 0, step 0 (see the module doc)."""
+    return PhaseKey(group, collective, 0, 0)
+
+
+def placements_of(hosts: Sequence[str], gpus: Sequence[int]) -> list[RankPlacement]:
+    """Rank placements from per-rank hosts and GPU indices (same length)."""
+    return [RankPlacement(r, h, g) for r, (h, g) in enumerate(zip(hosts, gpus, strict=True))]
