@@ -75,12 +75,29 @@ class PhaseStats:
     device_s: float = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """One run as this rank saw it: admitted into ``phase`` at ``admitted_s`` (when EnterPhase
+    returned), released at ``released_s`` (when ReleasePhase was sent), on the gate's clock
+    (``time.monotonic`` by default: the emulator's clock, for the safety invariant's check)."""
+
+    phase: PhaseKey
+    admitted_s: float
+    released_s: float
+
+
+MAX_HOLDS = 100_000
+"""Holds kept for the summary (the first ones; a long job does not grow without bound)."""
+
+
 @dataclass(slots=True)
 class _Run:
     phase: PhaseKey
     waits: list[Callable[[], None]] = field(default_factory=list)
     """One per work issued in the run and not known complete: blocks until it is."""
     outstanding: int = 0
+    admitted_s: float = 0.0
+    """When EnterPhase returned (the gate's clock)."""
     generation: int = 0
     """Bumped by every call of the run: a linger release scheduled before it is stale."""
 
@@ -118,6 +135,7 @@ class RankGate:
         """Guards ``_Run.outstanding``: completion callbacks never wait for ``_lock``."""
         self._last_done_at: float | None = None
         self._stats: dict[PhaseKey, PhaseStats] = {}
+        self._holds: list[Hold] = []
         self._local: dict[ProcessGroup, bool] = {}
         self._placement_changed: str | None = None
         self._closed = False
@@ -213,7 +231,7 @@ class RankGate:
         else:
             stats.reconfigured += 1
             stats.device_s += adm.device_s
-        run = _Run(phase)
+        run = _Run(phase, admitted_s=now + waited)
         self._run = run
         return run
 
@@ -236,6 +254,8 @@ class RankGate:
         if self._run is run:
             self._run = None
         self._last_done_at = self._clock()
+        if len(self._holds) < MAX_HOLDS:
+            self._holds.append(Hold(run.phase, run.admitted_s, self._last_done_at))
         self._pending_release = self.spawn(self._release_async(run.phase))
 
     async def _release_async(self, phase: PhaseKey) -> None:
@@ -276,14 +296,26 @@ class RankGate:
             return [PhaseStats(s.group, s.collective, s.entered, s.noop, s.reconfigured,
                                s.calls, s.wait_s, s.device_s) for s in self._stats.values()]
 
+    def holds(self) -> list[Hold]:
+        """Every run released so far (at most ``MAX_HOLDS``), in order."""
+        with self._lock:
+            return list(self._holds)
+
     def write_summary(self, path: str | Path) -> None:
-        """Write ``stats()`` as JSON to ``path`` (``{"rank", "job_id", "phases": [...]}``)."""
+        """Write ``stats()`` and ``holds()`` as JSON to ``path`` (``{"rank", "job_id",
+        "phases": [{"group", "collective", "entered", "noop", "reconfigured", "calls",
+        "wait_s", "device_s"}], "holds": [{"group", "collective", "admitted_s",
+        "released_s"}]}``; seconds)."""
         doc = {"rank": self.rank, "job_id": self.job_id,
                "phases": [{"group": list(s.group), "collective": s.collective,
                            "entered": s.entered, "noop": s.noop,
                            "reconfigured": s.reconfigured, "calls": s.calls,
                            "wait_s": round(s.wait_s, 6), "device_s": round(s.device_s, 6)}
-                          for s in self.stats()]}
+                          for s in self.stats()],
+               "holds": [{"group": list(h.phase.group.ranks),
+                          "collective": h.phase.collective.value,
+                          "admitted_s": h.admitted_s, "released_s": h.released_s}
+                         for h in self.holds()]}
         Path(path).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
 
     def drain(self, timeout_s: float = 10.0) -> None:

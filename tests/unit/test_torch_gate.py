@@ -208,6 +208,11 @@ def test_summary_file(rec: Recorder, tmp_path: object) -> None:
     assert doc["rank"] == 0 and doc["job_id"] == "job"
     assert [(p["group"], p["collective"], p["entered"]) for p in doc["phases"]] == [
         ([0, 1], "send_recv", 1), ([0, 2], "all_reduce", 1)]
+    holds = doc["holds"]
+    assert [(h["group"], h["collective"]) for h in holds] == [([0, 1], "send_recv"),
+                                                              ([0, 2], "all_reduce")]
+    assert all(h["admitted_s"] <= h["released_s"] for h in holds)
+    assert holds[0]["released_s"] <= holds[1]["admitted_s"]
 
 
 def _const(w: Work) -> Callable[[], Work]:
