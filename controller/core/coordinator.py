@@ -634,8 +634,7 @@ class PhaseCoordinator:
             s.maybe_drop(job, inst)
         out.extend(schedule(s, now))
         if self.provisioning:
-            nxt = self._prov.predicted_after(job, phase)
-            if nxt is not None:
+            for nxt in self._prov.predicted_after(job, phase):
                 out.extend(self._prov.provision(job, nxt))
         return out, refused
 

@@ -4,17 +4,19 @@ in the compute gap (Opus, "provisioning"; DESIGN.md "Phase protocol"). Pure: act
 ``CoordinatorState``.
 
 The schedule is declared (``register_job``) or learned: the phase that last had circuits on any
-of a new phase's ports gets it as its successor; a successor seen ``learn_iterations`` times in
-a row is a prediction. Each phase that needs new circuits is scored: a *hit* (switched ahead
-and ready), *late* (predicted, but still switching or its predecessor still held), or a *miss*
-(switched on demand).
+of a new phase's ports gets it as a successor on the ports it took; a successor seen
+``learn_iterations`` times in a row is a prediction. A phase may have several successors on
+disjoint ports (DP x PP: a DP group's ports go to two PP pairs, the pairs' ports to two DP
+groups); a new phase on some of those ports replaces the successors it overlaps. Each phase
+that needs new circuits is scored: a *hit* (switched ahead and ready), *late* (predicted, but
+still switching or its predecessor still held), or a *miss* (switched on demand).
 """
 
 from __future__ import annotations
 
 from lightrail.controller.core.decisions import Advisor, Decided, Decision, Reconfigure
 from lightrail.controller.core.planner import Plan, PlanError
-from lightrail.controller.core.records import JobRecord, Op, Successor
+from lightrail.controller.core.records import JobRecord, Op, Successor, SwitchPort
 from lightrail.controller.core.scheduling import schedule
 from lightrail.controller.core.state import CoordinatorState
 from lightrail.controller.domain.model import PhaseKey
@@ -38,26 +40,28 @@ class Provisioner:
         next, the last by the first (one iteration repeats)."""
         k = len(job.declared)
         for i, ph in enumerate(job.declared):
-            job.successors[ph] = Successor(job.declared[(i + 1) % k], self.learn_iterations,
-                                           declared=True)
+            job.successors[ph] = [Successor(job.declared[(i + 1) % k], self.learn_iterations,
+                                            declared=True)]
 
     def reset(self, job: JobRecord) -> None:
         """Forget what was learned from ``job``'s circuits (its placement changed); the
         declared schedule stays."""
-        job.successors = {p: s for p, s in job.successors.items() if s.declared}
+        kept = {p: [s for s in ss if s.declared] for p, ss in job.successors.items()}
+        job.successors = {p: ss for p, ss in kept.items() if ss}
         job.last_on_port.clear()
         job.provisioned.clear()
+        job.deferred.clear()
 
     def learned(self, job: JobRecord) -> bool:
         """True when some successor of ``job`` is a prediction."""
-        return any(s.streak >= self.learn_iterations for s in job.successors.values())
+        return any(s.streak >= self.learn_iterations
+                   for ss in job.successors.values() for s in ss)
 
-    def predicted_after(self, job: JobRecord, phase: PhaseKey) -> PhaseKey | None:
-        """The phase predicted to follow ``phase`` (never ``phase`` itself), or None."""
-        nxt = job.successors.get(phase)
-        if nxt is None or nxt.streak < self.learn_iterations or nxt.phase == phase:
-            return None
-        return nxt.phase
+    def predicted_after(self, job: JobRecord, phase: PhaseKey) -> list[PhaseKey]:
+        """The phases predicted to follow ``phase`` (never ``phase`` itself), oldest
+        successor first; [] when none."""
+        return [s.phase for s in job.successors.get(phase, ())
+                if s.streak >= self.learn_iterations and s.phase != phase]
 
     def observe(self, job: JobRecord, phase: PhaseKey, plan: Plan) -> None:
         """A new instance of ``phase`` (planned as ``plan``) began: the phase that last
@@ -72,43 +76,61 @@ class Provisioner:
         self._score(job, phase, plan, predicted)
 
     @staticmethod
-    def _take_ports(job: JobRecord, phase: PhaseKey, plan: Plan) -> set[PhaseKey]:
+    def _take_ports(job: JobRecord, phase: PhaseKey, plan: Plan
+                    ) -> dict[PhaseKey, set[SwitchPort]]:
         """Mark ``plan``'s ports as last used by ``phase``; returns the other phases that used
-        them last (its predecessors). Ports ``phase`` itself kept tell nothing."""
-        preds: set[PhaseKey] = set()
+        them last (its predecessors), each with the ports ``phase`` took from it. Ports
+        ``phase`` itself kept tell nothing."""
+        preds: dict[PhaseKey, set[SwitchPort]] = {}
         for t in plan.targets:
-            last = job.last_on_port.setdefault(t.switch_id, {})
+            sid = t.switch_id
+            last = job.last_on_port.setdefault(sid, {})
             get = last.get
             for p in t.ports:
                 prev = get(p)
                 if prev is not None and prev is not phase and prev != phase:
-                    preds.add(prev)
+                    taken = preds.get(prev)
+                    if taken is None:
+                        taken = preds[prev] = set()
+                    taken.add((sid, p))
                 last[p] = phase
         return preds
 
-    def _was_predicted(self, job: JobRecord, phase: PhaseKey, preds: set[PhaseKey]) -> bool:
+    def _was_predicted(self, job: JobRecord, phase: PhaseKey,
+                       preds: dict[PhaseKey, set[SwitchPort]]) -> bool:
         """True when some predecessor in ``preds`` predicted ``phase`` (before this instance
         is learned from)."""
         learn = self.learn_iterations
         for prev in preds:
-            s = job.successors.get(prev)
-            if s is not None and s.phase == phase and s.streak >= learn:
-                return True
+            for s in job.successors.get(prev, ()):
+                if s.phase == phase and s.streak >= learn:
+                    return True
         return False
 
     @staticmethod
-    def _learn(job: JobRecord, phase: PhaseKey, preds: set[PhaseKey]) -> None:
-        """Each predecessor gets ``phase`` as successor: a new one starts a streak of 1, the
-        same one extends its streak, another one resets it (a declared successor stays)."""
-        for prev in preds:
-            s = job.successors.get(prev)
-            if s is None:
-                job.successors[prev] = Successor(phase, 1)
-            elif s.phase == phase:
-                s.streak += 1
-            elif not s.declared:
-                s.phase = phase
-                s.streak = 1
+    def _learn(job: JobRecord, phase: PhaseKey, preds: dict[PhaseKey, set[SwitchPort]]
+               ) -> None:
+        """Each predecessor gets ``phase`` as a successor on the ports it took: the same
+        successor there extends its streak, a new one starts a streak of 1 and replaces the
+        successors whose ports it overlaps (a declared successor stays, and keeps the new one
+        out)."""
+        for prev, taken in preds.items():
+            ports = frozenset(taken)
+            ss = job.successors.get(prev)
+            if ss is None:
+                job.successors[prev] = [Successor(phase, 1, ports=ports)]
+                continue
+            overlapping = [s for s in ss if s.ports is None or not s.ports.isdisjoint(ports)]
+            same = next((s for s in overlapping if s.phase == phase), None)
+            if same is None and any(s.declared for s in overlapping):
+                continue
+            ss[:] = [s for s in ss if s.declared or s is same or s not in overlapping]
+            if same is None:
+                ss.append(Successor(phase, 1, ports=ports))
+            else:
+                same.streak += 1
+                if not same.declared:
+                    same.ports = ports
 
     def _score(self, job: JobRecord, phase: PhaseKey, plan: Plan, predicted: bool) -> None:
         """Count this instance of ``phase`` as a hit, late or miss (module docstring); a
@@ -126,8 +148,9 @@ class Provisioner:
 
     def provision(self, job: JobRecord, phase: PhaseKey) -> list[Decision]:
         """Switch to ``phase``'s circuits ahead of its ranks, when that breaks nothing held,
-        touches no port being switched and takes no port an older waiting phase needs, and
-        (with an advisor) when last iteration's hints say switching pays. Returns the decisions
+        takes no port an older waiting phase needs, and (with an advisor) when last iteration's
+        hints say switching pays; when it would touch a port being switched, it is deferred
+        until the op switching it ends (``finished``). Returns the decisions
         (a ``Reconfigure``, a ``Decided``, or nothing)."""
         s = self._s
         job_id = job.layout.job_id
@@ -155,6 +178,10 @@ class Provisioner:
         op_ports = self._free_ports(plan)
         if op_ports is None or self._needed_by_waiting(op_ports):
             return out
+        if any(views.blocked(sid, ports) for sid, ports in op_ports.items()):
+            if phase not in job.deferred:  # another op switches a port of it: after that one
+                job.deferred.append(phase)
+            return out
         op_id, targets = s.start_switch(None, job, phase, plan)
         job.provisioned[phase] = op_id
         out.append(Reconfigure(op_id, job_id, phase, targets, provisioning=True, plan=plan))
@@ -162,8 +189,8 @@ class Provisioner:
 
     def _free_ports(self, plan: Plan) -> dict[str, frozenset[int]] | None:
         """Per switch, the ports switching to ``plan`` touches (its own and those of the
-        conflicting cross-connects it breaks); None when it would break a held cross-connect
-        or touch a port being switched."""
+        conflicting cross-connects it breaks); None when it would break a held
+        cross-connect."""
         views = self._s.views
         op_ports: dict[str, frozenset[int]] = {}
         for t in plan.targets:
@@ -172,10 +199,7 @@ class Provisioner:
                 if views.held(t.switch_id, xc):
                     return None
                 ports.update(xc.ports())
-            fports = frozenset(ports)
-            if views.blocked(t.switch_id, fports):
-                return None
-            op_ports[t.switch_id] = fports
+            op_ports[t.switch_id] = frozenset(ports)
         return op_ports
 
     def _needed_by_waiting(self, op_ports: dict[str, frozenset[int]]) -> bool:
@@ -192,12 +216,19 @@ class Provisioner:
 
     def finished(self, op: Op, now: float, error: str | None, device_s: float) -> list[Decision]:
         """An op without a phase instance (provisioning, or a failover rewire) ended; the
-        switch views were updated already. Returns what can start now."""
+        switch views were updated already. Returns what can start now: queued phases, then the
+        job's provisioning that waited for a port this op switched (``JobRecord.deferred``;
+        with an advisor, its advice is taken again)."""
         job = self._s.jobs.get(op.job_id)
         if job is op.job:
             if error is None:
                 job.reconfigurations += 1
             elif op.phase is not None:
                 job.provisioned.pop(op.phase, None)
-        return schedule(self._s, now, device_s if error is None else None)
+        out = schedule(self._s, now, device_s if error is None else None)
+        if job is op.job and job.deferred:
+            deferred, job.deferred = job.deferred, []
+            for phase in deferred:
+                out.extend(self.provision(job, phase))
+        return out
 

@@ -97,13 +97,20 @@ class Hint:
     compute_gap_s: float
 
 
+SwitchPort = tuple[str, int]
+"""A port of a switch: (switch id, port)."""
+
+
 @dataclass(slots=True)
 class Successor:
-    """What came next on a phase's ports: ``phase`` seen ``streak`` times in a row."""
+    """What came next on some of a phase's ports: ``phase`` seen ``streak`` times in a row on
+    ``ports`` (the predecessor's ports it took last time; None: all of them, a declared
+    successor)."""
 
     phase: PhaseKey
     streak: int
     declared: bool = False
+    ports: frozenset[SwitchPort] | None = None
 
 
 PlanKey = tuple[ProcessGroup, Collective, int]
@@ -131,13 +138,18 @@ class JobRecord:
     admitted_noop: int = 0
     reconfigurations: int = 0
     last_phase: PhaseKey | None = None
-    successors: dict[PhaseKey, Successor] = field(default_factory=dict)
+    successors: dict[PhaseKey, list[Successor]] = field(default_factory=dict)
+    """Phase -> what followed it, one successor per disjoint set of its ports (a DP group's
+    ports go to two PP pairs, each its own successor)."""
     steps: dict[ProcessGroup, int] = field(default_factory=dict)
     hints: dict[PhaseKey, Hint] = field(default_factory=dict)
     last_on_port: dict[str, dict[int, PhaseKey]] = field(default_factory=dict)
     """Switch id -> port -> the phase that last had circuits there (schedule learning)."""
     provisioned: dict[PhaseKey, int] = field(default_factory=dict)
     """Phase -> the op id that switched it ahead of its ranks."""
+    deferred: list[PhaseKey] = field(default_factory=list)
+    """Predicted phases whose provisioning waited for a port another op was switching; tried
+    again when one of the job's provisioning ops ends."""
     hits: int = 0
     late: int = 0
     misses: int = 0
