@@ -298,6 +298,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     configure_logging("warning", "console")
+    if args.torch:
+        from lightrail.controller.cli.torch_demo import torch_demo_main
+
+        if args.trace or args.fail_gpu or args.devices != "tl1":
+            print("lightrail demo: --torch runs its own job on TL1 switches: no --trace, "
+                  "--fail-gpu or --devices", file=sys.stderr)
+            return 2
+        return run_async(torch_demo_main(make_console(), make_console(stderr=True),
+                                         steps=args.iterations, delay_ms=args.delay_ms))
     trace = Path(args.trace) if args.trace else shared_data_dir() / DLRM_TRACE
     fail_gpu = None
     if args.fail_gpu:
@@ -376,6 +385,11 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
     c.add_argument("--fail-gpu", nargs="?", const="host1:0", default=None, metavar="HOST:GPU",
                    help="fail this GPU (default host1:0) after 2 iterations: the controller "
                         "rewires a spare host into the job's circuits and the job goes on")
+    c.add_argument("--torch", action="store_true",
+                   help="instead of the replay, train examples/torch/train_pp_dp.py (PP=2 x "
+                        "DP=2, torchrun, 4 CPU processes) through the lightrail backend on 4 "
+                        "emulated hosts of one rail, then on plain gloo: the per-phase summary "
+                        "and both runs' losses (needs lightrail[torch]; --iterations: steps)")
     _add_replay_options(c, 5)
     c.set_defaults(func=cmd_demo)
 
