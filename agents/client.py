@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
+import time
 from collections.abc import (
     AsyncGenerator,
     AsyncIterator,
@@ -69,7 +70,7 @@ _STATUS_TO_CODE = {
 _EVENT_FROM_PB = {v: k for k, v in EVENT_TO_PB.items()}
 
 
-def _refusal(exc: grpc.aio.AioRpcError) -> ErrorCode | None:
+def _refusal(exc: grpc.aio.AioRpcError | grpc.Call) -> ErrorCode | None:
     """The controller's ``ErrorCode`` when the call was refused (not a transport failure)."""
     metadata: Sequence[tuple[str, str | bytes]] = exc.trailing_metadata() or ()  # type: ignore[assignment]
     for key, value in metadata:
@@ -81,7 +82,7 @@ def _refusal(exc: grpc.aio.AioRpcError) -> ErrorCode | None:
     return None
 
 
-def _phase_error(exc: grpc.aio.AioRpcError) -> PhaseError:
+def _phase_error(exc: grpc.aio.AioRpcError | grpc.Call) -> PhaseError:
     code = _refusal(exc) or _STATUS_TO_CODE.get(exc.code(), ErrorCode.INVALID_PHASE)
     return error_for(code, exc.details() or exc.code().name)
 
@@ -286,6 +287,70 @@ class ControllerClient:
                 c.cancel()
 
 
+class BlockingPhaseClient:
+    """Blocking unary EnterPhase / ReleasePhase on the calling thread, with no event loop: for
+    a host agent's local socket (``unix:///run/lightrail/agent.sock``; one address, no leader
+    to follow), where a training thread waits anyway. Thread-safe (one gRPC channel).
+
+    While the agent is unreachable (starting, restarting) a call is retried with backoff
+    (``backoff_initial_s`` doubling to ``backoff_max_s``) for up to ``retry_budget_s`` seconds,
+    then raises ``ControllerUnavailable`` naming ``target``; refusals raise ``PhaseError``
+    subclasses as ``ControllerClient`` does."""
+
+    def __init__(self, target: str, *, retry_budget_s: float = 10.0,
+                 backoff_initial_s: float = 0.05, backoff_max_s: float = 1.0) -> None:
+        self.target = target
+        self._channel = grpc.insecure_channel(target)
+        self._stub = agent_pb2_grpc.AgentServiceStub(self._channel)
+        self._ids = itertools.count(1)
+        self._retry_budget_s = retry_budget_s
+        self._backoff = Backoff(initial_s=backoff_initial_s, max_s=backoff_max_s)
+
+    def _call(self, call: Callable[[], T]) -> T:
+        start = time.monotonic()
+        backoff = BackoffState(self._backoff)
+        while True:
+            try:
+                return call()
+            except grpc.RpcError as exc:
+                assert isinstance(exc, grpc.Call)
+                if exc.code() is not grpc.StatusCode.UNAVAILABLE or _refusal(exc) is not None:
+                    raise _phase_error(exc) from None
+                delay = backoff.next_s()
+                if time.monotonic() - start + delay > self._retry_budget_s:
+                    raise ControllerUnavailable(
+                        ErrorCode.NOT_LEADER,
+                        f"host agent {self.target} unreachable for "
+                        f"{time.monotonic() - start:.1f} s: {exc.details()}") from None
+                time.sleep(delay)
+
+    def enter(
+        self, job_id: str, rank: int, phase: PhaseKey, iteration: int = 0,
+        timeout_s: float | None = 30.0, nbytes: int = 0, compute_gap_s: float = 0.0,
+    ) -> Admission:
+        """Unary EnterPhase, blocking until admitted (arguments as ``ControllerClient.enter``).
+        Raises a ``PhaseError`` subclass."""
+        req = agent_pb2.EnterPhaseRequest(
+            job_id=job_id, rank=rank, phase=phase_key_to_pb(phase), iteration=iteration,
+            request_id=next(self._ids), timeout_s=timeout_s, nbytes=nbytes,
+            compute_gap_s=compute_gap_s,
+        )
+        deadline_s = None if timeout_s is None else timeout_s + 5.0
+        resp = self._call(lambda: self._stub.EnterPhase(req, timeout=deadline_s))
+        return Admission(resp.noop, max(1, resp.steps), resp.device_s)
+
+    def release_phase(self, job_id: str, rank: int, phase: PhaseKey, iteration: int = 0
+                      ) -> None:
+        """Unary ReleasePhase. Raises ``PhaseError`` when the rank does not hold ``phase``."""
+        req = agent_pb2.ReleasePhaseRequest(
+            job_id=job_id, rank=rank, phase=phase_key_to_pb(phase), iteration=iteration)
+        self._call(lambda: self._stub.ReleasePhase(req, timeout=30.0))
+
+    def close(self) -> None:
+        """Close the channel."""
+        self._channel.close()
+
+
 def _event_or_none(read: object) -> agent_pb2.JobEvent | None:
     """A WatchJob read: the event, or None at the end of the stream (``grpc.aio.EOF``)."""
     if read is grpc.aio.EOF:  # type: ignore[attr-defined]
@@ -486,6 +551,7 @@ class BlockingRankSession:
 
 __all__ = [
     "Admission",
+    "BlockingPhaseClient",
     "BlockingRankSession",
     "ControllerClient",
     "ControllerUnavailable",

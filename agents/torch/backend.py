@@ -21,6 +21,7 @@ scatter), send_recv (send, recv; the phase's group is the pair of global ranks).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
 import logging
 import threading
@@ -31,10 +32,17 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, ProcessGroup, ProcessGroupGloo, Store
 
-from lightrail.agents.client import ControllerClient, JobRegistrationError
+from lightrail.agents.client import BlockingPhaseClient, ControllerClient, JobRegistrationError
 from lightrail.agents.errors import PhaseError
 from lightrail.agents.torch import config as gate_config
-from lightrail.agents.torch.gate import RankGate, phase_key, placements_of
+from lightrail.agents.torch.gate import (
+    GateLoop,
+    GateTransport,
+    LoopTransport,
+    RankGate,
+    phase_key,
+    placements_of,
+)
 from lightrail.controller.domain.events import JobEventKind
 from lightrail.controller.domain.model import Collective, PhaseKey
 from lightrail.controller.domain.model import ProcessGroup as RankGroup
@@ -272,8 +280,7 @@ def _register(gate: RankGate, store: Store, rank: int, world: int,
     message."""
     s = PrefixStore(_KEY_PREFIX, store)
     if rank == 0:
-        transport = gate.transport
-        assert isinstance(transport, ControllerClient)
+        transport = _clients[gate]
         placements = placements_of(hosts, gpus)
 
         async def register() -> str:
@@ -293,7 +300,7 @@ def _register(gate: RankGate, store: Store, rank: int, world: int,
                 return str(exc)
             return ""
 
-        outcome = gate.run_coroutine(register())
+        outcome = gate.loop.run(register())
         s.set(_REGISTERED, outcome or "ok")
     else:
         s.wait([_REGISTERED], _STORE_TIMEOUT)
@@ -306,8 +313,7 @@ def _register(gate: RankGate, store: Store, rank: int, world: int,
 
 def _watch(gate: RankGate, job_id: str) -> None:
     """Follow the job's events: PLACEMENT_CHANGED makes the next gated call raise."""
-    transport = gate.transport
-    assert isinstance(transport, ControllerClient)
+    transport = _clients[gate]
 
     async def follow() -> None:
         try:
@@ -319,14 +325,27 @@ def _watch(gate: RankGate, job_id: str) -> None:
         except PhaseError as exc:
             log.info("lightrail: watching job %r ended: %s", job_id, exc)
 
-    gate.spawn(follow())
+    gate.loop.spawn(follow())
+
+
+async def _controller_client(target: str) -> ControllerClient:
+    return ControllerClient(target)  # made in the gate's loop: its channels belong to it
+
+
+_clients: dict[RankGate, ControllerClient] = {}
+"""Each gate's async client (registration, the event watch, unregistration)."""
 
 
 def _make_gate(store: Store, rank: int, world: int) -> RankGate:
     cfg = gate_config.load(rank, world)
     hosts, gpus = _exchange_placements(store, rank, world, cfg)
-    gate = RankGate(cfg.job_id, rank, lambda: ControllerClient(cfg.target),
-                    hosts=hosts, timeout_s=cfg.timeout_s, linger_s=cfg.linger_s)
+    loop = GateLoop(f"lightrail-gate-{rank}")
+    client: ControllerClient = loop.run(_controller_client(cfg.target))
+    transport: GateTransport = (BlockingPhaseClient(cfg.target) if cfg.via_agent
+                                else LoopTransport(loop, client))
+    gate = RankGate(cfg.job_id, rank, transport, loop, hosts=hosts, timeout_s=cfg.timeout_s,
+                    linger_s=cfg.linger_s)
+    _clients[gate] = client
     if cfg.register:
         _register(gate, store, rank, world, hosts, gpus, cfg)
     _watch(gate, cfg.job_id)
@@ -336,31 +355,41 @@ def _make_gate(store: Store, rank: int, world: int) -> RankGate:
 
 def _close(gate: RankGate, store: Store, rank: int, world: int,
            cfg: gate_config.GateConfig) -> None:
-    """At exit: release, write the summary, and (rank 0, once every rank closed) unregister."""
+    """At exit: release, write the summary, (rank 0, once every rank closed) unregister the
+    job it registered, then close the gate and its clients."""
     gate.drain()
-    if cfg.summary_path:
-        try:
-            gate.write_summary(cfg.summary_path)
-        except OSError as exc:
-            log.warning("lightrail: LIGHTRAIL_SUMMARY %s: %s", cfg.summary_path, exc)
-    if not cfg.register:
+    try:
+        if cfg.summary_path:
+            try:
+                gate.write_summary(cfg.summary_path)
+            except OSError as exc:
+                log.warning("lightrail: LIGHTRAIL_SUMMARY %s: %s", cfg.summary_path, exc)
+        if cfg.register:
+            _unregister_when_all_closed(gate, store, rank, world, cfg)
+    finally:
+        client = _clients.pop(gate, None)
+        if client is not None:
+            with contextlib.suppress(Exception):
+                gate.loop.run(client.close(), timeout_s=5.0)
         gate.close()
-        return
+        if isinstance(gate.transport, BlockingPhaseClient):
+            gate.transport.close()
+
+
+def _unregister_when_all_closed(gate: RankGate, store: Store, rank: int, world: int,
+                                cfg: gate_config.GateConfig) -> None:
     try:
         s = PrefixStore(_KEY_PREFIX, store)
         s.set(f"closed/{rank}", "1")
         if rank == 0:
             s.wait([f"closed/{r}" for r in range(world)], datetime.timedelta(seconds=10))
-    except Exception as exc:
+    except Exception as exc:  # the store may be gone at exit
         log.info("lightrail: closing without every rank: %s", exc)
     if rank == 0:
-        transport = gate.transport
-        assert isinstance(transport, ControllerClient)
         try:
-            gate.run_coroutine(transport.unregister_job(cfg.job_id), timeout_s=15.0)
+            gate.loop.run(_clients[gate].unregister_job(cfg.job_id), timeout_s=15.0)
         except (JobRegistrationError, PhaseError, TimeoutError) as exc:
             log.warning("lightrail: unregistering job %r failed: %s", cfg.job_id, exc)
-    gate.close()
 
 
 def create(opts: Any, backend_options: Any = None) -> GatedProcessGroup:

@@ -26,7 +26,6 @@ Threads: every method may be called from any thread; transitions are serialized 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import threading
@@ -47,8 +46,20 @@ W = TypeVar("W")
 
 
 class GateTransport(Protocol):
-    """What the gate calls, in its own event loop (``lightrail.agents.client.ControllerClient``
-    implements it, to a host agent's local socket or to the controller)."""
+    """What the gate calls, blocking the calling thread:
+    ``lightrail.agents.client.BlockingPhaseClient`` (a host agent's local socket) or
+    ``LoopTransport`` (an async client such as ``ControllerClient``, run in the gate's loop)."""
+
+    def enter(self, job_id: str, rank: int, phase: PhaseKey, iteration: int = 0,
+              timeout_s: float | None = 30.0, nbytes: int = 0,
+              compute_gap_s: float = 0.0) -> Admission: ...
+
+    def release_phase(self, job_id: str, rank: int, phase: PhaseKey,
+                      iteration: int = 0) -> None: ...
+
+
+class AsyncPhaseClient(Protocol):
+    """An async EnterPhase/ReleasePhase client (``lightrail.agents.client.ControllerClient``)."""
 
     async def enter(self, job_id: str, rank: int, phase: PhaseKey, iteration: int = 0,
                     timeout_s: float | None = 30.0, nbytes: int = 0,
@@ -56,6 +67,58 @@ class GateTransport(Protocol):
 
     async def release_phase(self, job_id: str, rank: int, phase: PhaseKey,
                             iteration: int = 0) -> None: ...
+
+
+class GateLoop:
+    """An asyncio loop in a daemon thread, for what the gate does in the background (linger
+    timers, the job's event watch, registration). ``name``: the thread's name."""
+
+    def __init__(self, name: str = "lightrail-gate") -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+        """Run ``coro`` in the loop and return its result, blocking the calling thread (at most
+        ``timeout_s`` s; None: no bound). Never call it from the loop's own thread."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+    def spawn(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
+        """Start ``coro`` in the loop without waiting for it."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def later(self, delay_s: float, fn: Callable[[], None]) -> None:
+        """Run ``fn`` in a worker thread (it may block) after ``delay_s`` seconds."""
+        def fire() -> None:
+            self.loop.run_in_executor(None, fn)
+
+        self.loop.call_soon_threadsafe(self.loop.call_later, delay_s, fire)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the loop and join its thread. Idempotent."""
+        if self._thread.is_alive():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=timeout_s)
+
+
+class LoopTransport:
+    """``GateTransport`` over ``client`` (async), run in ``loop``."""
+
+    def __init__(self, loop: GateLoop, client: AsyncPhaseClient) -> None:
+        self._loop = loop
+        self.client = client
+
+    def enter(self, job_id: str, rank: int, phase: PhaseKey, iteration: int = 0,
+              timeout_s: float | None = 30.0, nbytes: int = 0,
+              compute_gap_s: float = 0.0) -> Admission:
+        """``client.enter`` in the loop; blocks."""
+        return self._loop.run(self.client.enter(job_id, rank, phase, iteration, timeout_s,
+                                                nbytes, compute_gap_s))
+
+    def release_phase(self, job_id: str, rank: int, phase: PhaseKey,
+                      iteration: int = 0) -> None:
+        """``client.release_phase`` in the loop; blocks."""
+        self._loop.run(self.client.release_phase(job_id, rank, phase, iteration))
 
 
 @dataclass(slots=True)
@@ -86,6 +149,9 @@ class Hold:
     released_s: float
 
 
+_MAX_UNTRACKED = 1024
+"""Works without a completion future kept per run (a wait on the oldest drops it)."""
+
 MAX_HOLDS = 100_000
 """Holds kept for the summary (the first ones; a long job does not grow without bound)."""
 
@@ -93,20 +159,23 @@ MAX_HOLDS = 100_000
 @dataclass(slots=True)
 class _Run:
     phase: PhaseKey
-    waits: list[Callable[[], None]] = field(default_factory=list)
-    """One per work issued in the run and not known complete: blocks until it is."""
-    outstanding: int = 0
     admitted_s: float = 0.0
     """When EnterPhase returned (the gate's clock)."""
-    generation: int = 0
-    """Bumped by every call of the run: a linger release scheduled before it is stale."""
+    pending: dict[int, Callable[[], None]] = field(default_factory=dict)
+    """Works issued in the run and not known complete, by call number: each entry blocks
+    until its work completed."""
+    calls: int = 0
+    last_call_s: float = 0.0
+    linger_armed: bool = False
+    """A linger check is scheduled (at most one per run at a time: nothing per call)."""
 
 
 class RankGate:
     """The gate of global rank ``rank`` of job ``job_id``: ``call`` wraps every collective.
 
-    ``transport_factory`` builds the transport inside the gate's event loop (a daemon thread;
-    gRPC objects belong to the loop that made them). ``hosts``: rank -> host of the whole job
+    ``transport`` carries EnterPhase/ReleasePhase on the calling thread (the training thread
+    waits for its admission anyway: no thread hop); ``loop`` runs the linger timers (a release
+    after the linger runs in a worker thread). ``hosts``: rank -> host of the whole job
     (for the scale-up test; None: gate every group). ``timeout_s``: admission timeout, s;
     ``linger_s``: idle time after a run's works completed before it is released, s.
     ``clock``: monotonic seconds (injected by tests).
@@ -116,7 +185,8 @@ class RankGate:
         self,
         job_id: str,
         rank: int,
-        transport_factory: Callable[[], GateTransport],
+        transport: GateTransport,
+        loop: GateLoop,
         *,
         hosts: Sequence[str] | None = None,
         timeout_s: float = 60.0,
@@ -125,6 +195,8 @@ class RankGate:
     ) -> None:
         self.job_id = job_id
         self.rank = rank
+        self.transport = transport
+        self.loop = loop
         self.timeout_s = timeout_s
         self.linger_s = linger_s
         self._clock = clock
@@ -132,34 +204,13 @@ class RankGate:
         self._lock = threading.RLock()
         self._run: _Run | None = None
         self._done_lock = threading.Lock()
-        """Guards ``_Run.outstanding``: completion callbacks never wait for ``_lock``."""
+        """Guards ``_Run.pending``: completion callbacks never wait for ``_lock``."""
         self._last_done_at: float | None = None
         self._stats: dict[PhaseKey, PhaseStats] = {}
         self._holds: list[Hold] = []
         self._local: dict[ProcessGroup, bool] = {}
         self._placement_changed: str | None = None
         self._closed = False
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever,
-                                        name=f"lightrail-gate-{rank}", daemon=True)
-        self._thread.start()
-        self._pending_release: Future[None] | None = None
-
-        async def make() -> GateTransport:
-            return transport_factory()
-
-        self.transport: GateTransport = self.run_coroutine(make())
-
-    # --- the loop thread --------------------------------------------------------------------
-
-    def run_coroutine(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
-        """Run ``coro`` in the gate's loop and return its result, blocking the calling thread
-        (at most ``timeout_s`` s; None: no bound)."""
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
-
-    def spawn(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
-        """Start ``coro`` in the gate's loop without waiting for it."""
-        return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     # --- phases -----------------------------------------------------------------------------
 
@@ -200,26 +251,30 @@ class RankGate:
                 if run is not None:
                     self._finish(run)
                 run = self._enter(phase, nbytes)
-            run.generation += 1
-            stats = self._stats[phase]
-            stats.calls += 1
+            self._stats[phase].calls += 1
             work = issue()
-            run.waits.append(lambda: wait(work))
+            run.calls += 1
+            token = run.calls
+            run.last_call_s = self._clock()
             with self._done_lock:
-                run.outstanding += 1
-            generation = run.generation
-        # A backend without completion futures (gloo send/recv) raises: that run is released
-        # at the next call elsewhere, after waiting for its works.
-        with contextlib.suppress(Exception):
-            on_done(work, lambda: self._work_done(run, generation))
+                run.pending[token] = lambda: wait(work)
+        try:
+            on_done(work, lambda: self._work_done(run, token))
+        except Exception:  # no completion future (gloo send/recv):
+            # the run is released at the next call elsewhere, after waiting for its works;
+            # a long run of them keeps only the newest (the oldest completed long ago)
+            if len(run.pending) > _MAX_UNTRACKED:
+                with self._done_lock:
+                    oldest = next(iter(run.pending))
+                    wait_oldest = run.pending.pop(oldest)
+                wait_oldest()
         return work
 
     def _enter(self, phase: PhaseKey, nbytes: int) -> _Run:
         """Block until admitted into ``phase``; the caller holds the lock."""
         now = self._clock()
         gap = 0.0 if self._last_done_at is None else max(0.0, now - self._last_done_at)
-        pending, self._pending_release = self._pending_release, None
-        adm = self.run_coroutine(self._enter_after(pending, phase, nbytes, gap))
+        adm = self.transport.enter(self.job_id, self.rank, phase, 0, self.timeout_s, nbytes, gap)
         waited = self._clock() - now
         stats = self._stats.get(phase)
         if stats is None:
@@ -235,17 +290,11 @@ class RankGate:
         self._run = run
         return run
 
-    async def _enter_after(self, pending: Future[None] | None, phase: PhaseKey, nbytes: int,
-                           gap_s: float) -> Admission:
-        if pending is not None:
-            await asyncio.wrap_future(pending)  # our release reaches the agent first
-        return await self.transport.enter(self.job_id, self.rank, phase, 0, self.timeout_s,
-                                          nbytes, gap_s)
-
     def _finish(self, run: _Run) -> None:
         """Release ``run`` once its works completed (waiting for them); the caller holds the
         lock."""
-        waits, run.waits = run.waits, []
+        with self._done_lock:
+            waits, run.pending = list(run.pending.values()), {}
         for wait in waits:
             wait()
         self._release(run)
@@ -256,37 +305,36 @@ class RankGate:
         self._last_done_at = self._clock()
         if len(self._holds) < MAX_HOLDS:
             self._holds.append(Hold(run.phase, run.admitted_s, self._last_done_at))
-        self._pending_release = self.spawn(self._release_async(run.phase))
-
-    async def _release_async(self, phase: PhaseKey) -> None:
         try:
-            await self.transport.release_phase(self.job_id, self.rank, phase, 0)
+            self.transport.release_phase(self.job_id, self.rank, run.phase, 0)
         except PhaseError as exc:
-            log.warning("lightrail gate: release of %s by rank %d failed: %s", phase,
+            log.warning("lightrail gate: release of %s by rank %d failed: %s", run.phase,
                         self.rank, exc)
 
-    def _work_done(self, run: _Run, generation: int) -> None:
-        """A work of ``run`` completed (any thread): at the last one, release after the
-        linger unless a new call came."""
+    def _work_done(self, run: _Run, token: int) -> None:
+        """Work ``token`` of ``run`` completed (any thread): when none is left, arm the linger
+        check unless it is armed already."""
         with self._done_lock:
-            run.outstanding -= 1
-            if run.outstanding > 0 or self._run is not run or self._closed:
+            run.pending.pop(token, None)
+            if run.pending or run.linger_armed or self._run is not run or self._closed:
                 return
-        self._loop.call_soon_threadsafe(self._loop.call_later, self.linger_s,
-                                        self._linger_over, run, generation)
+            run.linger_armed = True
+        self.loop.later(self.linger_s, lambda: self._linger_over(run))
 
-    def _linger_over(self, run: _Run, generation: int) -> None:
-        """In the loop: release ``run`` if nothing was called on it since ``generation``."""
-        if not self._lock.acquire(blocking=False):
-            # a caller is in a transition; try again shortly rather than block the loop
-            self._loop.call_later(self.linger_s or 0.001, self._linger_over, run, generation)
-            return
-        try:
-            if self._run is run and run.generation == generation and run.outstanding == 0:
-                run.waits.clear()  # all complete
-                self._release(run)
-        finally:
-            self._lock.release()
+    def _linger_over(self, run: _Run) -> None:
+        """In a worker thread: release ``run`` if its works completed and nothing was called
+        on it for ``linger_s``; re-arm for the rest of the linger after a later call."""
+        with self._lock:
+            with self._done_lock:
+                run.linger_armed = False
+                if self._run is not run or run.pending:
+                    return  # gone, or a new work: its completion arms the check again
+                remaining = run.last_call_s + self.linger_s - self._clock()
+                if remaining > 0:
+                    run.linger_armed = True
+                    self.loop.later(remaining, lambda: self._linger_over(run))
+                    return
+            self._release(run)
 
     # --- the end ----------------------------------------------------------------------------
 
@@ -326,19 +374,11 @@ class RankGate:
             run = self._run
             if run is not None:
                 self._finish(run)
-            pending, self._pending_release = self._pending_release, None
-        if pending is not None:
-            try:
-                pending.result(timeout_s)
-            except Exception as exc:
-                log.warning("lightrail gate: last release failed: %s", exc)
 
     def close(self, timeout_s: float = 10.0) -> None:
         """``drain``, then stop the gate's loop. Idempotent."""
         self.drain(timeout_s)
-        if self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=timeout_s)
+        self.loop.stop(timeout_s)
 
 
 def phase_key(group: ProcessGroup, collective: Collective) -> PhaseKey:

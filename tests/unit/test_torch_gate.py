@@ -13,7 +13,7 @@ import pytest
 
 from lightrail.agents.errors import Admission, PhaseError, PlacementChanged
 from lightrail.agents.torch import config as gate_config
-from lightrail.agents.torch.gate import RankGate, phase_key
+from lightrail.agents.torch.gate import GateLoop, LoopTransport, RankGate, phase_key
 from lightrail.controller.domain.errors import ErrorCode
 from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup
 
@@ -31,18 +31,17 @@ class Recorder:
     noop: bool = False
     released: threading.Event = field(default_factory=threading.Event)
 
-    async def enter(self, job_id: str, rank: int, phase: PhaseKey, iteration: int = 0,
-                    timeout_s: float | None = 30.0, nbytes: int = 0,
-                    compute_gap_s: float = 0.0) -> Admission:
+    def enter(self, job_id: str, rank: int, phase: PhaseKey, iteration: int = 0,
+              timeout_s: float | None = 30.0, nbytes: int = 0,
+              compute_gap_s: float = 0.0) -> Admission:
         self.calls.append(("enter", phase, nbytes))
         if self.refuse is not None:
             code, self.refuse = self.refuse, None
             raise PhaseError(code, "refused")
         return Admission(self.noop, 1, 0.0 if self.noop else 0.01)
 
-    async def release_phase(self, job_id: str, rank: int, phase: PhaseKey,
-                            iteration: int = 0) -> None:
-        await asyncio.sleep(0)
+    def release_phase(self, job_id: str, rank: int, phase: PhaseKey,
+                      iteration: int = 0) -> None:
         self.calls.append(("release", phase, 0))
         self.released.set()
 
@@ -84,7 +83,7 @@ def rec() -> Recorder:
 
 def make_gate(rec: Recorder, *, linger_s: float = 60.0,
               hosts: list[str] | None = None) -> RankGate:
-    return RankGate("job", 0, lambda: rec, hosts=hosts, timeout_s=5.0, linger_s=linger_s)
+    return RankGate("job", 0, rec, GateLoop(), hosts=hosts, timeout_s=5.0, linger_s=linger_s)
 
 
 def kinds(rec: Recorder) -> list[tuple[str, PhaseKey]]:
@@ -265,3 +264,40 @@ def test_gate_flag() -> None:
     assert not gate_config.gate_requested({})
     with pytest.raises(gate_config.GateConfigError, match="LIGHTRAIL_GATE"):
         gate_config.gate_requested({"LIGHTRAIL_GATE": "2"})
+
+
+def test_a_long_run_keeps_nothing_per_call(rec: Recorder) -> None:
+    gate = make_gate(rec, linger_s=60.0)
+    for _ in range(2000):
+        gate.call(DP, 8, _done, on_done, wait)  # completed works
+    for _ in range(2000):
+        gate.call(DP, 8, _done, no_future, wait)  # works without a completion future
+    run = gate._run
+    assert run is not None and len(run.pending) <= 1025
+    assert kinds(rec) == [("enter", DP)] and gate.stats()[0].calls == 4000
+    gate.close()
+    assert kinds(rec) == [("enter", DP), ("release", DP)]
+
+
+def test_loop_transport_runs_an_async_client_in_the_gate_loop() -> None:
+    class Async:
+        def __init__(self) -> None:
+            self.loops: list[asyncio.AbstractEventLoop] = []
+
+        async def enter(self, job_id: str, rank: int, phase: PhaseKey, iteration: int = 0,
+                        timeout_s: float | None = 30.0, nbytes: int = 0,
+                        compute_gap_s: float = 0.0) -> Admission:
+            self.loops.append(asyncio.get_running_loop())
+            return Admission(True, 1, 0.0)
+
+        async def release_phase(self, job_id: str, rank: int, phase: PhaseKey,
+                                iteration: int = 0) -> None:
+            self.loops.append(asyncio.get_running_loop())
+
+    loop = GateLoop()
+    client = Async()
+    gate = RankGate("job", 0, LoopTransport(loop, client), loop, linger_s=60.0)
+    gate.call(DP, 8, _done, on_done, wait)
+    gate.close()
+    assert client.loops == [loop.loop, loop.loop]
+    assert gate.stats()[0].noop == 1
