@@ -25,6 +25,7 @@ import contextlib
 import datetime
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -88,6 +89,30 @@ def _wait(work: Any) -> None:
         work.wait()
 
 
+def _on_gpu(tensors: Sequence[Any]) -> bool:
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            if t.is_cuda:
+                return True
+        elif isinstance(t, (list, tuple)) and _on_gpu(t):
+            return True
+    return False
+
+
+def _no_completion_future(work: Any, callback: Callable[[], None]) -> None:
+    """NCCL: a work's future completes when the kernel is enqueued, not when the GPU is done
+    with the circuits, so it cannot release a run; the run is released at the next call
+    elsewhere, after ``_wait_gpu``."""
+    raise NotImplementedError("NCCL works complete on the GPU stream")
+
+
+def _wait_gpu(work: Any) -> None:
+    """Block the CPU until the GPU finished ``work`` (``wait()`` would only order the current
+    stream after it): the circuits may change only then."""
+    while not work.is_completed():
+        time.sleep(20e-6)
+
+
 class GatedProcessGroup(ProcessGroup):
     """One process group: ``inner`` (a real ``ProcessGroup`` with gloo and, on a GPU machine,
     NCCL registered) behind ``gate``. ``global_ranks``: the group's ranks in the world."""
@@ -118,10 +143,18 @@ class GatedProcessGroup(ProcessGroup):
         """Call ``name`` of the real group with ``args``/``kwargs`` (any of torch's overloads)
         through the gate, as a ``collective`` phase of this group; ``input_at``: where the
         input tensors are in ``args`` (the byte hint; None: no payload)."""
-        tensors = args[input_at] if input_at is not None and len(args) > input_at else ()
-        real = getattr(self._inner, name)
-        return self._gate.call(self._keys[collective], _nbytes(_listed(tensors)),
-                               lambda: real(*args, **kwargs), _on_done, _wait)
+        tensors = _listed(args[input_at]) if input_at is not None and len(args) > input_at \
+            else ()
+        return self._call(self._keys[collective], tensors, getattr(self._inner, name), args,
+                          kwargs)
+
+    def _call(self, key: PhaseKey, tensors: Sequence[Any], real: Callable[..., Any],
+              args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if _on_gpu(tensors):
+            return self._gate.call(key, _nbytes(tensors), lambda: real(*args, **kwargs),
+                                   _no_completion_future, _wait_gpu)
+        return self._gate.call(key, _nbytes(tensors), lambda: real(*args, **kwargs),
+                               _on_done, _wait)
 
     def _p2p(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """``send``/``recv`` (tensors, peer group rank, tag): a send_recv phase of this rank and
@@ -133,9 +166,8 @@ class GatedProcessGroup(ProcessGroup):
             me = self.global_ranks[self.rank()]
             key = self._pairs[peer] = phase_key(
                 RankGroup.of(sorted((me, self.global_ranks[peer]))), Collective.SEND_RECV)
-        real = getattr(self._inner, name)
-        return self._gate.call(key, _nbytes(_listed(args[0] if args else ())),
-                               lambda: real(*args, **kwargs), _on_done, _wait)
+        return self._call(key, _listed(args[0] if args else ()), getattr(self._inner, name),
+                          args, kwargs)
 
     def allreduce(self, *args: Any, **kwargs: Any) -> Any:
         """Gated ``allreduce`` (all_reduce)."""

@@ -235,8 +235,10 @@ class RankGate:
         """Issue one collective of ``phase`` (its group's global ranks and kind): enter the
         phase first unless this rank's current run is the same phase, then ``issue()`` (which
         returns the backend's work) and register ``on_done(work, callback)`` so the run knows
-        when its works completed; ``wait(work)`` blocks until a work completed (used before a
-        run is released for another). ``nbytes``: bytes of the call (the run's hint). Raises
+        when its works completed (``on_done`` raises when the backend has no usable completion
+        signal: the run is then released only at the next call elsewhere or at the end);
+        ``wait(work)`` blocks until a work completed (used before a run is released for
+        another). ``nbytes``: bytes of the call (the run's hint). Raises
         ``PhaseError`` subclasses (``PlacementChanged``, ``PhaseTimeout``, ...) before issuing
         anything."""
         if self._placement_changed is not None:
@@ -260,7 +262,7 @@ class RankGate:
                 run.pending[token] = lambda: wait(work)
         try:
             on_done(work, lambda: self._work_done(run, token))
-        except Exception:  # no completion future (gloo send/recv):
+        except Exception:  # no usable completion future (gloo send/recv, NCCL):
             # the run is released at the next call elsewhere, after waiting for its works;
             # a long run of them keeps only the newest (the oldest completed long ago)
             if len(run.pending) > _MAX_UNTRACKED:
