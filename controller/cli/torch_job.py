@@ -194,12 +194,16 @@ async def run_torchrun(
 ) -> TorchRun:
     """Run ``torchrun --standalone --nproc-per-node WORLD script --backend BACKEND`` with the
     environment ``env`` added to this process's (``LIGHTRAIL_*`` variables of this process
-    are dropped first, so a plain run is plain), step records and summaries written to
+    are dropped first, and a backend without ``lightrail`` runs with torch's backend autoload
+    off, so a plain run is plain), step records and summaries written to
     ``out_dir`` (torchrun's output in ``torchrun.log``). Stops the run after ``timeout_s`` s
     (returncode then ``TIMED_OUT``). Raises ``TorchJobError`` when the script is missing."""
     _prepare(out_dir, script)
     full = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTRAIL_")}
     full.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    if "lightrail" not in backend:
+        # no Lightrail at all in a plain run: not even the backend's autoload at import torch
+        full["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
     full.update(env or {})
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc-per-node={WORLD}", "--max-restarts=0", str(script),
