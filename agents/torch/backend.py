@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import grpc
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, ProcessGroup, ProcessGroupGloo, Store
@@ -319,7 +320,7 @@ def _register(gate: RankGate, store: Store, rank: int, world: int,
             try:
                 await transport.register_job(cfg.job_id, placements, tenant=cfg.tenant)
             except JobRegistrationError as exc:
-                if "exist" not in str(exc).lower() and "duplicate" not in str(exc).lower():
+                if exc.status is not grpc.StatusCode.ALREADY_EXISTS:
                     return str(exc)
                 log.warning("lightrail: job %r is registered already (an earlier run?): "
                             "registering it again", cfg.job_id)

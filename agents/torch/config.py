@@ -1,9 +1,10 @@
 """The torch gate's configuration, read from the environment of a training process.
 
 torchrun gives every worker the same environment, so each value may contain the placeholders
-``{rank}``, ``{local_rank}`` and ``{world_size}`` (filled from ``RANK``, ``LOCAL_RANK`` and
-``WORLD_SIZE``): ``LIGHTRAIL_HOST=host{rank}`` makes four processes on one machine four hosts of an
-emulated fabric. Pure: no torch, no I/O but ``os.environ`` and the host name.
+``{rank}``, ``{local_rank}``, ``{group_rank}`` (the node's rank) and ``{world_size}`` (filled
+from the rank, ``LOCAL_RANK``, ``GROUP_RANK`` and the world size): ``LIGHTRAIL_HOST=host{rank}``
+makes four processes on one machine four hosts of an emulated fabric. Pure: no torch, no I/O
+but ``os.environ`` and the host name.
 
 Variables (default in brackets):
 
@@ -65,8 +66,8 @@ def _fill(name: str, value: str, fields: Mapping[str, str]) -> str:
         return value.format_map(fields)
     except (KeyError, ValueError, IndexError) as exc:
         raise GateConfigError(
-            f"{name}: {value!r} has a bad placeholder ({exc}); use {{rank}}, {{local_rank}} "
-            "or {world_size}") from None
+            f"{name}: {value!r} has a bad placeholder ({exc}); use {{rank}}, {{local_rank}}, "
+            "{group_rank} or {world_size}") from None
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -126,7 +127,8 @@ def load(rank: int, world_size: int, env: Mapping[str, str] | None = None) -> Ga
     ``os.environ``). Raises ``GateConfigError`` naming the variable and its value."""
     env = os.environ if env is None else env
     local_rank = _int(env, "LOCAL_RANK", 0)
-    fields = {"rank": str(rank), "local_rank": str(local_rank), "world_size": str(world_size)}
+    fields = {"rank": str(rank), "local_rank": str(local_rank), "world_size": str(world_size),
+              "group_rank": str(_int(env, "GROUP_RANK", 0))}
 
     def get(name: str, default: str) -> str:
         raw = env.get(name, "").strip()

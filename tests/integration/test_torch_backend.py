@@ -39,15 +39,22 @@ async def _launch(out: Path, env: dict[str, str], gated: bool) -> list[str]:
     await asyncio.to_thread(out.mkdir)
     port = _free_port()
     procs = []
+    node_env = dict(env, OUT=str(out))
+    if gated:  # rank = node * 2 + local rank: node n is host<n>
+        node_env.update(LIGHTRAIL_HOST="host{group_rank}", LIGHTRAIL_GPU="{local_rank}")
     for node in (0, 1):
-        node_env = dict(env, OUT=str(out))
-        if gated:
-            node_env.update(LIGHTRAIL_HOST=f"host{node}", LIGHTRAIL_GPU="{local_rank}")
         procs.append(await asyncio.create_subprocess_exec(
             str(TORCHRUN), "--nnodes=2", "--nproc-per-node=2", f"--node-rank={node}",
             "--master-addr=127.0.0.1", f"--master-port={port}", str(JOB),
             env=node_env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT))
-    outputs = await asyncio.wait_for(asyncio.gather(*(p.communicate() for p in procs)), 240)
+    try:
+        outputs = await asyncio.wait_for(asyncio.gather(*(p.communicate() for p in procs)),
+                                         240)
+    finally:
+        for p in procs:
+            if p.returncode is None:
+                p.kill()  # torchrun; its workers die with it (PR_SET_PDEATHSIG)
+                await p.wait()
     failed = [o.decode(errors="replace")[-4000:] for (o, _), p in zip(outputs, procs,
                                                                        strict=True)
               if p.returncode != 0]

@@ -235,6 +235,8 @@ def test_config_placeholders_and_defaults() -> None:
     assert cfg.host == "host3" and cfg.target == "unix:///tmp/a-1.sock" and cfg.via_agent
     assert cfg.gpu == 5 and cfg.job_id == "torch-29500" and cfg.register
     assert cfg.timeout_s == 60.0 and cfg.linger_s == pytest.approx(0.002)
+    node = gate_config.load(5, 8, {"GROUP_RANK": "2", "LIGHTRAIL_HOST": "node{group_rank}"})
+    assert node.host == "node2"
     direct = gate_config.load(0, 1, {"LIGHTRAIL_CONTROLLER": "a:1,b:2",
                                      "TORCHELASTIC_RUN_ID": "run7"})
     assert direct.target == "a:1,b:2" and not direct.via_agent and direct.job_id == "run7"
