@@ -60,6 +60,16 @@ def test_job_side_import_loads_no_heavy_module(module: str) -> None:
     assert _heavy(names) == []
 
 
+@pytest.mark.parametrize("module", ["lightrail.agents.torch", "lightrail.agents.torch.gate"])
+def test_torch_backend_loads_nothing_heavy_beyond_torch(module: str) -> None:
+    pytest.importorskip("torch", reason="the optional extra lightrail[torch] is not installed")
+    names = _loaded_after_import(module)
+    assert module in names
+    # torch itself may load pynvml (torch.cuda); the backend adds nothing heavy of its own
+    assert set(_heavy(names)) <= set(_heavy(_loaded_after_import("torch.distributed")))
+    assert "grpc" not in names  # the backend module (gRPC, clients) loads with the first group
+
+
 def test_client_loads_the_codec_and_stubs() -> None:
     names = _loaded_after_import("lightrail.agents.client")
     assert "lightrail.controller.api.codec" in names
