@@ -297,14 +297,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    if args.torch and (args.trace or args.fail_gpu or args.devices != "tl1"):
+        print("lightrail demo: --torch runs its own job on TL1 switches: no --trace, "
+              "--fail-gpu or --devices", file=sys.stderr)
+        return 2
     configure_logging("warning", "console")
     if args.torch:
         from lightrail.controller.cli.torch_demo import torch_demo_main
 
-        if args.trace or args.fail_gpu or args.devices != "tl1":
-            print("lightrail demo: --torch runs its own job on TL1 switches: no --trace, "
-                  "--fail-gpu or --devices", file=sys.stderr)
-            return 2
         return run_async(torch_demo_main(make_console(), make_console(stderr=True),
                                          steps=args.iterations, delay_ms=args.delay_ms))
     trace = Path(args.trace) if args.trace else shared_data_dir() / DLRM_TRACE

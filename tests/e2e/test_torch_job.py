@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from lightrail.agents.replay.replayer import HoldRecord
-from lightrail.controller.cli.main import main
 from lightrail.controller.cli.torch_job import (
     WORLD,
     TorchRun,
@@ -125,7 +126,10 @@ async def test_a_pp_dp_job_reconfigures_the_rail_safely_with_unchanged_losses(
 
 @pytest.mark.parametrize("extra", [["--trace", "x.json"], ["--fail-gpu"],
                                    ["--devices", "emulated"]])
-def test_demo_torch_refuses_the_replay_options(extra: list[str],
-                                               capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "--torch", *extra]) == 2
-    assert "--torch runs its own job" in capsys.readouterr().err
+def test_demo_torch_refuses_the_replay_options(extra: list[str]) -> None:
+    # a child process: the demo configures logging for its whole process
+    proc = subprocess.run([sys.executable, "-m", "lightrail.controller.cli.main", "demo",
+                           "--torch", *extra], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert "--torch runs its own job" in proc.stderr
