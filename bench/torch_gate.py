@@ -82,7 +82,7 @@ def _spread(values: list[float]) -> str:
     return (f"{statistics.median(values):8.1f} [{min(values):.1f}-{max(values):.1f}]")
 
 
-async def run(calls: int, repeats: int) -> int:
+async def run(calls: int, repeats: int, linger_ms: float) -> int:
     fabric = FabricSection.model_validate({"builtin": "demo-4x2", "reconfiguration_delay_ms": 0})
     with tempfile.TemporaryDirectory(prefix="lightrail-gate-bench-") as tmp_name:
         tmp = Path(tmp_name)
@@ -93,7 +93,8 @@ async def run(calls: int, repeats: int) -> int:
                 env.update(OMP_NUM_THREADS="1", OUT=str(tmp), CALLS=str(calls),
                            REPEATS=str(repeats), LIGHTRAIL_HOST="host{rank}", LIGHTRAIL_GPU="0",
                            LIGHTRAIL_AGENT=f"unix://{tmp}/agent-{{rank}}.sock",
-                           LIGHTRAIL_JOB_ID="gate-bench")
+                           LIGHTRAIL_JOB_ID="gate-bench", LIGHTRAIL_LINGER_MS=str(linger_ms),
+                           LIGHTRAIL_SUMMARY=f"{tmp}/summary-{{rank}}.json")
                 assert len(socks) == 2
                 proc = await asyncio.create_subprocess_exec(
                     str(BIN / "torchrun"), "--standalone", "--nproc-per-node=2", str(WORKER),
@@ -103,6 +104,9 @@ async def run(calls: int, repeats: int) -> int:
                     print(f"torch_gate: the workers failed (torchrun exit {rc})", file=sys.stderr)
                     return 1
         per_rank = [json.loads((tmp / f"gate-{r}.json").read_text()) for r in range(2)]
+        summaries = [json.loads((tmp / f"summary-{r}.json").read_text()) for r in range(2)]
+    entered = sum(p["entered"] for s in summaries for p in s["phases"])
+    wait_s = sum(p["wait_s"] for s in summaries for p in s["phases"])
     us = {k: [v * 1e6 for fig in per_rank for v in fig[k]] for k in per_rank[0]}
     print(f"torch gate cost: 2 ranks on 2 hosts, {calls} calls x {repeats} interleaved repeats "
           "per cell, 64-byte gloo all-reduce / all-gather on loopback; medians [min-max] over "
@@ -114,6 +118,9 @@ async def run(calls: int, repeats: int) -> int:
         added = [g - p for g, p in zip(gated, plain, strict=True)]
         print(f"{pattern:<12} {_spread(plain):>22} {_spread(gated):>22} {_spread(added):>24}"
               f"   {what}")
+    print(f"EnterPhase, mean over {entered} gated phases of both ranks: "
+          f"{wait_s / max(entered, 1) * 1e6:.0f} us (blocked until admitted; includes waiting "
+          f"for the peer rank's enter); linger {linger_ms} ms")
     print("aim: < 100 us per phase, ~0 per call inside a phase (issue 11). The phase cost is "
           "one ReleasePhase and one EnterPhase round trip rank -> host agent (Unix socket, "
           "gRPC) -> controller (PhaseStream) and back, on a shared 2-core machine.")
@@ -124,10 +131,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--calls", type=int, default=300, help="calls per timed cell (default 300)")
     p.add_argument("--repeats", type=int, default=5, help="interleaved repeats (default 5)")
+    p.add_argument("--linger-ms", type=float, default=20.0,
+                   help="LIGHTRAIL_LINGER_MS of the workers (default 20: longer than a call "
+                        "here, so that `same` stays one run; the backend's default is 2)")
     args = p.parse_args()
     if args.calls < 2 or args.repeats < 1:
         p.error("--calls must be >= 2 and --repeats >= 1")
-    sys.exit(asyncio.run(run(args.calls, args.repeats)))
+    sys.exit(asyncio.run(run(args.calls, args.repeats, args.linger_ms)))
 
 
 if __name__ == "__main__":

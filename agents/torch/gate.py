@@ -26,6 +26,7 @@ Threads: every method may be called from any thread; transitions are serialized 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
@@ -90,7 +91,9 @@ class GateLoop:
     def later(self, delay_s: float, fn: Callable[[], None]) -> None:
         """Run ``fn`` in a worker thread (it may block) after ``delay_s`` seconds."""
         def fire() -> None:
-            self.loop.run_in_executor(None, fn)
+            # RuntimeError: the interpreter is exiting; the gate's drain releases
+            with contextlib.suppress(RuntimeError):
+                self.loop.run_in_executor(None, fn)
 
         self.loop.call_soon_threadsafe(self.loop.call_later, delay_s, fire)
 
