@@ -60,7 +60,8 @@ async def _agents(target: str, tmp: Path, hosts: int) -> AsyncIterator[list[Path
             sockets.append(sock)
             procs.append(await asyncio.create_subprocess_exec(
                 str(BIN / "lightrail"), "agent", "--controller", target, "--host", f"host{h}",
-                "--socket", str(sock), "--health", "emulated", "--emulated-gpus", "2",
+                "--socket", str(sock), "--nccl-socket", str(tmp / f"frames-{h}.sock"),
+                "--health", "emulated", "--emulated-gpus", "2",
                 "--log-level", "warning",
                 stdin=asyncio.subprocess.DEVNULL))
         deadline = time.monotonic() + 30
@@ -82,48 +83,67 @@ def _spread(values: list[float]) -> str:
     return (f"{statistics.median(values):8.1f} [{min(values):.1f}-{max(values):.1f}]")
 
 
+async def _cell(ctl_target: str, tmp: Path, calls: int, repeats: int, linger_ms: float,
+                transport: str) -> tuple[dict[str, list[float]], float, int] | None:
+    """One torchrun of the worker with phase calls over ``transport`` (``grpc``: the agent's
+    gRPC socket; ``frames``: its frame socket): us per call of each pattern (both ranks), the
+    mean EnterPhase wait (us) and the phases entered; None when the workers failed."""
+    out = tmp / transport
+    await asyncio.to_thread(out.mkdir)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTRAIL_")}
+    env.update(OMP_NUM_THREADS="1", OUT=str(out), CALLS=str(calls), REPEATS=str(repeats),
+               LIGHTRAIL_HOST="host{rank}", LIGHTRAIL_GPU="0",
+               LIGHTRAIL_AGENT=f"unix://{tmp}/agent-{{rank}}.sock",
+               LIGHTRAIL_JOB_ID=f"gate-bench-{transport}", LIGHTRAIL_LINGER_MS=str(linger_ms),
+               LIGHTRAIL_SUMMARY=f"{out}/summary-{{rank}}.json")
+    if transport == "frames":
+        env["LIGHTRAIL_NCCL_SOCKET"] = f"{tmp}/frames-{{rank}}.sock"
+    proc = await asyncio.create_subprocess_exec(
+        str(BIN / "torchrun"), "--standalone", "--nproc-per-node=2", str(WORKER), env=env)
+    if await asyncio.wait_for(proc.wait(), 600) != 0:
+        print(f"torch_gate: the workers failed over {transport}", file=sys.stderr)
+        return None
+    per_rank = [json.loads((out / f"gate-{r}.json").read_text()) for r in range(2)]
+    summaries = [json.loads((out / f"summary-{r}.json").read_text()) for r in range(2)]
+    entered = sum(p["entered"] for s in summaries for p in s["phases"])
+    wait_s = sum(p["wait_s"] for s in summaries for p in s["phases"])
+    us = {k: [v * 1e6 for fig in per_rank for v in fig[k]] for k in per_rank[0]}
+    return us, wait_s / max(entered, 1) * 1e6, entered
+
+
 async def run(calls: int, repeats: int, linger_ms: float) -> int:
     fabric = FabricSection.model_validate({"builtin": "demo-4x2", "reconfiguration_delay_ms": 0})
+    results = {}
     with tempfile.TemporaryDirectory(prefix="lightrail-gate-bench-") as tmp_name:
         tmp = Path(tmp_name)
         async with EmbeddedEtcd() as etcd:
             cfg = embedded_config(etcd.endpoint, fabric, admission_timeout_s=30.0)
-            async with spawn_controller(cfg) as ctl, _agents(ctl.grpc_target, tmp, 2) as socks:
-                env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTRAIL_")}
-                env.update(OMP_NUM_THREADS="1", OUT=str(tmp), CALLS=str(calls),
-                           REPEATS=str(repeats), LIGHTRAIL_HOST="host{rank}", LIGHTRAIL_GPU="0",
-                           LIGHTRAIL_AGENT=f"unix://{tmp}/agent-{{rank}}.sock",
-                           LIGHTRAIL_JOB_ID="gate-bench", LIGHTRAIL_LINGER_MS=str(linger_ms),
-                           LIGHTRAIL_SUMMARY=f"{tmp}/summary-{{rank}}.json")
-                assert len(socks) == 2
-                proc = await asyncio.create_subprocess_exec(
-                    str(BIN / "torchrun"), "--standalone", "--nproc-per-node=2", str(WORKER),
-                    env=env)
-                rc = await asyncio.wait_for(proc.wait(), 600)
-                if rc != 0:
-                    print(f"torch_gate: the workers failed (torchrun exit {rc})", file=sys.stderr)
-                    return 1
-        per_rank = [json.loads((tmp / f"gate-{r}.json").read_text()) for r in range(2)]
-        summaries = [json.loads((tmp / f"summary-{r}.json").read_text()) for r in range(2)]
-    entered = sum(p["entered"] for s in summaries for p in s["phases"])
-    wait_s = sum(p["wait_s"] for s in summaries for p in s["phases"])
-    us = {k: [v * 1e6 for fig in per_rank for v in fig[k]] for k in per_rank[0]}
+            async with spawn_controller(cfg) as ctl, _agents(ctl.grpc_target, tmp, 2):
+                for transport in ("grpc", "frames"):
+                    cell = await _cell(ctl.grpc_target, tmp, calls, repeats, linger_ms,
+                                       transport)
+                    if cell is None:
+                        return 1
+                    results[transport] = cell
     print(f"torch gate cost: 2 ranks on 2 hosts, {calls} calls x {repeats} interleaved repeats "
           "per cell, 64-byte gloo all-reduce / all-gather on loopback; medians [min-max] over "
-          "repeats and ranks, us")
-    print(f"{'pattern':<12} {'plain gloo':>22} {'lightrail':>22} {'added by the gate':>24}")
-    for pattern, what in (("same", "per call inside a phase"),
-                          ("alternate", "per gated phase (no-op admission)")):
-        plain, gated = us[f"plain_{pattern}"], us[f"gated_{pattern}"]
-        added = [g - p for g, p in zip(gated, plain, strict=True)]
-        print(f"{pattern:<12} {_spread(plain):>22} {_spread(gated):>22} {_spread(added):>24}"
-              f"   {what}")
-    print(f"EnterPhase, mean over {entered} gated phases of both ranks: "
-          f"{wait_s / max(entered, 1) * 1e6:.0f} us (blocked until admitted; includes waiting "
-          f"for the peer rank's enter); linger {linger_ms} ms")
-    print("aim: < 100 us per phase, ~0 per call inside a phase (issue 11). The phase cost is "
-          "one ReleasePhase and one EnterPhase round trip rank -> host agent (Unix socket, "
-          "gRPC) -> controller (PhaseStream) and back, on a shared 2-core machine.")
+          f"repeats and ranks, us; linger {linger_ms} ms")
+    print(f"{'phase calls via':<16} {'pattern':<10} {'plain gloo':>22} {'lightrail':>22} "
+          f"{'added by the gate':>24}")
+    for transport, (us, enter_us, entered) in results.items():
+        for pattern, what in (("same", "per call inside a phase"),
+                              ("alternate", "per gated phase (no-op admission)")):
+            plain, gated = us[f"plain_{pattern}"], us[f"gated_{pattern}"]
+            added = [g - p for g, p in zip(gated, plain, strict=True)]
+            print(f"{transport:<16} {pattern:<10} {_spread(plain):>22} {_spread(gated):>22} "
+                  f"{_spread(added):>24}   {what}")
+        print(f"{transport:<16} EnterPhase mean over {entered} phases of both ranks: "
+              f"{enter_us:.0f} us (until admitted, including the wait for the peer's enter)")
+    print("grpc = the agent's gRPC socket (LIGHTRAIL_AGENT; each ReleasePhase waits for its "
+          "reply), frames = its frame socket (LIGHTRAIL_NCCL_SOCKET; a release is one write). "
+          "aim: < 100 us per phase, ~0 per call inside a phase (issue 11). A phase costs a "
+          "release and an EnterPhase through the host agent to the controller (PhaseStream) and "
+          "back, on a 2-core machine shared by the 2 workers, 2 agents, the controller and etcd.")
     return 0
 
 

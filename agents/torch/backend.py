@@ -36,6 +36,7 @@ from torch._C._distributed_c10d import PrefixStore, ProcessGroup, ProcessGroupGl
 
 from lightrail.agents.client import BlockingPhaseClient, ControllerClient, JobRegistrationError
 from lightrail.agents.errors import PhaseError
+from lightrail.agents.nccl.client import FramePhaseClient
 from lightrail.agents.torch import config as gate_config
 from lightrail.agents.torch.gate import (
     GateLoop,
@@ -374,8 +375,13 @@ def _make_gate(store: Store, rank: int, world: int) -> RankGate:
     hosts, gpus = _exchange_placements(store, rank, world, cfg)
     loop = GateLoop(f"lightrail-gate-{rank}")
     client: ControllerClient = loop.run(_controller_client(cfg.target))
-    transport: GateTransport = (BlockingPhaseClient(cfg.target) if cfg.via_agent
-                                else LoopTransport(loop, client))
+    transport: GateTransport
+    if cfg.frame_socket is not None:
+        transport = FramePhaseClient(cfg.frame_socket, cfg.job_id, rank)
+    elif cfg.via_agent:
+        transport = BlockingPhaseClient(cfg.target)
+    else:
+        transport = LoopTransport(loop, client)
     gate = RankGate(cfg.job_id, rank, transport, loop, hosts=hosts, timeout_s=cfg.timeout_s,
                     linger_s=cfg.linger_s)
     _clients[gate] = client
@@ -405,7 +411,7 @@ def _close(gate: RankGate, store: Store, rank: int, world: int,
             with contextlib.suppress(Exception):
                 gate.loop.run(client.close(), timeout_s=5.0)
         gate.close()
-        if isinstance(gate.transport, BlockingPhaseClient):
+        if isinstance(gate.transport, BlockingPhaseClient | FramePhaseClient):
             gate.transport.close()
 
 

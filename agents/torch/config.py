@@ -10,6 +10,9 @@ Variables (default in brackets):
 
 - ``LIGHTRAIL_AGENT``: the host agent's local endpoint, ``unix:///path``
   [``unix:///run/lightrail/agent.sock``];
+- ``LIGHTRAIL_NCCL_SOCKET``: the host agent's frame socket (``lightrail agent --nccl-socket``):
+  when set, phase calls go there instead of ``LIGHTRAIL_AGENT`` (ordered frames: a release
+  costs no round trip) [unset];
 - ``LIGHTRAIL_CONTROLLER``: controller address(es) ``host:port[,host:port]``, when no host
   agent runs (set one of the two) [unset];
 - ``LIGHTRAIL_JOB_ID``: the job's id at the controller [``TORCHELASTIC_RUN_ID``, else
@@ -59,6 +62,8 @@ class GateConfig:
     timeout_s: float
     linger_s: float
     summary_path: str | None
+    frame_socket: str | None = None
+    """The agent's frame socket (``LIGHTRAIL_NCCL_SOCKET``), when phase calls go there."""
 
 
 def _fill(name: str, value: str, fields: Mapping[str, str]) -> str:
@@ -172,4 +177,5 @@ def load(rank: int, world_size: int, env: Mapping[str, str] | None = None) -> Ga
         linger_s=(_float("LIGHTRAIL_LINGER_MS", linger_raw, positive=False)
                   if linger_raw else 2.0) / 1000.0,
         summary_path=summary or None,
+        frame_socket=(get("LIGHTRAIL_NCCL_SOCKET", "") or None) if not controller else None,
     )
