@@ -552,3 +552,43 @@ def test_the_tuner_leaves_nccl_alone_without_an_agent(
     assert plugin.tuned(0xD1, 2, "AllReduce", TABLE) == TABLE
     plugin.finalize(comm)
     assert (plugin_built.parent / "libnccl-tuner-lightrail.so").resolve() == plugin_built
+
+
+async def test_the_python_frame_client_gates_in_order_with_no_release_round_trip(
+        ctl: RunningController, tmp_path: Path) -> None:
+    """``FramePhaseClient`` (the torch gate's transport over LIGHTRAIL_NCCL_SOCKET): a pair's
+    two ranks on two agents enter together, a release reaches the agent before the same rank's
+    next enter, a refusal raises, and closing releases what is held."""
+    from lightrail.agents.errors import ControllerUnavailable
+    from lightrail.agents.nccl.client import FramePhaseClient
+
+    pair = ProcessGroup.of((0, 1))
+    ar, ag = PhaseKey(pair, Collective.ALL_REDUCE), PhaseKey(pair, Collective.ALL_GATHER)
+    async with hosts(ctl, tmp_path, 2) as hs:
+        clients = [await asyncio.to_thread(FramePhaseClient, str(hs[r].socket), "job", r)
+                   for r in range(2)]
+
+        def steps(r: int) -> list[bool]:
+            c = clients[r]
+            out = [c.enter("job", r, ar, nbytes=64).noop]
+            c.release_phase("job", r, ar)
+            out.append(c.enter("job", r, ag, nbytes=64).noop)
+            return out
+
+        noops = await asyncio.wait_for(asyncio.gather(*(asyncio.to_thread(steps, r)
+                                                        for r in range(2))), 30)
+        assert noops == [[False, True], [False, True]]  # ag runs on ar's circuits
+        for r in range(2):
+            assert hs[r].agent.seen("enter", "release") == [
+                ("enter", r, ar), ("release", r, ar), ("enter", r, ag)]
+        # a group with a rank the job does not have: refused by the controller, raised here
+        await asyncio.to_thread(clients[0].release_phase, "job", 0, ag)
+        with pytest.raises(PhaseError) as exc:
+            await asyncio.to_thread(clients[0].enter, "job", 0,
+                                    PhaseKey(ProcessGroup.of((0, 9)), Collective.ALL_REDUCE))
+        assert "9" in str(exc.value) and not isinstance(exc.value, ControllerUnavailable)
+        for c in clients:
+            await asyncio.to_thread(c.close)
+        await hs[1].agent.until("release", ag)  # rank 1 still held it: FINI released it
+    with pytest.raises(ControllerUnavailable, match="frame socket"):
+        FramePhaseClient(str(tmp_path / "absent.sock"), "job", 0)
