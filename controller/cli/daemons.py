@@ -208,7 +208,7 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
     c.set_defaults(func=cmd_controller)
 
     c = subcommands.add_parser("check-config", help="validate a config file")
-    c.add_argument("config")
+    c.add_argument("config", help="the controller's YAML config file to check")
     c.set_defaults(func=cmd_check_config)
 
     c = subcommands.add_parser("agent", help="run a host agent (phase relay)")
@@ -222,7 +222,8 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
                         "and the framework side's communicator registrations on this Unix "
                         "socket (the plugin's LIGHTRAIL_NCCL_SOCKET, e.g. "
                         "/run/lightrail/nccl.sock); off by default")
-    c.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    c.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="log level (default info)")
     c.add_argument("--health", choices=["nvml", "emulated"], default="nvml",
                    help="GPU health source: nvml (the NVIDIA driver's NVML; fails if it is "
                         "missing) or emulated (healthy emulated GPUs, for tests and demos "

@@ -188,5 +188,6 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
     c.add_argument("--write-config", default=None, metavar="PATH",
                    help="write a controller config whose fabric points at the served devices")
     c.add_argument("--log-level", default="warning",
-                   choices=["debug", "info", "warning", "error"])
+                   choices=["debug", "info", "warning", "error"],
+                   help="log level (default warning)")
     c.set_defaults(func=cmd_emulate)

@@ -8,6 +8,9 @@ circuits, jobs, hosts. Operator commands print tables, or JSON with ``--json``. 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 
@@ -18,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``lightrail`` argument parser: each command group's module registers its own
     subcommands (``add_parsers``), in the order ``lightrail --help`` lists them."""
     p = argparse.ArgumentParser(prog="lightrail", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"lightrail {_version()}")
     sub = p.add_subparsers(dest="cmd", required=True)
     daemons.add_parsers(sub)
     emulate.add_parsers(sub)
@@ -27,11 +31,32 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("lightrail")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+EXIT_CLOSED_PIPE = 128 + signal.SIGPIPE
+"""Exit code when the reader of our output went away (``lightrail circuits | head``): what a
+Unix tool killed by SIGPIPE reports, without a traceback."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``lightrail``."""
+    """Entry point of ``lightrail``. A closed stdout (the reader went away) ends the command
+    quietly with ``EXIT_CLOSED_PIPE``."""
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
-    return func(args)
+    try:
+        rc = func(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Python's advice: point stdout at devnull so the flush at exit cannot fail again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_CLOSED_PIPE
+    return rc
 
 
 if __name__ == "__main__":

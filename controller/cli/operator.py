@@ -71,7 +71,8 @@ def _operator(args: argparse.Namespace, call: Callable[[Any], Any],
         try:
             resp = await operator_call(targets, call)
         except NoLeader as exc:
-            print(f"lightrail {args.cmd}: {exc}", file=sys.stderr)
+            print(f"lightrail {args.cmd}: {exc} (the address comes from --controller or "
+                  "$LIGHTRAIL_CONTROLLER)", file=sys.stderr)
             return 1
         except grpc.aio.AioRpcError as exc:
             print(f"lightrail {args.cmd}: {targets.current}: {exc.code().name}: "
@@ -196,6 +197,9 @@ def cmd_hosts(args: argparse.Namespace) -> int:
                      render)
 
 
+JSON_HELP = "print the controller's answer as JSON instead of a table"
+
+
 def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register the operator commands: ``status``, ``switches``, ``circuits``, ``jobs``,
     ``hosts``, ``gpus`` (read-only listings), ``failover`` and ``drain``."""
@@ -210,30 +214,32 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
         c = subcommands.add_parser(name, help=doc)
         c.add_argument("--controller", default=DEFAULT_TARGET, help=CONTROLLER_HELP)
         add_tls_arguments(c)
-        c.add_argument("--json", action="store_true")
+        c.add_argument("--json", action="store_true", help=JSON_HELP)
         if name == "circuits":
-            c.add_argument("--switch")
-            c.add_argument("--job")
+            c.add_argument("--switch", help="only this switch's cross-connects (switch id)")
+            c.add_argument("--job", help="only the cross-connects of this job (job id)")
         c.set_defaults(func=func)
 
     c = subcommands.add_parser("failover", help="move a job rank to a spare GPU now")
     c.add_argument("--controller", default=DEFAULT_TARGET, help=CONTROLLER_HELP)
     add_tls_arguments(c)
     add_token_arguments(c)
-    c.add_argument("--json", action="store_true")
+    c.add_argument("--json", action="store_true", help=JSON_HELP)
     c.add_argument("--job", required=True, help="job id")
     c.add_argument("--rank", required=True, type=int, help="rank to move")
     c.add_argument("--to", default="", help="spare as HOST:GPU (default: the controller picks "
                                              "a healthy one in the same failure domain and "
                                              "on the same switch)")
-    c.add_argument("--reason", default="manual failover")
+    c.add_argument("--reason", default="manual failover",
+                   help="why, for the event and the log (default: manual failover)")
     c.set_defaults(func=cmd_failover)
 
     c = subcommands.add_parser("drain", help="take a host out of service (its ranks fail over)")
-    c.add_argument("host")
+    c.add_argument("host", help="the host's inventory name")
     c.add_argument("--controller", default=DEFAULT_TARGET, help=CONTROLLER_HELP)
     add_tls_arguments(c)
     add_token_arguments(c)
-    c.add_argument("--json", action="store_true")
-    c.add_argument("--reason", default="operator drain")
+    c.add_argument("--json", action="store_true", help=JSON_HELP)
+    c.add_argument("--reason", default="operator drain",
+                   help="why, for the event and the log (default: operator drain)")
     c.set_defaults(func=cmd_drain)

@@ -409,5 +409,5 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
     c.add_argument("--alpha-us", type=float, default=None, help="per-hop latency µs (default 5)")
     c.add_argument("--scale-up-gbps", type=float, default=None,
                    help="NVLink Gb/s per GPU (default 2400 = 300 GB/s)")
-    c.add_argument("--json", action="store_true")
+    c.add_argument("--json", action="store_true", help="print the results as JSON")
     c.set_defaults(func=cmd_evaluate)

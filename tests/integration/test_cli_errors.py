@@ -56,3 +56,48 @@ def test_replay_with_the_controller_unreachable_says_so_in_one_line(tmp_path: Pa
     assert done.returncode == 1, done.stderr
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith(f"lightrail replay: controller 127.0.0.1:{port}: UNAVAILABLE: ")
+
+
+def test_version_and_every_option_has_help() -> None:
+    import argparse
+
+    from lightrail.controller.cli.main import build_parser
+
+    done = lightrail("--version")
+    assert done.returncode == 0 and done.stdout.startswith("lightrail ")
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [f"{name} {opt.option_strings or opt.dest}"
+               for name, cmd in sub.choices.items() for opt in cmd._actions
+               if not opt.help and not isinstance(opt, argparse._HelpAction)]
+    assert missing == []
+
+
+def test_operator_command_without_a_controller_names_the_address_and_how_to_set_it() -> None:
+    port = closed_port()
+    done = lightrail("status", "--controller", f"127.0.0.1:{port}")
+    assert done.returncode == 1
+    assert f"127.0.0.1:{port}" in done.stderr and "LIGHTRAIL_CONTROLLER" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+async def test_a_closed_pipe_ends_quietly(ctl: object) -> None:
+    """``lightrail hosts --json | head`` when the reader is gone before the output: no
+    BrokenPipe traceback, the SIGPIPE exit code of a Unix tool."""
+    import asyncio
+    import os
+
+    from lightrail.controller.app import RunningController
+    from lightrail.controller.cli.main import EXIT_CLOSED_PIPE
+
+    assert isinstance(ctl, RunningController)
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader went away before the command printed anything
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", ENTRY, "hosts", "--json", "--controller", ctl.grpc_target,
+        stdout=write_end, stderr=asyncio.subprocess.PIPE)
+    os.close(write_end)
+    _, err_bytes = await asyncio.wait_for(proc.communicate(), 60)
+    err = err_bytes.decode()
+    assert proc.returncode == EXIT_CLOSED_PIPE, err
+    assert "Traceback" not in err and "BrokenPipe" not in err
