@@ -6,18 +6,17 @@ failover, drain. Every command takes ``--tls-ca/--tls-cert/--tls-key``; the muta
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
-from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 from rich.table import Table
 
 from lightrail.agents.leader import LeaderTargets, NoLeader
 from lightrail.controller.api.auth import AUTHORIZATION_KEY
+from lightrail.controller.cli import jsonout
 from lightrail.controller.cli.common import (
     CONTROLLER_HELP,
     DEFAULT_TARGET,
@@ -79,8 +78,7 @@ def _operator(args: argparse.Namespace, call: Callable[[Any], Any],
                   f"{exc.details()}", file=sys.stderr)
             return 1
         if args.json:
-            print(json.dumps(MessageToDict(resp, always_print_fields_with_no_presence=True),
-                             indent=2))
+            print(jsonout.dumps(resp))
         else:
             make_console().print(render(resp))
         return 0

@@ -83,7 +83,7 @@ async def status_from(target: str, want: str) -> dict[str, object]:
         rc, out, err = await cli("status", "--controller", target, "--json")
         if rc == 0:
             doc: dict[str, object] = json.loads(out)
-            if doc.get("replicaId") == want:
+            if doc.get("replica_id") == want:
                 return doc
         if asyncio.get_running_loop().time() > deadline:
             raise TimeoutError(f"status via {target}: rc {rc}, {out or err}")
@@ -116,7 +116,7 @@ async def test_three_replicas_on_a_tls_etcd_cluster_and_the_cli_at_a_standby(
 
         # the CLI given only a standby's address answers from the leader
         doc = await status_from(standby.grpc_target, first)
-        assert doc["replicaId"] == first
+        assert doc["replica_id"] == first
 
         # a job switches the emulated rails through the leader, found via the standby
         client = await stack.enter_async_context(
@@ -134,11 +134,11 @@ async def test_three_replicas_on_a_tls_etcd_cluster_and_the_cli_at_a_standby(
         assert second != first
         survivor = next(c for rid, c in replicas.items() if rid not in (first, second))
         doc = await status_from(survivor.grpc_target, second)
-        assert doc["replicaId"] == second
+        assert doc["replica_id"] == second
         rc, out, err = await cli("circuits", "--controller", survivor.grpc_target, "--json")
         assert rc == 0, err
-        on_rail0 = {(x["ingress"], x["egress"]) for x in json.loads(out)["crossConnects"]
-                    if x["switchId"] == "ocs-rail0"}
+        on_rail0 = {(x["ingress"], x["egress"]) for x in json.loads(out)["cross_connects"]
+                    if x["switch_id"] == "ocs-rail0"}
         assert on_rail0 == {(x.ingress, x.egress) for x in ring}
         # and the job, recovered from etcd, still runs through the new leader
         await asyncio.gather(*(client.enter("job", r, RING, timeout_s=10) for r in range(8)))

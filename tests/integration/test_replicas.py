@@ -196,7 +196,7 @@ async def test_three_replicas_one_leads_standbys_redirect_and_a_standby_takes_ov
                                "--json")
         assert rc == 0
         status = json.loads(out)
-        assert status["replicaId"] == leader.serving.replica_id
+        assert status["replica_id"] == leader.serving.replica_id
         assert status["leader"] is True
 
         # clients given every address, a standby first, reach the leader
@@ -229,7 +229,7 @@ async def test_three_replicas_one_leads_standbys_redirect_and_a_standby_takes_ov
         assert all(a.connected_to == new_addr for a in agents)
         rc, out, _ = await cli("status", "--controller", addresses, "--json")
         assert rc == 0
-        assert json.loads(out)["replicaId"] == successor.serving.replica_id
+        assert json.loads(out)["replica_id"] == successor.serving.replica_id
         jobs = [j.job_id for j in (await admin_list_jobs(admin_addresses=addresses)).jobs]
         assert jobs == ["job"]
         assert admin.leader != new_addr  # not called since the takeover
@@ -318,7 +318,7 @@ async def test_replica_processes_standby_metrics_and_takeover_after_sigkill(
         assert scrape(successor.metrics_url)["lightrail_leader"] == 1
         rc, out, _ = await cli("status", "--controller", addresses, "--json")
         assert rc == 0
-        assert json.loads(out)["replicaId"] == second["replica_id"]
+        assert json.loads(out)["replica_id"] == second["replica_id"]
         rc, _, err = await cli("status", "--controller", leader.grpc_target)
         assert rc == 1  # the killed one alone: no leader, one line naming it
         assert err.startswith(f"lightrail status: no controller replica leads: tried "
