@@ -219,3 +219,15 @@ def test_simai_world_size_from_the_sibling_csv(tmp_path: Path) -> None:
     w = load_workload(txt)
     assert w.world_size == 8
     assert any("taken from the AICB CSV" in a for a in w.assumptions)
+
+
+def test_the_dataset_folder_of_a_tarball_reads_as_the_tarball() -> None:
+    """``lightrail replay ../shared/data/traces/param-dlrm-8rank`` (the folder the README
+    names holds the tarball and its LICENSE): the same workload as the tarball itself."""
+    from lightrail.agents.replay.trace.loader import load_workload
+
+    folder, tarball = load_workload(DLRM.parent), load_workload(DLRM)
+    assert folder.world_size == tarball.world_size == 8
+    assert {r: len(ops) for r, ops in folder.ranks.items()} == {
+        r: len(ops) for r, ops in tarball.ranks.items()}
+    assert all(folder.ranks.values())

@@ -218,7 +218,8 @@ class _IntList:
 
 
 def read_kineto(path: Path, *, step: int | None = None) -> Workload:
-    """Read a Kineto trace (directory, tarball or one JSON / JSON.gz file) into a Workload.
+    """Read a Kineto trace (directory, tarball or one JSON / JSON.gz file) into a Workload. A
+    directory with no JSON trace files is read from the tarballs in it (a dataset folder).
 
     ``step`` selects ``ProfilerStep#<step>`` instead of the default (see the module docstring).
     Returns a Workload of ``SourceFormat.KINETO`` whose ``ranks`` hold the recorded ranks (plus,
@@ -243,8 +244,14 @@ def _is_trace_name(name: str) -> bool:
 
 def _iter_sources(path: Path) -> Iterator[tuple[str, bytes]]:
     if path.is_dir():
+        found = False
         for file in sorted(p for p in path.rglob("*") if p.is_file() and _is_trace_name(p.name)):
+            found = True
             yield str(file), file.read_bytes()
+        if not found:  # a dataset folder holding the trace as a tarball (and its LICENSE)
+            for tarball in sorted(p for p in path.iterdir() if p.is_file()
+                                  and p.name.endswith((".tar.gz", ".tgz", ".tar"))):
+                yield from _iter_sources(tarball)
         return
     if not path.is_file():
         raise TraceError(path, "path", str(path), "no such file or directory")
