@@ -9,6 +9,7 @@ import contextlib
 import json
 import sys
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -74,22 +75,38 @@ def _print_report(console: Console, report: Any, fabric: str, delay_ms: float) -
             f"-> hit rate {prov.hit_rate:.0%}")
 
 
-async def _hosts(target: str, tls: ClientTls | None = None) -> list[Any]:
-    """The fabric's non-spare hosts, from the leader among ``target`` (``host:port`` or
-    replicas ``a:1,b:2``), over TLS with ``tls`` when given. Raises ``NoLeader``,
-    ``ValueError`` (empty list) and the leader's ``grpc.aio.AioRpcError``."""
+@dataclass(frozen=True, slots=True)
+class _Fabric:
+    """What the replay needs of the controller's fabric: its non-spare ``hosts``
+    (``HostSlot``), its ``name`` and its largest reconfiguration delay, ms."""
+
+    hosts: list[Any]
+    name: str
+    delay_ms: float
+
+
+async def _fabric(target: str, tls: ClientTls | None = None) -> _Fabric:
+    """The fabric of the leader among ``target`` (``host:port`` or replicas ``a:1,b:2``), over
+    TLS with ``tls`` when given. Raises ``NoLeader``, ``ValueError`` (empty list) and the
+    leader's ``grpc.aio.AioRpcError``."""
     from lightrail.agents.replay.replayer import HostSlot
 
     targets = LeaderTargets(target, tls=tls)
 
-    async def attempt(address: str) -> operator_pb2.ListHostsResponse:
+    async def attempt(address: str) -> _Fabric:
         async with targets.channel(address) as ch:
-            resp: operator_pb2.ListHostsResponse = await operator_pb2_grpc.OperatorServiceStub(
-                ch).ListHosts(operator_pb2.ListHostsRequest(), timeout=10.0)
-            return resp
+            stub = operator_pb2_grpc.OperatorServiceStub(ch)
+            hosts: operator_pb2.ListHostsResponse = await stub.ListHosts(
+                operator_pb2.ListHostsRequest(), timeout=10.0)
+            status: operator_pb2.GetStatusResponse = await stub.GetStatus(
+                operator_pb2.GetStatusRequest(), timeout=10.0)
+            switches: operator_pb2.ListSwitchesResponse = await stub.ListSwitches(
+                operator_pb2.ListSwitchesRequest(), timeout=10.0)
+        delay_s = max((sw.reconfiguration_delay_s for sw in switches.switches), default=0.0)
+        return _Fabric([HostSlot(h.name, tuple(h.wired_gpus)) for h in hosts.hosts
+                        if not h.spare], status.fabric, delay_s * 1000.0)
 
-    resp = await targets.call(attempt)
-    return [HostSlot(h.name, tuple(h.wired_gpus)) for h in resp.hosts if not h.spare]
+    return await targets.call(attempt)
 
 
 def _controller_error(shown_as: str, exc: Exception) -> tuple[str, int]:
@@ -175,13 +192,14 @@ async def replay_main(
         """Replay against the controller at ``target`` (TLS with ``tls``); the summary names
         it ``shown_as``."""
         try:
-            hosts = await _hosts(target, tls)
+            served = await _fabric(target, tls)
         except (grpc.aio.AioRpcError, NoLeader, ValueError) as exc:
             message, code = _controller_error(shown_as, exc)
             err.print(message, markup=False, highlight=False, soft_wrap=True)
             return code
         try:
-            replayer = Replayer(workload, target, hosts, job_id=job_id, iterations=iterations,
+            replayer = Replayer(workload, target, served.hosts, job_id=job_id,
+                                iterations=iterations,
                                 time_scale=time_scale, max_ops=max_ops, tls=tls)
         except ReplayError as exc:
             err.print(f"lightrail replay: {exc}")
@@ -216,7 +234,9 @@ async def replay_main(
         if as_json:
             print(json.dumps(report_to_json(report), indent=2))
         else:
-            _print_report(make_console(), report, shown_as, delay_ms)
+            where = served.name if shown_as == served.name else (
+                f"{served.name} at {shown_as}")
+            _print_report(make_console(), report, where, served.delay_ms)
         return 0
 
     if controller is not None:

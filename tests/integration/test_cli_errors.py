@@ -101,3 +101,28 @@ async def test_a_closed_pipe_ends_quietly(ctl: object) -> None:
     err = err_bytes.decode()
     assert proc.returncode == EXIT_CLOSED_PIPE, err
     assert "Traceback" not in err and "BrokenPipe" not in err
+
+
+async def test_replay_summary_names_the_controllers_fabric(ctl: object, tmp_path: Path) -> None:
+    """``lightrail replay --controller A`` names the fabric the controller serves and its
+    reconfiguration delay, not the address in the fabric's place (issue 12)."""
+    import asyncio
+
+    from lightrail.controller.app import RunningController
+
+    assert isinstance(ctl, RunningController)
+    trace = tmp_path / "job.csv"  # an AICB workload: one all-reduce over 2 ranks
+    trace.write_text(
+        "[rank0 ~ rank1]\n"
+        "comm_type,comm_group,comm_group_size,msg_size,stage,dst,src,additional,"
+        "_elapsed_time,algbw,busbw,count\n"
+        "CommType.all_reduce,CommGroup.dp_group,2,1024,step,None,None,,None,None,None,1\n",
+        encoding="utf-8")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", ENTRY, "replay", str(trace), "--controller", ctl.grpc_target,
+        "--no-progress", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, err.decode()
+    assert (f"fabric demo-4x2 at {ctl.grpc_target} (reconfiguration delay 2 ms)"
+            in out.decode()), out.decode()
