@@ -1052,4 +1052,7 @@ def evaluate_main(
         if not as_json:
             out.print(f"wrote {out_dir / 'evaluation.csv'}, {out_dir / 'evaluation.json'}, "
                       f"{out_dir / 'overhead_vs_delay.png'}")
+    elif not as_json:
+        out.print("no files written: --out DIR writes evaluation.csv, evaluation.json and "
+                  "overhead_vs_delay.png there")
     return 0

@@ -127,6 +127,16 @@ def test_evaluate_main_writes_csv_json_and_png(
     assert (out / "overhead_vs_delay.png").read_bytes()[:8] == PNG_MAGIC
 
 
+def test_evaluate_without_out_says_nothing_was_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(evaluate_mod, "load_workload", lambda _path: synthetic())
+    assert evaluate_main(tmp_path / "synthetic.csv", [1.0], None) == 0
+    assert "no files written: --out DIR writes evaluation.csv" in " ".join(
+        capsys.readouterr().out.split())
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_bad_inputs_are_clear_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert evaluate_main(tmp_path / "missing.csv", None, None) == 2
     assert "no such file" in capsys.readouterr().err
