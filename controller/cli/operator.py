@@ -86,8 +86,10 @@ def _operator(args: argparse.Namespace, call: Callable[[Any], Any],
     return run_async(main())
 
 
-def table(title: str, cols: Sequence[str], rows: Sequence[Sequence[object]]) -> Table:
-    t = Table(title=title)
+def table(title: str, cols: Sequence[str], rows: Sequence[Sequence[object]],
+          caption: str | None = None) -> Table:
+    """A rich table of ``rows`` under ``cols``, with ``caption`` (what the columns mean)."""
+    t = Table(title=title, caption=caption, caption_justify="left")
     for c in cols:
         t.add_column(c)
     for r in rows:
@@ -127,10 +129,18 @@ def cmd_circuits(args: argparse.Namespace) -> int:
 
 def cmd_jobs(args: argparse.Namespace) -> int:
     def render(r: operator_pb2.ListJobsResponse) -> Table:
-        return table("jobs", ["job", "tenant", "ranks", "hosts", "admitted", "reconfigurations",
-                               "last phase"],
-                      [[j.job_id, j.tenant, j.world_size, len(j.hosts), j.phases_admitted,
-                        j.reconfigurations, j.current_phase or "-"] for j in r.jobs])
+        return table(
+            "jobs", ["job", "tenant", "ranks", "hosts", "rank admissions", "reconfigurations",
+                     "schedule", "ahead", "late", "on demand", "last phase"],
+            [[j.job_id, j.tenant, j.world_size, len(j.hosts), j.phases_admitted,
+              j.reconfigurations, "learned" if j.schedule_learned else "learning",
+              j.provisioning_hits, j.provisioning_late, j.provisioning_misses,
+              j.current_phase or "-"] for j in r.jobs],
+            caption="rank admissions: ranks admitted into phases; reconfigurations: applies "
+                    "that changed the job's cross-connects; schedule: whether provisioning "
+                    "has learned (or was declared) the job's order of phases; ahead / late / "
+                    "on demand: phases needing new circuits that found them switched ahead "
+                    "and ready / still switching / switched when their ranks came")
     return _operator(args, lambda s: s.ListJobs(operator_pb2.ListJobsRequest(), timeout=10),
                      render)
 

@@ -126,3 +126,27 @@ async def test_replay_summary_names_the_controllers_fabric(ctl: object, tmp_path
     assert proc.returncode == 0, err.decode()
     assert (f"fabric demo-4x2 at {ctl.grpc_target} (reconfiguration delay 2 ms)"
             in out.decode()), out.decode()
+
+
+async def test_jobs_shows_provisioning_and_explains_its_columns(ctl: object) -> None:
+    import asyncio
+
+    from lightrail.agents.client import ControllerClient
+    from lightrail.controller.app import RunningController
+    from lightrail.controller.domain.model import RankPlacement
+
+    assert isinstance(ctl, RunningController)
+    async with ControllerClient(ctl.grpc_target) as c:
+        await c.register_job("jobs-cli", [RankPlacement(0, "host0", 0),
+                                          RankPlacement(1, "host1", 0)])
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", ENTRY, "jobs", "--controller", ctl.grpc_target,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={"COLUMNS": "250", "PATH": "/usr/bin:/bin"})
+    out_b, err = await asyncio.wait_for(proc.communicate(), 60)
+    out = " ".join(out_b.decode().split())
+    assert proc.returncode == 0, err.decode()
+    for column in ("rank admissions", "schedule", "ahead", "late", "on demand"):
+        assert column in out
+    assert "jobs-cli" in out and "learning" in out
+    assert "ahead / late / on demand: phases needing new circuits" in out
