@@ -10,6 +10,11 @@ from pathlib import Path
 from lightrail.controller.cli.common import non_negative_float, positive_int
 
 
+def _progress(policy: str) -> None:
+    print(f"lightrail slices-eval: replaying the trace with {policy} ...", file=sys.stderr,
+          flush=True)
+
+
 def cmd_slices(args: argparse.Namespace) -> int:
     """``lightrail slices-eval``: torus slice allocation, contiguous-only vs photonic stitching
     (Morphlux) on one seeded trace; prints a table, writes CSV/JSON/PNG with ``--out``."""
@@ -18,7 +23,8 @@ def cmd_slices(args: argparse.Namespace) -> int:
     try:
         ev = evaluate_slices(seed=args.seed, torus=args.torus, requests=args.requests,
                              load=args.load, spares_per_rack=args.spares,
-                             out_dir=Path(args.out) if args.out else None)
+                             out_dir=Path(args.out) if args.out else None,
+                             on_policy=_progress if sys.stderr.isatty() else None)
     except ValueError as exc:
         print(f"lightrail slices-eval: {exc}", file=sys.stderr)
         return 2

@@ -40,6 +40,7 @@ import csv
 import heapq
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -349,6 +350,7 @@ def evaluate_slices(
     frag_samples: int = 100,
     probe_attempts: int = 4,
     out_dir: Path | None = None,
+    on_policy: Callable[[str], None] | None = None,
 ) -> SliceEvaluation:
     """Run both policies on one seeded trace (module docstring) and return the comparison;
     with ``out_dir``, also write ``slices_eval.csv``, ``slices_eval.json`` and
@@ -356,7 +358,8 @@ def evaluate_slices(
 
     ``torus`` is ``"XxYxZ"`` chips (racks ``4x4x4`` clipped to the torus); ``spares_per_rack``
     spares are held in every rack; ``frag_samples`` bounds the fragmentation samples;
-    ``probe_attempts`` bounds stitch attempts per probe size. Raises ``ValueError`` (including
+    ``probe_attempts`` bounds stitch attempts per probe size; ``on_policy(name)`` is called
+    before each policy's replay (progress). Raises ``ValueError`` (including
     :class:`~lightrail.controller.torus.TorusError`) for bad arguments."""
     if not 0 <= warmup_fraction < 1:
         raise ValueError(f"warmup_fraction: must be in [0, 1), got {warmup_fraction}")
@@ -369,8 +372,13 @@ def evaluate_slices(
                            tenant_chips=allocs[0].free_count())
     warmup = int(requests * warmup_fraction)
     frag_every = max(1, (requests - warmup) // frag_samples)
-    results = tuple(replay(a, trace, warmup=warmup, frag_every=frag_every,
-                           probe_attempts=probe_attempts) for a in allocs)
+    def run(alloc: TorusAllocator) -> PolicyResult:
+        if on_policy is not None:
+            on_policy(alloc.policy.value)
+        return replay(alloc, trace, warmup=warmup, frag_every=frag_every,
+                      probe_attempts=probe_attempts)
+
+    results = tuple(run(a) for a in allocs)
     base, light = results
 
     def reduction(new: float, old: float) -> float:
@@ -425,7 +433,23 @@ def render_table(ev: SliceEvaluation) -> str:
         f"(Morphlux: up to -{MORPHLUX_FRAGMENTATION_REDUCTION:.0%}), bandwidth per chip "
         f"{ev.bandwidth_gain:+.0%} (Morphlux: up to +{MORPHLUX_BANDWIDTH_GAIN:.0%}), "
         f"rejections -{ev.rejection_reduction:.0%}")
+    lines += _LEGEND
     return "\n".join(lines)
+
+
+_LEGEND = (
+    "fragmentation: 1 - (largest slice the policy could grant) / (free chips), mean over "
+    "arrivals; box fragmentation: the same with the largest free box, a property of the free "
+    "layout only: the two rows match while the largest slice either policy can grant is a "
+    "free box.",
+    "bandwidth: injection bandwidth of the live slices (per chip and axis, the lanes of the "
+    "thinnest link x the lane rate, doubled when the axis closes into a ring); Lightrail's "
+    "gain comes from circuits that close rings and from idle lanes redirected to widen links, "
+    "so it grows even when few slices are stitched.",
+    "stitched: accepted slices built from pieces joined by circuits; hops: fibres per "
+    "inter-server circuit of those slices.",
+)
+"""What the rows mean, printed under the table (the module docstring has the definitions)."""
 
 
 def write_outputs(ev: SliceEvaluation, out_dir: Path) -> list[Path]:

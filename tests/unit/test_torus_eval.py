@@ -99,3 +99,15 @@ def test_cli_slices_eval(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert (tmp_path / "slices_eval.json").exists()
     assert main(["slices-eval", "--torus", "3x3x3", "--requests", "10"]) == 2
     assert "torus" in capsys.readouterr().err
+
+
+def test_progress_per_policy_and_a_legend_under_the_table() -> None:
+    from lightrail.controller.torus.evaluation import render_table
+
+    seen: list[str] = []
+    ev = evaluate_slices(torus="4x4", requests=60, seed=1, frag_samples=10,
+                         on_policy=seen.append)
+    assert seen == [r.policy for r in ev.results] and len(seen) == 2
+    text = render_table(ev)
+    assert "box fragmentation: the same with the largest free box" in text
+    assert "idle lanes redirected to widen links" in text
