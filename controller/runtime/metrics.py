@@ -1,6 +1,8 @@
 """Every Prometheus metric of the controller, declared once (DESIGN.md, "Observability").
 
-Prefix ``lightrail_``; label sets stay small: ``switch``, ``job``, ``phase`` (collective name).
+Prefix ``lightrail_``; label sets stay small: ``switch``, ``job_id``, ``phase`` (collective
+name). The job's label is ``job_id``, not ``job``: Prometheus sets ``job`` to the scrape job and
+would rename ours ``exported_job``.
 All metrics live in ``REGISTRY`` so several controllers in one test process do not collide
 with the process-wide default registry.
 """
@@ -56,7 +58,7 @@ DEVICE_ERRORS = Counter(
 PHASE_ADMISSION_SECONDS = Histogram(
     "lightrail_phase_admission_seconds",
     "Time from a rank's EnterPhase reaching the controller to its admission, in seconds.",
-    ["job", "phase"],
+    ["job_id", "phase"],
     buckets=_LATENCY_BUCKETS_S,
     registry=REGISTRY,
 )
@@ -64,33 +66,33 @@ PHASE_ADMISSIONS = Counter(
     "lightrail_phase_admissions_total",
     "Rank admissions by outcome (noop: circuits already there; switched: after a "
     "reconfiguration).",
-    ["job", "outcome"],
+    ["job_id", "outcome"],
     registry=REGISTRY,
 )
 PHASE_ERRORS = Counter(
     "lightrail_phase_errors_total",
     "EnterPhase calls answered with an error, by reason.",
-    ["job", "reason"],
+    ["job_id", "reason"],
     registry=REGISTRY,
 )
 STALL_SECONDS = Counter(
     "lightrail_stall_seconds_total",
     "Rank-seconds spent waiting in EnterPhase for circuits (sum over ranks).",
-    ["job"],
+    ["job_id"],
     registry=REGISTRY,
 )
 PROVISIONING = Gauge(
     "lightrail_provisioning_phases",
     "Phases that needed new circuits, by how provisioning served them (hit: ready when the "
     "first rank came; late: still switching; miss: switched on demand).",
-    ["job", "outcome"],
+    ["job_id", "outcome"],
     registry=REGISTRY,
 )
 RECONFIGURE_DECISIONS = Counter(
     "lightrail_reconfigure_decisions_total",
     "Reconfigure-or-not decisions (PCCL) by outcome: switch to the phase's own circuits or "
     "stay on the circuits already there; the numbers behind each are in the job's events.",
-    ["job", "decision"],
+    ["job_id", "decision"],
     registry=REGISTRY,
 )
 FAILOVER_SECONDS = Histogram(
@@ -104,7 +106,7 @@ FAILOVER_SECONDS = Histogram(
 FAILOVER_NO_SPARE = Counter(
     "lightrail_failover_no_spare_total",
     "Failures that found no spare (alert on this: the job waits for an operator).",
-    ["job"],
+    ["job_id"],
     registry=REGISTRY,
 )
 GPUS_FAILED = Gauge(

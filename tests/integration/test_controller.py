@@ -249,7 +249,7 @@ async def test_operator_views_health_and_metrics(
         for fam in text_string_to_metric_families(body) for s in fam.samples
     }
     assert samples[("lightrail_phase_admissions_total",
-                    (("job", "job"), ("outcome", "switched")))] >= 8
+                    (("job_id", "job"), ("outcome", "switched")))] >= 8
     assert samples[("lightrail_reconfigurations_total", (("switch", "ocs-rail0"),))] >= 1
     assert samples[("lightrail_jobs", ())] == 1
     assert samples[("lightrail_leader", ())] == 1
