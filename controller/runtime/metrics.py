@@ -28,7 +28,10 @@ for _collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
 
 _LATENCY_BUCKETS_S = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0, 60.0, 120.0,
 )
+"""Up to the admission timeout and beyond (``admission_timeout_s`` defaults to 30 s): a phase
+that waited until its deadline lands in a bucket, not only in +Inf."""
 
 RECONFIGURATIONS = Counter(
     "lightrail_reconfigurations_total",
@@ -81,8 +84,8 @@ STALL_SECONDS = Counter(
     ["job_id"],
     registry=REGISTRY,
 )
-PROVISIONING = Gauge(
-    "lightrail_provisioning_phases",
+PROVISIONING = Counter(
+    "lightrail_provisioning_phases_total",
     "Phases that needed new circuits, by how provisioning served them (hit: ready when the "
     "first rank came; late: still switching; miss: switched on demand).",
     ["job_id", "outcome"],

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import structlog
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Histogram
 
 from lightrail.controller.core.coordinator import PhaseCoordinator, RefusedRelease
 from lightrail.controller.core.decisions import (
@@ -140,7 +140,7 @@ class PhaseService:
         self._admit_hist: dict[tuple[str, str], Histogram] = {}
         self._admit_count: dict[tuple[str, bool], Counter] = {}
         self._stall: dict[str, Counter] = {}
-        self._prov_gauges: dict[str, tuple[tuple[Gauge, ...], tuple[int, ...]]] = {}
+        self._prov_counters: dict[str, tuple[tuple[Counter, ...], tuple[int, ...]]] = {}
         """Per job: its provisioning gauges (hit, late, miss) and the values last set."""
         self._inflight: set[asyncio.Task[None]] = set()
         self._reading_back: set[str] = set()
@@ -283,7 +283,7 @@ class PhaseService:
         """Remove a job; waiting ranks get CANCELLED. Raises ``UnknownJob``."""
         self._dispatch(self.coordinator.unregister_job(job_id))
         # forget the job's cached metric children (the series stay for the scrape)
-        self._prov_gauges.pop(job_id, None)
+        self._prov_counters.pop(job_id, None)
         self._stall.pop(job_id, None)
         for hkey in [k for k in self._admit_hist if k[0] == job_id]:
             del self._admit_hist[hkey]
@@ -514,13 +514,15 @@ class PhaseService:
             pass
         else:
             counts = (score.hits, score.late, score.misses)
-            gauges, last = self._prov_gauges.get(rec.job_id) or (tuple(
+            counters, last = self._prov_counters.get(rec.job_id) or (tuple(
                 metrics.PROVISIONING.labels(rec.job_id, o) for o in ("hit", "late", "miss")),
-                (-1, -1, -1))
-            for gauge, value, before in zip(gauges, counts, last, strict=True):
-                if value != before:  # set only what moved: one lock per gauge set
-                    gauge.set(value)
-            self._prov_gauges[rec.job_id] = (gauges, counts)
+                (0, 0, 0))
+            for counter, value, before in zip(counters, counts, last, strict=True):
+                if value > before:  # add only what moved: one lock per counter
+                    counter.inc(value - before)
+                elif value < before:  # the job was registered anew: its score restarted
+                    counter.inc(value)
+            self._prov_counters[rec.job_id] = (counters, counts)
         if self.listeners:
             done = ReconfigurationDone(rec.job_id, rec.phase, switches, device_s, error)
             for listener in self.listeners:

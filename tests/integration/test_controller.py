@@ -251,6 +251,11 @@ async def test_operator_views_health_and_metrics(
     assert samples[("lightrail_phase_admissions_total",
                     (("job_id", "job"), ("outcome", "switched")))] >= 8
     assert samples[("lightrail_reconfigurations_total", (("switch", "ocs-rail0"),))] >= 1
+    assert sum(v for (name, labels), v in samples.items()  # a counter, per job_id
+               if name == "lightrail_provisioning_phases_total"
+               and ("job_id", "job") in labels) >= 1
+    assert any(name == "lightrail_phase_admission_seconds_bucket" and ("le", "30.0") in labels
+               for name, labels in samples)  # buckets reach the admission timeout
     assert samples[("lightrail_jobs", ())] == 1
     assert samples[("lightrail_leader", ())] == 1
 
