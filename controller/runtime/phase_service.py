@@ -141,7 +141,8 @@ class PhaseService:
         self._admit_count: dict[tuple[str, bool], Counter] = {}
         self._stall: dict[str, Counter] = {}
         self._prov_counters: dict[str, tuple[tuple[Counter, ...], tuple[int, ...]]] = {}
-        """Per job: its provisioning gauges (hit, late, miss) and the values last set."""
+        """Per job: its provisioning counters (hit, late, miss) and the counts they hold (a
+        job's counts only grow; a job registered anew starts from a fresh entry)."""
         self._inflight: set[asyncio.Task[None]] = set()
         self._reading_back: set[str] = set()
         self._settled = asyncio.Event()
@@ -520,8 +521,6 @@ class PhaseService:
             for counter, value, before in zip(counters, counts, last, strict=True):
                 if value > before:  # add only what moved: one lock per counter
                     counter.inc(value - before)
-                elif value < before:  # the job was registered anew: its score restarted
-                    counter.inc(value)
             self._prov_counters[rec.job_id] = (counters, counts)
         if self.listeners:
             done = ReconfigurationDone(rec.job_id, rec.phase, switches, device_s, error)
