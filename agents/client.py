@@ -100,6 +100,29 @@ class PhaseTransport(Protocol):
     ) -> None: ...
 
 
+def _enter_pb(job_id: str, rank: int, phase: PhaseKey, iteration: int, request_id: int,
+              timeout_s: float | None, nbytes: int, compute_gap_s: float
+              ) -> agent_pb2.EnterPhaseRequest:
+    return agent_pb2.EnterPhaseRequest(
+        job_id=job_id, rank=rank, phase=phase_key_to_pb(phase), iteration=iteration,
+        request_id=request_id, timeout_s=timeout_s, nbytes=nbytes, compute_gap_s=compute_gap_s)
+
+
+def _admission(resp: agent_pb2.EnterPhaseResponse) -> Admission:
+    return Admission(resp.noop, max(1, resp.steps), resp.device_s)
+
+
+def _release_pb(job_id: str, rank: int, phase: PhaseKey, iteration: int
+                ) -> agent_pb2.ReleasePhaseRequest:
+    return agent_pb2.ReleasePhaseRequest(
+        job_id=job_id, rank=rank, phase=phase_key_to_pb(phase), iteration=iteration)
+
+
+def _grpc_deadline_s(timeout_s: float | None) -> float | None:
+    """The gRPC deadline of an EnterPhase: its admission timeout plus 5 s for the answer."""
+    return None if timeout_s is None else timeout_s + 5.0
+
+
 class JobRegistrationError(Exception):
     """RegisterJob / UnregisterJob was refused; the message is the controller's."""
 
@@ -228,24 +251,20 @@ class ControllerClient:
         s (> 0; None: the controller's default, and no gRPC deadline). ``nbytes``/
         ``compute_gap_s`` are optional reconfigure-or-not hints. Raises a ``PhaseError``
         subclass."""
-        req = agent_pb2.EnterPhaseRequest(
-            job_id=job_id, rank=rank, phase=phase_key_to_pb(phase), iteration=iteration,
-            request_id=next(self._ids), timeout_s=timeout_s, nbytes=nbytes,
-            compute_gap_s=compute_gap_s,
-        )
-        deadline_s = None if timeout_s is None else timeout_s + 5.0
+        req = _enter_pb(job_id, rank, phase, iteration, next(self._ids), timeout_s, nbytes,
+                        compute_gap_s)
+        deadline_s = _grpc_deadline_s(timeout_s)
         try:
             resp = await self._retry(lambda stub: stub.EnterPhase(req, timeout=deadline_s))
         except grpc.aio.AioRpcError as exc:
             raise _phase_error(exc) from None
-        return Admission(resp.noop, max(1, resp.steps), resp.device_s)
+        return _admission(resp)
 
     async def release_phase(
         self, job_id: str, rank: int, phase: PhaseKey, iteration: int = 0
     ) -> None:
         """Unary ReleasePhase. Raises ``PhaseError`` when the rank does not hold ``phase``."""
-        req = agent_pb2.ReleasePhaseRequest(
-            job_id=job_id, rank=rank, phase=phase_key_to_pb(phase), iteration=iteration)
+        req = _release_pb(job_id, rank, phase, iteration)
         try:
             await self._retry(lambda stub: stub.ReleasePhase(req))
         except grpc.aio.AioRpcError as exc:
@@ -330,20 +349,15 @@ class BlockingPhaseClient:
     ) -> Admission:
         """Unary EnterPhase, blocking until admitted (arguments as ``ControllerClient.enter``).
         Raises a ``PhaseError`` subclass."""
-        req = agent_pb2.EnterPhaseRequest(
-            job_id=job_id, rank=rank, phase=phase_key_to_pb(phase), iteration=iteration,
-            request_id=next(self._ids), timeout_s=timeout_s, nbytes=nbytes,
-            compute_gap_s=compute_gap_s,
-        )
-        deadline_s = None if timeout_s is None else timeout_s + 5.0
-        resp = self._call(lambda: self._stub.EnterPhase(req, timeout=deadline_s))
-        return Admission(resp.noop, max(1, resp.steps), resp.device_s)
+        req = _enter_pb(job_id, rank, phase, iteration, next(self._ids), timeout_s, nbytes,
+                        compute_gap_s)
+        deadline_s = _grpc_deadline_s(timeout_s)
+        return _admission(self._call(lambda: self._stub.EnterPhase(req, timeout=deadline_s)))
 
     def release_phase(self, job_id: str, rank: int, phase: PhaseKey, iteration: int = 0
                       ) -> None:
         """Unary ReleasePhase. Raises ``PhaseError`` when the rank does not hold ``phase``."""
-        req = agent_pb2.ReleasePhaseRequest(
-            job_id=job_id, rank=rank, phase=phase_key_to_pb(phase), iteration=iteration)
+        req = _release_pb(job_id, rank, phase, iteration)
         self._call(lambda: self._stub.ReleasePhase(req, timeout=30.0))
 
     def close(self) -> None:

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 
 from lightrail.agents.errors import Admission, ControllerUnavailable, error_for
-from lightrail.agents.nccl.registration import RegistrationRefused
+from lightrail.agents.nccl.registration import RegistrationRefused, read_exactly
 from lightrail.agents.nccl.wire import (
     HEADER_BYTES,
     Admit,
@@ -74,17 +74,8 @@ class FramePhaseClient:
                 f"host agent frame socket {self.socket_path}: {what}: {exc}") from None
 
     def _read_frame(self) -> object:
-        def exactly(n: int) -> bytes:
-            data = b""
-            while len(data) < n:
-                chunk = self._sock.recv(n - len(data))
-                if not chunk:
-                    raise ConnectionError("the agent closed the connection")
-                data += chunk
-            return data
-
-        header = decode_header(exactly(HEADER_BYTES))
-        return decode(header.type, exactly(header.length))
+        header = decode_header(read_exactly(self._sock, HEADER_BYTES))
+        return decode(header.type, read_exactly(self._sock, header.length))
 
     def _comm(self, group: ProcessGroup) -> int:
         """This connection's communicator id of ``group`` (registered and announced at first
@@ -110,8 +101,9 @@ class FramePhaseClient:
               timeout_s: float | None = 30.0, nbytes: int = 0,
               compute_gap_s: float = 0.0) -> Admission:
         """Enter ``phase`` (its group, kind; seq and step 0, iteration 0 at the agent) and block
-        until admitted. ``timeout_s`` None: 30 s. Raises ``PhaseError`` subclasses; an
-        ungated group (the agent says so) is admitted as a no-op."""
+        until admitted. ``timeout_s`` None: 30 s. Raises ``PhaseError`` subclasses, also when
+        the agent answers that the group is not gated (this client registered it: the agent
+        lost the registration), never a silent go-ahead."""
         with self._lock:
             comm = self._comm(phase.group)
             self._seq += 1
@@ -122,9 +114,7 @@ class FramePhaseClient:
             reply = self._io("ADMIT", self._read_frame)
             if not isinstance(reply, Admit) or reply.seq != seq:
                 raise FrameError(f"seq={seq}: the agent answered {reply!r}")
-            if reply.status is Status.UNGATED:
-                return Admission(True, 1, 0.0)
-            if reply.status is not Status.OK:
+            if reply.status is not Status.OK:  # UNGATED too: we registered it, never go ahead
                 code = ErrorCode[reply.status.name] if reply.status.name in ErrorCode.__members__ \
                     else ErrorCode.INVALID_PHASE
                 raise error_for(code, reply.message)

@@ -36,7 +36,9 @@ def nccl_socket_path() -> str:
     return os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
 
 
-def _read_exactly(sock: socket.socket, n: int) -> bytes:
+def read_exactly(sock: socket.socket, n: int) -> bytes:
+    """``n`` bytes from the blocking stream ``sock``. Raises ``ConnectionError`` when the agent
+    closes it first, ``OSError`` (``TimeoutError``) from the socket."""
     data = b""
     while len(data) < n:
         chunk = sock.recv(n - len(data))
@@ -75,8 +77,8 @@ def register_comm(
         sock.settimeout(timeout_s)
         sock.connect(socket_path or nccl_socket_path())
         sock.sendall(data)
-        header = decode_header(_read_exactly(sock, HEADER_BYTES))
-        reply = decode(header.type, _read_exactly(sock, header.length))
+        header = decode_header(read_exactly(sock, HEADER_BYTES))
+        reply = decode(header.type, read_exactly(sock, header.length))
     if not isinstance(reply, Registered):
         raise FrameError(f"type={header.type.name} answers a REGISTER; REGISTERED expected")
     if reply.status is not Status.OK:

@@ -19,6 +19,18 @@ def closed_port() -> int:
         return int(s.getsockname()[1])
 
 
+def two_rank_trace(tmp_path: Path) -> Path:
+    """An AICB workload: one all-reduce over 2 ranks."""
+    trace = tmp_path / "job.csv"
+    trace.write_text(
+        "[rank0 ~ rank1]\n"
+        "comm_type,comm_group,comm_group_size,msg_size,stage,dst,src,additional,"
+        "_elapsed_time,algbw,busbw,count\n"
+        "CommType.all_reduce,CommGroup.dp_group,2,1024,step,None,None,,None,None,None,1\n",
+        encoding="utf-8")
+    return trace
+
+
 def lightrail(*args: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", ENTRY, *args], capture_output=True, text=True,
                           timeout=timeout_s, check=False)
@@ -42,13 +54,7 @@ def test_controller_with_etcd_unreachable_says_so_in_one_line(tmp_path: Path) ->
 
 
 def test_replay_with_the_controller_unreachable_says_so_in_one_line(tmp_path: Path) -> None:
-    trace = tmp_path / "job.csv"  # an AICB workload: one all-reduce over 2 ranks
-    trace.write_text(
-        "[rank0 ~ rank1]\n"
-        "comm_type,comm_group,comm_group_size,msg_size,stage,dst,src,additional,"
-        "_elapsed_time,algbw,busbw,count\n"
-        "CommType.all_reduce,CommGroup.dp_group,2,1024,step,None,None,,None,None,None,1\n",
-        encoding="utf-8")
+    trace = two_rank_trace(tmp_path)
     port = closed_port()
     done = lightrail("replay", str(trace), "--controller", f"127.0.0.1:{port}",
                      "--no-progress")
@@ -111,13 +117,7 @@ async def test_replay_summary_names_the_controllers_fabric(ctl: object, tmp_path
     from lightrail.controller.app import RunningController
 
     assert isinstance(ctl, RunningController)
-    trace = tmp_path / "job.csv"  # an AICB workload: one all-reduce over 2 ranks
-    trace.write_text(
-        "[rank0 ~ rank1]\n"
-        "comm_type,comm_group,comm_group_size,msg_size,stage,dst,src,additional,"
-        "_elapsed_time,algbw,busbw,count\n"
-        "CommType.all_reduce,CommGroup.dp_group,2,1024,step,None,None,,None,None,None,1\n",
-        encoding="utf-8")
+    trace = two_rank_trace(tmp_path)
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", ENTRY, "replay", str(trace), "--controller", ctl.grpc_target,
         "--no-progress", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
