@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
@@ -238,3 +238,70 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
                 )
             )
         return operator_pb2.ListJobsResponse(jobs=out)
+
+
+    # --- issue 12, being built: each placeholder is replaced by its implementation ----------
+
+    def StreamEvents(  # noqa: N802
+        self,
+        request: operator_pb2.StreamEventsRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> AsyncIterator[operator_pb2.FabricEvent]:
+        return self._unimplemented_stream(context, "StreamEvents")
+
+    async def _unimplemented_stream(
+        self, context: grpc.aio.ServicerContext, call: str  # type: ignore[type-arg]
+    ) -> AsyncIterator[operator_pb2.FabricEvent]:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{call}: not built yet")
+        yield operator_pb2.FabricEvent()
+
+    async def ListAlarms(  # noqa: N802
+        self,
+        request: operator_pb2.ListAlarmsRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> operator_pb2.ListAlarmsResponse:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "ListAlarms: not built yet")
+
+    async def ListPorts(  # noqa: N802
+        self,
+        request: operator_pb2.ListPortsRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> operator_pb2.ListPortsResponse:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "ListPorts: not built yet")
+
+    async def SetMaintenance(  # noqa: N802
+        self,
+        request: operator_pb2.SetMaintenanceRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> operator_pb2.SetMaintenanceResponse:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "SetMaintenance: not built yet")
+
+    async def Undrain(  # noqa: N802
+        self,
+        request: operator_pb2.UndrainRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> operator_pb2.UndrainResponse:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Undrain: not built yet")
+
+    async def ClearGpu(  # noqa: N802
+        self,
+        request: operator_pb2.ClearGpuRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> operator_pb2.ClearGpuResponse:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "ClearGpu: not built yet")
+
+    async def Reload(  # noqa: N802
+        self,
+        request: operator_pb2.ReloadRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> operator_pb2.ReloadResponse:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                            "Reload: answered by RoutedOperatorService")
+
+    async def GetLeader(  # noqa: N802
+        self,
+        request: operator_pb2.GetLeaderRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> operator_pb2.GetLeaderResponse:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                            "GetLeader: answered by RoutedOperatorService")

@@ -226,6 +226,63 @@ class RoutedOperatorService(operator_pb2_grpc.OperatorServiceServicer):
         target = await self._route.operator_or_redirect(context)
         return await target.ListJobs(request, context)
 
+    def StreamEvents(  # noqa: N802
+        self, request: operator_pb2.StreamEventsRequest, context: _Context
+    ) -> AsyncIterator[operator_pb2.FabricEvent]:
+        return self._stream_events(request, context)
+
+    async def _stream_events(
+        self, request: operator_pb2.StreamEventsRequest, context: _Context
+    ) -> AsyncIterator[operator_pb2.FabricEvent]:
+        target = await self._route.operator_or_redirect(context)
+        async for event in target.StreamEvents(request, context):
+            yield event
+
+    async def ListAlarms(  # noqa: N802
+        self, request: operator_pb2.ListAlarmsRequest, context: _Context
+    ) -> operator_pb2.ListAlarmsResponse:
+        target = await self._route.operator_or_redirect(context)
+        return await target.ListAlarms(request, context)
+
+    async def ListPorts(  # noqa: N802
+        self, request: operator_pb2.ListPortsRequest, context: _Context
+    ) -> operator_pb2.ListPortsResponse:
+        target = await self._route.operator_or_redirect(context)
+        return await target.ListPorts(request, context)
+
+    async def SetMaintenance(  # noqa: N802
+        self, request: operator_pb2.SetMaintenanceRequest, context: _Context
+    ) -> operator_pb2.SetMaintenanceResponse:
+        await self._auth.require(context, "SetMaintenance")
+        target = await self._route.operator_or_redirect(context)
+        return await target.SetMaintenance(request, context)
+
+    async def Undrain(  # noqa: N802
+        self, request: operator_pb2.UndrainRequest, context: _Context
+    ) -> operator_pb2.UndrainResponse:
+        await self._auth.require(context, "Undrain")
+        target = await self._route.operator_or_redirect(context)
+        return await target.Undrain(request, context)
+
+    async def ClearGpu(  # noqa: N802
+        self, request: operator_pb2.ClearGpuRequest, context: _Context
+    ) -> operator_pb2.ClearGpuResponse:
+        await self._auth.require(context, "ClearGpu")
+        target = await self._route.operator_or_redirect(context)
+        return await target.ClearGpu(request, context)
+
+    # Answered by the replica itself (its own config file, its own view of the election).
+    async def Reload(  # noqa: N802
+        self, request: operator_pb2.ReloadRequest, context: _Context
+    ) -> operator_pb2.ReloadResponse:
+        await self._auth.require(context, "Reload")
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Reload: not built yet (issue 12)")
+
+    async def GetLeader(  # noqa: N802
+        self, request: operator_pb2.GetLeaderRequest, context: _Context
+    ) -> operator_pb2.GetLeaderResponse:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "GetLeader: not built yet (issue 12)")
+
 
 def add_routed_services(server: grpc.aio.Server, route: LeaderRoute,
                         auth: OperatorAuth | None = None) -> None:

@@ -104,6 +104,8 @@ class SwitchInfo(_message.Message):
     RECONFIGURATION_DELAY_S_FIELD_NUMBER: _builtins.int
     CROSS_CONNECTS_FIELD_NUMBER: _builtins.int
     RECONFIGURATIONS_FIELD_NUMBER: _builtins.int
+    MAINTENANCE_FIELD_NUMBER: _builtins.int
+    MAINTENANCE_REASON_FIELD_NUMBER: _builtins.int
     switch_id: _builtins.str
     model: _builtins.str
     kind: _builtins.str
@@ -114,6 +116,11 @@ class SwitchInfo(_message.Message):
     reconfiguration_delay_s: _builtins.float
     cross_connects: _builtins.int
     reconfigurations: _builtins.int
+    maintenance: _builtins.bool
+    """In maintenance (SetMaintenance): the controller sends the switch nothing; phases that need
+    it are refused with an explicit error.
+    """
+    maintenance_reason: _builtins.str
     def __init__(
         self,
         *,
@@ -126,10 +133,12 @@ class SwitchInfo(_message.Message):
         reconfiguration_delay_s: _builtins.float = ...,
         cross_connects: _builtins.int = ...,
         reconfigurations: _builtins.int = ...,
+        maintenance: _builtins.bool = ...,
+        maintenance_reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cross_connects", b"cross_connects", "has_rail", b"has_rail", "kind", b"kind", "model", b"model", "port_count", b"port_count", "rail", b"rail", "reconfiguration_delay_s", b"reconfiguration_delay_s", "reconfigurations", b"reconfigurations", "switch_id", b"switch_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cross_connects", b"cross_connects", "has_rail", b"has_rail", "kind", b"kind", "maintenance", b"maintenance", "maintenance_reason", b"maintenance_reason", "model", b"model", "port_count", b"port_count", "rail", b"rail", "reconfiguration_delay_s", b"reconfiguration_delay_s", "reconfigurations", b"reconfigurations", "switch_id", b"switch_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -596,3 +605,521 @@ class DrainResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___DrainResponse: _TypeAlias = DrainResponse  # noqa: Y015
+
+@_typing.final
+class FabricEvent(_message.Message):
+    """--- issue 12: events, alarms, ports, maintenance, reload, leader, undrain, clear ----------------
+
+    One job or fabric event, as `lightrail events --follow` and MQTT
+    (`lightrail/<fabric>/events/<kind>`) carry it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class FieldsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    EVENT_ID_FIELD_NUMBER: _builtins.int
+    SCHEMA_VERSION_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    AT_UNIX_S_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    SWITCH_ID_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    FIELDS_FIELD_NUMBER: _builtins.int
+    event_id: _builtins.str
+    """Unique per event (consumers dedupe on it: MQTT QoS 1 may redeliver after a reconnect)."""
+    schema_version: _builtins.int
+    """The version of this event's schema (docs: README "Events")."""
+    kind: _builtins.str
+    """reconfigured, phase_error, registered, unregistered, placement_changed,
+    reconfigure_decision, failover, device_alarm, leadership, maintenance, config_reload ...
+    """
+    at_unix_s: _builtins.float
+    """Wall-clock time, seconds since the epoch."""
+    job_id: _builtins.str
+    """Empty when the event is not about one job / one switch."""
+    switch_id: _builtins.str
+    message: _builtins.str
+    @_builtins.property
+    def fields(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        event_id: _builtins.str = ...,
+        schema_version: _builtins.int = ...,
+        kind: _builtins.str = ...,
+        at_unix_s: _builtins.float = ...,
+        job_id: _builtins.str = ...,
+        switch_id: _builtins.str = ...,
+        message: _builtins.str = ...,
+        fields: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at_unix_s", b"at_unix_s", "event_id", b"event_id", "fields", b"fields", "job_id", b"job_id", "kind", b"kind", "message", b"message", "schema_version", b"schema_version", "switch_id", b"switch_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FabricEvent: _TypeAlias = FabricEvent  # noqa: Y015
+
+@_typing.final
+class StreamEventsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    KINDS_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    """Filters; empty = all."""
+    @_builtins.property
+    def kinds(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        kinds: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "kinds", b"kinds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StreamEventsRequest: _TypeAlias = StreamEventsRequest  # noqa: Y015
+
+@_typing.final
+class ListAlarmsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SWITCH_ID_FIELD_NUMBER: _builtins.int
+    INCLUDE_CLEARED_FIELD_NUMBER: _builtins.int
+    switch_id: _builtins.str
+    """Filter; empty = every switch."""
+    include_cleared: _builtins.bool
+    """Also alarms that were cleared (the controller keeps a bounded history)."""
+    def __init__(
+        self,
+        *,
+        switch_id: _builtins.str = ...,
+        include_cleared: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["include_cleared", b"include_cleared", "switch_id", b"switch_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListAlarmsRequest: _TypeAlias = ListAlarmsRequest  # noqa: Y015
+
+@_typing.final
+class AlarmInfo(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SWITCH_ID_FIELD_NUMBER: _builtins.int
+    PORT_FIELD_NUMBER: _builtins.int
+    CONDITION_FIELD_NUMBER: _builtins.int
+    SEVERITY_FIELD_NUMBER: _builtins.int
+    RAISED_UNIX_S_FIELD_NUMBER: _builtins.int
+    DESCRIPTION_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    CLEARED_FIELD_NUMBER: _builtins.int
+    switch_id: _builtins.str
+    port: _builtins.int
+    """Absent for a switch-wide alarm."""
+    condition: _builtins.str
+    """The device's condition name, e.g. LOS, POWER-LOW, REBOOT."""
+    severity: _builtins.str
+    """critical, major, minor, warning, cleared (lightrail.drivers.base.AlarmSeverity)"""
+    raised_unix_s: _builtins.float
+    description: _builtins.str
+    source: _builtins.str
+    """Where it came from: "driver" (the device's own notification channel) or "mqtt"."""
+    cleared: _builtins.bool
+    def __init__(
+        self,
+        *,
+        switch_id: _builtins.str = ...,
+        port: _builtins.int | None = ...,
+        condition: _builtins.str = ...,
+        severity: _builtins.str = ...,
+        raised_unix_s: _builtins.float = ...,
+        description: _builtins.str = ...,
+        source: _builtins.str = ...,
+        cleared: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_port", b"_port", "port", b"port"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_port", b"_port", "cleared", b"cleared", "condition", b"condition", "description", b"description", "port", b"port", "raised_unix_s", b"raised_unix_s", "severity", b"severity", "source", b"source", "switch_id", b"switch_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__port: _TypeAlias = _typing.Literal["port"]  # noqa: Y015
+    _WhichOneofArgType__port: _TypeAlias = _typing.Literal["_port", b"_port"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__port) -> _WhichOneofReturnType__port | None: ...
+
+Global___AlarmInfo: _TypeAlias = AlarmInfo  # noqa: Y015
+
+@_typing.final
+class ListAlarmsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ALARMS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def alarms(self) -> _containers.RepeatedCompositeFieldContainer[Global___AlarmInfo]: ...
+    def __init__(
+        self,
+        *,
+        alarms: _abc.Iterable[Global___AlarmInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["alarms", b"alarms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListAlarmsResponse: _TypeAlias = ListAlarmsResponse  # noqa: Y015
+
+@_typing.final
+class ListPortsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SWITCH_ID_FIELD_NUMBER: _builtins.int
+    switch_id: _builtins.str
+    """Filter; empty = every switch."""
+    def __init__(
+        self,
+        *,
+        switch_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["switch_id", b"switch_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListPortsRequest: _TypeAlias = ListPortsRequest  # noqa: Y015
+
+@_typing.final
+class PortInfo(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SWITCH_ID_FIELD_NUMBER: _builtins.int
+    PORT_FIELD_NUMBER: _builtins.int
+    ADMIN_STATE_FIELD_NUMBER: _builtins.int
+    OPER_STATE_FIELD_NUMBER: _builtins.int
+    POWER_DBM_FIELD_NUMBER: _builtins.int
+    CONNECTED_TO_FIELD_NUMBER: _builtins.int
+    ENDPOINT_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    switch_id: _builtins.str
+    port: _builtins.int
+    admin_state: _builtins.str
+    """enabled or disabled (lightrail.drivers.base.PortAdmin)"""
+    oper_state: _builtins.str
+    """up, down or failed (lightrail.drivers.base.PortOper); empty when the device did not say"""
+    power_dbm: _builtins.float
+    """Optical power at the port in dBm; absent when the device does not report it."""
+    connected_to: _builtins.int
+    """The port it is cross-connected to; absent when none."""
+    endpoint: _builtins.str
+    """The endpoint ("host/nicN") wired to the port, and the job owning it; empty when none."""
+    job_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        switch_id: _builtins.str = ...,
+        port: _builtins.int = ...,
+        admin_state: _builtins.str = ...,
+        oper_state: _builtins.str = ...,
+        power_dbm: _builtins.float | None = ...,
+        connected_to: _builtins.int | None = ...,
+        endpoint: _builtins.str = ...,
+        job_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_connected_to", b"_connected_to", "_power_dbm", b"_power_dbm", "connected_to", b"connected_to", "power_dbm", b"power_dbm"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_connected_to", b"_connected_to", "_power_dbm", b"_power_dbm", "admin_state", b"admin_state", "connected_to", b"connected_to", "endpoint", b"endpoint", "job_id", b"job_id", "oper_state", b"oper_state", "port", b"port", "power_dbm", b"power_dbm", "switch_id", b"switch_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__connected_to: _TypeAlias = _typing.Literal["connected_to"]  # noqa: Y015
+    _WhichOneofArgType__connected_to: _TypeAlias = _typing.Literal["_connected_to", b"_connected_to"]  # noqa: Y015
+    _WhichOneofReturnType__power_dbm: _TypeAlias = _typing.Literal["power_dbm"]  # noqa: Y015
+    _WhichOneofArgType__power_dbm: _TypeAlias = _typing.Literal["_power_dbm", b"_power_dbm"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__connected_to) -> _WhichOneofReturnType__connected_to | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__power_dbm) -> _WhichOneofReturnType__power_dbm | None: ...
+
+Global___PortInfo: _TypeAlias = PortInfo  # noqa: Y015
+
+@_typing.final
+class ListPortsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PORTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def ports(self) -> _containers.RepeatedCompositeFieldContainer[Global___PortInfo]: ...
+    def __init__(
+        self,
+        *,
+        ports: _abc.Iterable[Global___PortInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ports", b"ports"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListPortsResponse: _TypeAlias = ListPortsResponse  # noqa: Y015
+
+@_typing.final
+class SetMaintenanceRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SWITCH_ID_FIELD_NUMBER: _builtins.int
+    ON_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    switch_id: _builtins.str
+    on: _builtins.bool
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        switch_id: _builtins.str = ...,
+        on: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["on", b"on", "reason", b"reason", "switch_id", b"switch_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetMaintenanceRequest: _TypeAlias = SetMaintenanceRequest  # noqa: Y015
+
+@_typing.final
+class SetMaintenanceResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SWITCH_ID_FIELD_NUMBER: _builtins.int
+    MAINTENANCE_FIELD_NUMBER: _builtins.int
+    switch_id: _builtins.str
+    maintenance: _builtins.bool
+    def __init__(
+        self,
+        *,
+        switch_id: _builtins.str = ...,
+        maintenance: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["maintenance", b"maintenance", "switch_id", b"switch_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetMaintenanceResponse: _TypeAlias = SetMaintenanceResponse  # noqa: Y015
+
+@_typing.final
+class ReloadRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReloadRequest: _TypeAlias = ReloadRequest  # noqa: Y015
+
+@_typing.final
+class ReloadResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    APPLIED_FIELD_NUMBER: _builtins.int
+    CHANGED_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    applied: _builtins.bool
+    """True when the new configuration was valid and is now in force; false keeps the running one."""
+    error: _builtins.str
+    """Why it was refused (names the field and the value), when not applied."""
+    path: _builtins.str
+    """The config file that was read."""
+    @_builtins.property
+    def changed(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The settings that changed (dotted config paths), when applied."""
+
+    def __init__(
+        self,
+        *,
+        applied: _builtins.bool = ...,
+        changed: _abc.Iterable[_builtins.str] | None = ...,
+        error: _builtins.str = ...,
+        path: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied", b"applied", "changed", b"changed", "error", b"error", "path", b"path"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReloadResponse: _TypeAlias = ReloadResponse  # noqa: Y015
+
+@_typing.final
+class GetLeaderRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetLeaderRequest: _TypeAlias = GetLeaderRequest  # noqa: Y015
+
+@_typing.final
+class GetLeaderResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEADER_ID_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    REPLICA_ID_FIELD_NUMBER: _builtins.int
+    TRANSITIONS_FIELD_NUMBER: _builtins.int
+    LEADING_FOR_S_FIELD_NUMBER: _builtins.int
+    leader_id: _builtins.str
+    """The leading replica, as etcd records it; empty when no replica leads."""
+    address: _builtins.str
+    """Where clients reach it (its advertise address)."""
+    replica_id: _builtins.str
+    """The replica that answered."""
+    transitions: _builtins.int
+    """Leader changes this replica has seen since it started."""
+    leading_for_s: _builtins.float
+    """Seconds the current leader has led, as far as this replica knows; absent when unknown."""
+    def __init__(
+        self,
+        *,
+        leader_id: _builtins.str = ...,
+        address: _builtins.str = ...,
+        replica_id: _builtins.str = ...,
+        transitions: _builtins.int = ...,
+        leading_for_s: _builtins.float | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_leading_for_s", b"_leading_for_s", "leading_for_s", b"leading_for_s"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_leading_for_s", b"_leading_for_s", "address", b"address", "leader_id", b"leader_id", "leading_for_s", b"leading_for_s", "replica_id", b"replica_id", "transitions", b"transitions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__leading_for_s: _TypeAlias = _typing.Literal["leading_for_s"]  # noqa: Y015
+    _WhichOneofArgType__leading_for_s: _TypeAlias = _typing.Literal["_leading_for_s", b"_leading_for_s"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__leading_for_s) -> _WhichOneofReturnType__leading_for_s | None: ...
+
+Global___GetLeaderResponse: _TypeAlias = GetLeaderResponse  # noqa: Y015
+
+@_typing.final
+class UndrainRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOST_FIELD_NUMBER: _builtins.int
+    host: _builtins.str
+    def __init__(
+        self,
+        *,
+        host: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["host", b"host"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UndrainRequest: _TypeAlias = UndrainRequest  # noqa: Y015
+
+@_typing.final
+class UndrainResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOST_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
+    host: _builtins.str
+    @_builtins.property
+    def gpus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The GPUs that were returned to service (marked unknown until their agent reports)."""
+
+    def __init__(
+        self,
+        *,
+        host: _builtins.str = ...,
+        gpus: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpus", b"gpus", "host", b"host"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UndrainResponse: _TypeAlias = UndrainResponse  # noqa: Y015
+
+@_typing.final
+class ClearGpuRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HOST_FIELD_NUMBER: _builtins.int
+    GPU_FIELD_NUMBER: _builtins.int
+    host: _builtins.str
+    gpu: _builtins.int
+    """Absent: every GPU of the host."""
+    def __init__(
+        self,
+        *,
+        host: _builtins.str = ...,
+        gpu: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_gpu", b"_gpu", "gpu", b"gpu"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gpu", b"_gpu", "gpu", b"gpu", "host", b"host"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__gpu: _TypeAlias = _typing.Literal["gpu"]  # noqa: Y015
+    _WhichOneofArgType__gpu: _TypeAlias = _typing.Literal["_gpu", b"_gpu"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__gpu) -> _WhichOneofReturnType__gpu | None: ...
+
+Global___ClearGpuRequest: _TypeAlias = ClearGpuRequest  # noqa: Y015
+
+@_typing.final
+class ClearGpuResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GPUS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuInfo]: ...
+    def __init__(
+        self,
+        *,
+        gpus: _abc.Iterable[Global___GpuInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpus", b"gpus"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ClearGpuResponse: _TypeAlias = ClearGpuResponse  # noqa: Y015

@@ -74,6 +74,46 @@ class OperatorServiceStub:
                 request_serializer=lightrail_dot_v1_dot_operator__pb2.ListJobsRequest.SerializeToString,
                 response_deserializer=lightrail_dot_v1_dot_operator__pb2.ListJobsResponse.FromString,
                 _registered_method=True)
+        self.StreamEvents = channel.unary_stream(
+                '/lightrail.v1.OperatorService/StreamEvents',
+                request_serializer=lightrail_dot_v1_dot_operator__pb2.StreamEventsRequest.SerializeToString,
+                response_deserializer=lightrail_dot_v1_dot_operator__pb2.FabricEvent.FromString,
+                _registered_method=True)
+        self.ListAlarms = channel.unary_unary(
+                '/lightrail.v1.OperatorService/ListAlarms',
+                request_serializer=lightrail_dot_v1_dot_operator__pb2.ListAlarmsRequest.SerializeToString,
+                response_deserializer=lightrail_dot_v1_dot_operator__pb2.ListAlarmsResponse.FromString,
+                _registered_method=True)
+        self.ListPorts = channel.unary_unary(
+                '/lightrail.v1.OperatorService/ListPorts',
+                request_serializer=lightrail_dot_v1_dot_operator__pb2.ListPortsRequest.SerializeToString,
+                response_deserializer=lightrail_dot_v1_dot_operator__pb2.ListPortsResponse.FromString,
+                _registered_method=True)
+        self.SetMaintenance = channel.unary_unary(
+                '/lightrail.v1.OperatorService/SetMaintenance',
+                request_serializer=lightrail_dot_v1_dot_operator__pb2.SetMaintenanceRequest.SerializeToString,
+                response_deserializer=lightrail_dot_v1_dot_operator__pb2.SetMaintenanceResponse.FromString,
+                _registered_method=True)
+        self.Reload = channel.unary_unary(
+                '/lightrail.v1.OperatorService/Reload',
+                request_serializer=lightrail_dot_v1_dot_operator__pb2.ReloadRequest.SerializeToString,
+                response_deserializer=lightrail_dot_v1_dot_operator__pb2.ReloadResponse.FromString,
+                _registered_method=True)
+        self.GetLeader = channel.unary_unary(
+                '/lightrail.v1.OperatorService/GetLeader',
+                request_serializer=lightrail_dot_v1_dot_operator__pb2.GetLeaderRequest.SerializeToString,
+                response_deserializer=lightrail_dot_v1_dot_operator__pb2.GetLeaderResponse.FromString,
+                _registered_method=True)
+        self.Undrain = channel.unary_unary(
+                '/lightrail.v1.OperatorService/Undrain',
+                request_serializer=lightrail_dot_v1_dot_operator__pb2.UndrainRequest.SerializeToString,
+                response_deserializer=lightrail_dot_v1_dot_operator__pb2.UndrainResponse.FromString,
+                _registered_method=True)
+        self.ClearGpu = channel.unary_unary(
+                '/lightrail.v1.OperatorService/ClearGpu',
+                request_serializer=lightrail_dot_v1_dot_operator__pb2.ClearGpuRequest.SerializeToString,
+                response_deserializer=lightrail_dot_v1_dot_operator__pb2.ClearGpuResponse.FromString,
+                _registered_method=True)
 
 
 class OperatorServiceServicer:
@@ -129,6 +169,60 @@ class OperatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StreamEvents(self, request, context):
+        """Job and fabric events from now on (lightrail events --follow); no MQTT needed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListAlarms(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPorts(self, request, context):
+        """Admin state, oper state and optical power of each port.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetMaintenance(self, request, context):
+        """A switch in maintenance is sent nothing (operator-only).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Reload(self, request, context):
+        """Read the config file again (SIGHUP does the same; operator-only).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetLeader(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Undrain(self, request, context):
+        """Return a drained host to service (operator-only).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ClearGpu(self, request, context):
+        """Forget a GPU's failed/degraded state (operator-only), e.g. after a repair.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OperatorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -171,6 +265,46 @@ def add_OperatorServiceServicer_to_server(servicer, server):
                     servicer.ListJobs,
                     request_deserializer=lightrail_dot_v1_dot_operator__pb2.ListJobsRequest.FromString,
                     response_serializer=lightrail_dot_v1_dot_operator__pb2.ListJobsResponse.SerializeToString,
+            ),
+            'StreamEvents': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamEvents,
+                    request_deserializer=lightrail_dot_v1_dot_operator__pb2.StreamEventsRequest.FromString,
+                    response_serializer=lightrail_dot_v1_dot_operator__pb2.FabricEvent.SerializeToString,
+            ),
+            'ListAlarms': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAlarms,
+                    request_deserializer=lightrail_dot_v1_dot_operator__pb2.ListAlarmsRequest.FromString,
+                    response_serializer=lightrail_dot_v1_dot_operator__pb2.ListAlarmsResponse.SerializeToString,
+            ),
+            'ListPorts': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPorts,
+                    request_deserializer=lightrail_dot_v1_dot_operator__pb2.ListPortsRequest.FromString,
+                    response_serializer=lightrail_dot_v1_dot_operator__pb2.ListPortsResponse.SerializeToString,
+            ),
+            'SetMaintenance': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetMaintenance,
+                    request_deserializer=lightrail_dot_v1_dot_operator__pb2.SetMaintenanceRequest.FromString,
+                    response_serializer=lightrail_dot_v1_dot_operator__pb2.SetMaintenanceResponse.SerializeToString,
+            ),
+            'Reload': grpc.unary_unary_rpc_method_handler(
+                    servicer.Reload,
+                    request_deserializer=lightrail_dot_v1_dot_operator__pb2.ReloadRequest.FromString,
+                    response_serializer=lightrail_dot_v1_dot_operator__pb2.ReloadResponse.SerializeToString,
+            ),
+            'GetLeader': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetLeader,
+                    request_deserializer=lightrail_dot_v1_dot_operator__pb2.GetLeaderRequest.FromString,
+                    response_serializer=lightrail_dot_v1_dot_operator__pb2.GetLeaderResponse.SerializeToString,
+            ),
+            'Undrain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Undrain,
+                    request_deserializer=lightrail_dot_v1_dot_operator__pb2.UndrainRequest.FromString,
+                    response_serializer=lightrail_dot_v1_dot_operator__pb2.UndrainResponse.SerializeToString,
+            ),
+            'ClearGpu': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClearGpu,
+                    request_deserializer=lightrail_dot_v1_dot_operator__pb2.ClearGpuRequest.FromString,
+                    response_serializer=lightrail_dot_v1_dot_operator__pb2.ClearGpuResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -389,6 +523,222 @@ class OperatorService:
             '/lightrail.v1.OperatorService/ListJobs',
             lightrail_dot_v1_dot_operator__pb2.ListJobsRequest.SerializeToString,
             lightrail_dot_v1_dot_operator__pb2.ListJobsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/lightrail.v1.OperatorService/StreamEvents',
+            lightrail_dot_v1_dot_operator__pb2.StreamEventsRequest.SerializeToString,
+            lightrail_dot_v1_dot_operator__pb2.FabricEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListAlarms(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightrail.v1.OperatorService/ListAlarms',
+            lightrail_dot_v1_dot_operator__pb2.ListAlarmsRequest.SerializeToString,
+            lightrail_dot_v1_dot_operator__pb2.ListAlarmsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPorts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightrail.v1.OperatorService/ListPorts',
+            lightrail_dot_v1_dot_operator__pb2.ListPortsRequest.SerializeToString,
+            lightrail_dot_v1_dot_operator__pb2.ListPortsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetMaintenance(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightrail.v1.OperatorService/SetMaintenance',
+            lightrail_dot_v1_dot_operator__pb2.SetMaintenanceRequest.SerializeToString,
+            lightrail_dot_v1_dot_operator__pb2.SetMaintenanceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Reload(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightrail.v1.OperatorService/Reload',
+            lightrail_dot_v1_dot_operator__pb2.ReloadRequest.SerializeToString,
+            lightrail_dot_v1_dot_operator__pb2.ReloadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetLeader(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightrail.v1.OperatorService/GetLeader',
+            lightrail_dot_v1_dot_operator__pb2.GetLeaderRequest.SerializeToString,
+            lightrail_dot_v1_dot_operator__pb2.GetLeaderResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Undrain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightrail.v1.OperatorService/Undrain',
+            lightrail_dot_v1_dot_operator__pb2.UndrainRequest.SerializeToString,
+            lightrail_dot_v1_dot_operator__pb2.UndrainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClearGpu(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightrail.v1.OperatorService/ClearGpu',
+            lightrail_dot_v1_dot_operator__pb2.ClearGpuRequest.SerializeToString,
+            lightrail_dot_v1_dot_operator__pb2.ClearGpuResponse.FromString,
             options,
             channel_credentials,
             insecure,

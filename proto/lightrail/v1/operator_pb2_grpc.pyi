@@ -41,6 +41,20 @@ class OperatorServiceStub:
     ListSwitches: _grpc.UnaryUnaryMultiCallable[_operator_pb2.ListSwitchesRequest, _operator_pb2.ListSwitchesResponse]
     ListCircuits: _grpc.UnaryUnaryMultiCallable[_operator_pb2.ListCircuitsRequest, _operator_pb2.ListCircuitsResponse]
     ListJobs: _grpc.UnaryUnaryMultiCallable[_operator_pb2.ListJobsRequest, _operator_pb2.ListJobsResponse]
+    StreamEvents: _grpc.UnaryStreamMultiCallable[_operator_pb2.StreamEventsRequest, _operator_pb2.FabricEvent]
+    """Job and fabric events from now on (lightrail events --follow); no MQTT needed."""
+    ListAlarms: _grpc.UnaryUnaryMultiCallable[_operator_pb2.ListAlarmsRequest, _operator_pb2.ListAlarmsResponse]
+    ListPorts: _grpc.UnaryUnaryMultiCallable[_operator_pb2.ListPortsRequest, _operator_pb2.ListPortsResponse]
+    """Admin state, oper state and optical power of each port."""
+    SetMaintenance: _grpc.UnaryUnaryMultiCallable[_operator_pb2.SetMaintenanceRequest, _operator_pb2.SetMaintenanceResponse]
+    """A switch in maintenance is sent nothing (operator-only)."""
+    Reload: _grpc.UnaryUnaryMultiCallable[_operator_pb2.ReloadRequest, _operator_pb2.ReloadResponse]
+    """Read the config file again (SIGHUP does the same; operator-only)."""
+    GetLeader: _grpc.UnaryUnaryMultiCallable[_operator_pb2.GetLeaderRequest, _operator_pb2.GetLeaderResponse]
+    Undrain: _grpc.UnaryUnaryMultiCallable[_operator_pb2.UndrainRequest, _operator_pb2.UndrainResponse]
+    """Return a drained host to service (operator-only)."""
+    ClearGpu: _grpc.UnaryUnaryMultiCallable[_operator_pb2.ClearGpuRequest, _operator_pb2.ClearGpuResponse]
+    """Forget a GPU's failed/degraded state (operator-only), e.g. after a repair."""
 
 @_typing.type_check_only
 class OperatorServiceAsyncStub(OperatorServiceStub):
@@ -55,6 +69,20 @@ class OperatorServiceAsyncStub(OperatorServiceStub):
     ListSwitches: _aio.UnaryUnaryMultiCallable[_operator_pb2.ListSwitchesRequest, _operator_pb2.ListSwitchesResponse]  # type: ignore[assignment]
     ListCircuits: _aio.UnaryUnaryMultiCallable[_operator_pb2.ListCircuitsRequest, _operator_pb2.ListCircuitsResponse]  # type: ignore[assignment]
     ListJobs: _aio.UnaryUnaryMultiCallable[_operator_pb2.ListJobsRequest, _operator_pb2.ListJobsResponse]  # type: ignore[assignment]
+    StreamEvents: _aio.UnaryStreamMultiCallable[_operator_pb2.StreamEventsRequest, _operator_pb2.FabricEvent]  # type: ignore[assignment]
+    """Job and fabric events from now on (lightrail events --follow); no MQTT needed."""
+    ListAlarms: _aio.UnaryUnaryMultiCallable[_operator_pb2.ListAlarmsRequest, _operator_pb2.ListAlarmsResponse]  # type: ignore[assignment]
+    ListPorts: _aio.UnaryUnaryMultiCallable[_operator_pb2.ListPortsRequest, _operator_pb2.ListPortsResponse]  # type: ignore[assignment]
+    """Admin state, oper state and optical power of each port."""
+    SetMaintenance: _aio.UnaryUnaryMultiCallable[_operator_pb2.SetMaintenanceRequest, _operator_pb2.SetMaintenanceResponse]  # type: ignore[assignment]
+    """A switch in maintenance is sent nothing (operator-only)."""
+    Reload: _aio.UnaryUnaryMultiCallable[_operator_pb2.ReloadRequest, _operator_pb2.ReloadResponse]  # type: ignore[assignment]
+    """Read the config file again (SIGHUP does the same; operator-only)."""
+    GetLeader: _aio.UnaryUnaryMultiCallable[_operator_pb2.GetLeaderRequest, _operator_pb2.GetLeaderResponse]  # type: ignore[assignment]
+    Undrain: _aio.UnaryUnaryMultiCallable[_operator_pb2.UndrainRequest, _operator_pb2.UndrainResponse]  # type: ignore[assignment]
+    """Return a drained host to service (operator-only)."""
+    ClearGpu: _aio.UnaryUnaryMultiCallable[_operator_pb2.ClearGpuRequest, _operator_pb2.ClearGpuResponse]  # type: ignore[assignment]
+    """Forget a GPU's failed/degraded state (operator-only), e.g. after a repair."""
 
 class OperatorServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -114,5 +142,67 @@ class OperatorServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _operator_pb2.ListJobsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_operator_pb2.ListJobsResponse, _abc.Awaitable[_operator_pb2.ListJobsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def StreamEvents(
+        self,
+        request: _operator_pb2.StreamEventsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_operator_pb2.FabricEvent], _abc.AsyncIterator[_operator_pb2.FabricEvent]]:
+        """Job and fabric events from now on (lightrail events --follow); no MQTT needed."""
+
+    @_abc_1.abstractmethod
+    def ListAlarms(
+        self,
+        request: _operator_pb2.ListAlarmsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_pb2.ListAlarmsResponse, _abc.Awaitable[_operator_pb2.ListAlarmsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListPorts(
+        self,
+        request: _operator_pb2.ListPortsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_pb2.ListPortsResponse, _abc.Awaitable[_operator_pb2.ListPortsResponse]]:
+        """Admin state, oper state and optical power of each port."""
+
+    @_abc_1.abstractmethod
+    def SetMaintenance(
+        self,
+        request: _operator_pb2.SetMaintenanceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_pb2.SetMaintenanceResponse, _abc.Awaitable[_operator_pb2.SetMaintenanceResponse]]:
+        """A switch in maintenance is sent nothing (operator-only)."""
+
+    @_abc_1.abstractmethod
+    def Reload(
+        self,
+        request: _operator_pb2.ReloadRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_pb2.ReloadResponse, _abc.Awaitable[_operator_pb2.ReloadResponse]]:
+        """Read the config file again (SIGHUP does the same; operator-only)."""
+
+    @_abc_1.abstractmethod
+    def GetLeader(
+        self,
+        request: _operator_pb2.GetLeaderRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_pb2.GetLeaderResponse, _abc.Awaitable[_operator_pb2.GetLeaderResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Undrain(
+        self,
+        request: _operator_pb2.UndrainRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_pb2.UndrainResponse, _abc.Awaitable[_operator_pb2.UndrainResponse]]:
+        """Return a drained host to service (operator-only)."""
+
+    @_abc_1.abstractmethod
+    def ClearGpu(
+        self,
+        request: _operator_pb2.ClearGpuRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_pb2.ClearGpuResponse, _abc.Awaitable[_operator_pb2.ClearGpuResponse]]:
+        """Forget a GPU's failed/degraded state (operator-only), e.g. after a repair."""
 
 def add_OperatorServiceServicer_to_server(servicer: OperatorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
