@@ -25,6 +25,10 @@ system-deps:
 	@missing=""; \
 	command -v etcd >/dev/null 2>&1 || missing="$$missing etcd-server"; \
 	command -v openssl >/dev/null 2>&1 || missing="$$missing openssl"; \
+	command -v mosquitto >/dev/null 2>&1 || command -v /usr/sbin/mosquitto >/dev/null 2>&1 \
+	  || missing="$$missing mosquitto"; \
+	command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	command -v systemd-analyze >/dev/null 2>&1 || missing="$$missing systemd"; \
 	command -v $(CC) >/dev/null 2>&1 || missing="$$missing gcc"; \
 	$(PYTHON) -c "import ensurepip, venv" >/dev/null 2>&1 || missing="$$missing python3-venv"; \
 	if [ -n "$$missing" ]; then \
