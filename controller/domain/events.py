@@ -1,4 +1,5 @@
-"""Job events: what WatchJob streams to the job and MQTT publishes (DESIGN.md "Observability")."""
+"""Events: what WatchJob streams to the job (``JobEvent``), and what operators and MQTT receive
+(every ``JobEvent`` plus the fabric's own ``FabricEvent``s; DESIGN.md "Observability")."""
 
 from __future__ import annotations
 
@@ -26,5 +27,28 @@ class JobEvent:
     job_id: str
     kind: JobEventKind
     message: str
+    at_unix_s: float = field(default_factory=time.time)
+    fields: Mapping[str, str] = field(default_factory=dict)
+
+
+class FabricEventKind(enum.Enum):
+    """Events about the fabric and the controller rather than one job's phases."""
+
+    FAILOVER = "failover"
+    DEVICE_ALARM = "device_alarm"
+    LEADERSHIP = "leadership"
+    MAINTENANCE = "maintenance"
+    CONFIG_RELOAD = "config_reload"
+
+
+@dataclass(frozen=True, slots=True)
+class FabricEvent:
+    """One fabric event; ``switch_id``/``job_id`` are None when it concerns no one switch/job;
+    ``at_unix_s`` is wall-clock time (seconds since the epoch)."""
+
+    kind: FabricEventKind
+    message: str
+    switch_id: str | None = None
+    job_id: str | None = None
     at_unix_s: float = field(default_factory=time.time)
     fields: Mapping[str, str] = field(default_factory=dict)

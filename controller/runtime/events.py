@@ -1,16 +1,17 @@
-"""Job events: what WatchJob streams to the job and MQTT publishes (DESIGN.md "Observability").
+"""Events: what WatchJob streams to the job, and what operators and MQTT receive (every job
+event and every fabric event: ``subscribe_all``; DESIGN.md "Observability").
 
-``EventBus.publish`` never blocks (it is called on the hot path): each subscriber has a bounded
-queue; a subscriber that falls ``max_backlog`` events behind is closed with an overflow marker
-rather than slowing the controller.
+``EventBus.publish`` and ``publish_fabric`` never block (they are called on the hot path): each
+subscriber has a bounded queue; a subscriber that falls ``max_backlog`` events behind is closed
+with an overflow marker rather than slowing the controller.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
-from lightrail.controller.domain.events import JobEvent
+from lightrail.controller.domain.events import FabricEvent, JobEvent
 
 
 class SubscriberOverflow(RuntimeError):
@@ -26,22 +27,36 @@ class EventBus:
     def __init__(self, max_backlog: int = 1024) -> None:
         self._max = max_backlog
         self._subs: dict[str | None, set[asyncio.Queue[object]]] = {}
+        self._all: set[asyncio.Queue[object]] = set()
 
     def wants(self, job_id: str) -> bool:
         """True when some subscriber would receive an event of ``job_id``: callers on the hot
         path build events only then."""
         subs = self._subs
-        return bool(subs.get(job_id) or subs.get(None))
+        return bool(self._all or subs.get(job_id) or subs.get(None))
 
     def publish(self, event: JobEvent) -> None:
-        """Deliver ``event`` to the job's subscribers and the all-jobs subscribers."""
+        """Deliver ``event`` to the job's subscribers, the all-jobs subscribers and the
+        ``subscribe_all`` subscribers."""
         for key in (event.job_id, None):
-            for q in tuple(self._subs.get(key, ())):
-                if q.qsize() >= self._max:
-                    self._subs[key].discard(q)
-                    q.put_nowait(SubscriberOverflow(f"subscriber fell {self._max} events behind"))
-                else:
-                    q.put_nowait(event)
+            subs = self._subs.get(key)
+            if subs:
+                self._offer(subs, event)
+        if self._all:
+            self._offer(self._all, event)
+
+    def publish_fabric(self, event: FabricEvent) -> None:
+        """Deliver ``event`` to the ``subscribe_all`` subscribers."""
+        if self._all:
+            self._offer(self._all, event)
+
+    def _offer(self, subs: set[asyncio.Queue[object]], event: object) -> None:
+        for q in tuple(subs):
+            if q.qsize() >= self._max:
+                subs.discard(q)
+                q.put_nowait(SubscriberOverflow(f"subscriber fell {self._max} events behind"))
+            else:
+                q.put_nowait(event)
 
     def close_job(self, job_id: str) -> None:
         """End every subscription to ``job_id`` (after its UNREGISTERED event)."""
@@ -66,3 +81,18 @@ class EventBus:
             subs = self._subs.get(job_id)
             if subs is not None:
                 subs.discard(q)
+
+    async def subscribe_all(self) -> AsyncGenerator[JobEvent | FabricEvent, None]:
+        """Every job event and fabric event from now on, until the consumer stops. Raises
+        ``SubscriberOverflow`` when the consumer falls too far behind."""
+        q: asyncio.Queue[object] = asyncio.Queue()
+        self._all.add(q)
+        try:
+            while True:
+                item = await q.get()
+                if isinstance(item, SubscriberOverflow):
+                    raise item
+                assert isinstance(item, JobEvent | FabricEvent)
+                yield item
+        finally:
+            self._all.discard(q)
