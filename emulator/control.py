@@ -20,12 +20,15 @@ has, since all of them wrap the same ``EmulatedOcs`` objects::
 
     summary: {"id", "kind" (nxn|duplex), "port_count", "settle_time_s", "max_batch",
               "cross_connect_count", "command_count", "write_count", "change_count",
-              "rebooting",
+              "rebooting", "partitioned",
               "injected": [faults injected through this API since the last clear]}
 
 Fault bodies (``fault`` selects the ``EmulatedOcs`` method; other members are its arguments)::
 
     {"fault": "unreachable", "on": true|false}                     set_unreachable
+    {"fault": "partition", "on": true|false}                       set_partitioned (silent:
+                                                                  connections stay open,
+                                                                  commands get no answer)
     {"fault": "drop_next_calls", "count": 2}                      drop_next_calls
     {"fault": "slow", "delay_s": 0.5}                             set_extra_delay (seconds)
     {"fault": "deny_port", "port": 5, "kind": "hardware_fault"|"invalid_port",
@@ -79,8 +82,8 @@ CommandLog = Callable[[], Sequence[ReceivedCommand]]
 """The commands a device's protocol front end received so far, oldest first."""
 
 FAULTS = (
-    "unreachable", "drop_next_calls", "slow", "deny_port", "allow_port", "partial_apply",
-    "silent_makes", "fail_port", "repair_port", "reboot", "clear",
+    "unreachable", "partition", "drop_next_calls", "slow", "deny_port", "allow_port",
+    "partial_apply", "silent_makes", "fail_port", "repair_port", "reboot", "clear",
 )
 """Fault names accepted in ``POST /devices/{id}/faults``."""
 
@@ -165,6 +168,7 @@ def _port(body: Mapping[str, object], device: EmulatedOcs) -> int:
 
 _MEMBERS: Mapping[str, frozenset[str]] = {
     "unreachable": frozenset({"on"}),
+    "partition": frozenset({"on"}),
     "drop_next_calls": frozenset({"count"}),
     "slow": frozenset({"delay_s"}),
     "deny_port": frozenset({"port", "kind", "reason"}),
@@ -216,7 +220,7 @@ def _fault_args(name: str, body: Mapping[str, object], device: EmulatedOcs) -> J
     """The normalised arguments of fault ``name`` (known, its members checked) from ``body``,
     defaults filled in. Raises ``ControlInputError`` naming the member and the value."""
     args: Json
-    if name == "unreachable":
+    if name in ("unreachable", "partition"):
         args = {"on": _bool(body, "on")}
     elif name == "drop_next_calls":
         args = {"count": _int(body, "count", 0)}
@@ -355,6 +359,7 @@ class ControlServer:
             "write_count": device.write_count,
             "change_count": len(device.change_log),
             "rebooting": task is not None and not task.done(),
+            "partitioned": device.partitioned,
             "injected": list(self._injected.get(device.switch_id, [])),
         }
 
@@ -435,6 +440,7 @@ class ControlServer:
         sid = device.switch_id
         actions: Mapping[str, Callable[[], None]] = {
             "unreachable": lambda: device.set_unreachable(bool(a["on"])),
+            "partition": lambda: device.set_partitioned(bool(a["on"])),
             "drop_next_calls": lambda: device.drop_next_calls(_as_int(a["count"])),
             "slow": lambda: device.set_extra_delay(_as_float(a["delay_s"])),
             "deny_port": lambda: device.deny_port(
@@ -539,6 +545,7 @@ class DeviceState:
     cross_connect_count: int
     rebooting: bool
     injected: tuple[Mapping[str, object], ...]
+    partitioned: bool = False
     cross_connects: frozenset[CrossConnect] | None = None
 
     @staticmethod
@@ -564,6 +571,7 @@ class DeviceState:
             change_count=_as_int(doc["change_count"]),
             cross_connect_count=_as_int(doc["cross_connect_count"]),
             rebooting=bool(doc["rebooting"]),
+            partitioned=bool(doc.get("partitioned", False)),
             injected=tuple(i for i in injected if isinstance(i, dict)),
             cross_connects=xcs,
         )
@@ -674,6 +682,11 @@ class ControlClient:
     async def set_unreachable(self, switch_id: str, on: bool) -> Json:
         """Make the device (un)reachable."""
         return await self.inject(switch_id, {"fault": "unreachable", "on": on})
+
+    async def set_partitioned(self, switch_id: str, on: bool) -> Json:
+        """Start (or end) a silent partition of the device: its connections stay open and its
+        commands get no answer."""
+        return await self.inject(switch_id, {"fault": "partition", "on": on})
 
     async def set_slow(self, switch_id: str, delay_s: float) -> Json:
         """Delay every device command by ``delay_s`` seconds (0: normal)."""

@@ -119,10 +119,10 @@ class EmulatedOcs:
 
     Device commands (``info``, ``get_cross_connects``, ``apply_bulk``, ``set_port_admin``,
     ``get_port_status``, ``get_power``) are coroutines that honour the injected faults: they
-    raise ``DeviceUnreachable`` while the device is unreachable or rebooting, and wait the extra
-    delay of a slow device first. Bulk commands run one at a time. Fault controls and the
-    inspection properties (``cross_connects``, ``change_log``, ``command_count``) are plain
-    methods that never fail.
+    raise ``DeviceUnreachable`` while the device is unreachable or rebooting, never answer while
+    it is partitioned (``set_partitioned``), and wait the extra delay of a slow device first.
+    Bulk commands run one at a time. Fault controls and the inspection properties
+    (``cross_connects``, ``change_log``, ``command_count``) are plain methods that never fail.
     """
 
     def __init__(
@@ -165,6 +165,9 @@ class EmulatedOcs:
         # faults
         self._unreachable = False
         self._rebooting = False
+        # set while the device answers (no silent partition); partitioned commands wait on it
+        self._answering = asyncio.Event()
+        self._answering.set()
         self._drop_calls = 0
         self._extra_delay_s = 0.0
         self._denied: dict[int, _Denial] = {}
@@ -213,6 +216,29 @@ class EmulatedOcs:
     def set_unreachable(self, unreachable: bool) -> None:
         """While set, every device command raises ``DeviceUnreachable``."""
         self._unreachable = unreachable
+
+    def set_partitioned(self, partitioned: bool) -> None:
+        """A silent partition: while set, every device command waits without an answer and the
+        front ends keep their connections open, as a device behind a network that drops its
+        packets (the common failure on a real network, unlike a refused or closed connection:
+        the client sees only its own timeout, ``DeviceTimeout``). When the partition ends, the
+        waiting commands fail with ``DeviceUnreachable`` (their answers are lost) and later
+        commands are answered again."""
+        if partitioned:
+            self._answering.clear()
+        else:
+            self._answering.set()
+
+    @property
+    def partitioned(self) -> bool:
+        """True during a silent partition (``set_partitioned``)."""
+        return not self._answering.is_set()
+
+    async def until_answering(self) -> None:
+        """Return once no silent partition is in force (at once when none is). Protocol front
+        ends wait on it with each request that arrives during a partition and then drop the
+        request unanswered, so the device answers nothing, not even a login."""
+        await self._answering.wait()
 
     def drop_next_calls(self, count: int) -> None:
         """The next ``count`` device commands raise ``DeviceUnreachable`` (a transient fault)."""
@@ -269,6 +295,7 @@ class EmulatedOcs:
     def clear_faults(self) -> None:
         """Remove every injected fault (failed ports are repaired with a CLEARED alarm)."""
         self._unreachable = False
+        self._answering.set()
         self._drop_calls = 0
         self._extra_delay_s = 0.0
         self._denied.clear()
@@ -432,6 +459,11 @@ class EmulatedOcs:
 
     async def _enter(self) -> None:
         self._commands += 1
+        if not self._answering.is_set():
+            await self._answering.wait()
+            raise DeviceUnreachable(
+                self.switch_id, "no answer during a silent partition (emulated fault)"
+            )
         if self._unreachable or self._rebooting:
             raise DeviceUnreachable(self.switch_id, "no answer (emulated fault)")
         if self._drop_calls:

@@ -69,7 +69,9 @@ Assumptions (not confirmed against a real Polatis device):
 
 Faults, as a device shows them: an unreachable (or rebooting, or call-dropping) device drops the
 TCP connection without an answer (the client sees "server disconnected"; ``stop`` gives a real
-"connection refused"); a slow device answers late (``EmulatedOcs.set_extra_delay``). For tests,
+"connection refused"); a partitioned device (``EmulatedOcs.set_partitioned``) answers nothing
+and keeps the connection open until the partition ends, then drops it; a slow device answers
+late (``EmulatedOcs.set_extra_delay``). For tests,
 ``inject_wire_fault`` mangles the next answers (garbage body, garbage status line, close before
 or in the middle of the answer, after the request took effect), ``before_next_write`` runs a
 coroutine just before the next write is checked (a concurrent writer, to provoke 412), and
@@ -474,6 +476,11 @@ class RestconfServer:
     # --- request handling --------------------------------------------------------------------
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        if self._device.partitioned:
+            # a silent partition: no answer while it lasts (the client sees its own timeout);
+            # the request is lost, so the connection is dropped once the partition ends
+            await self._device.until_answering()
+            return await self._finish(request, None, WireFault.CLOSE_BEFORE_RESPONSE)
         fault = self._take_wire_fault(request.method)
         try:
             self._check_auth(request)

@@ -43,6 +43,8 @@ How ``EmulatedOcs`` faults show on the wire:
 - unreachable / dropped calls: the connection is closed without a reply (``UnreachableMode.CLOSE``,
   as a crashed device's TCP stack would) or the command is never answered (``SILENT``, a
   partitioned network);
+- silent partition (``EmulatedOcs.set_partitioned``): no command gets a reply, a login
+  included, and the connection stays open; commands that arrived during it are dropped;
 - slow (``set_extra_delay``): replies come late by that delay;
 - denied port: DENY ``SROF`` (hardware fault) or ``IDNV`` (invalid port), nothing changed;
 - partial apply (``fail_make``): DENY ``SROF`` whose comments name each patch not made; the
@@ -444,6 +446,9 @@ class Tl1Server:
         if wait_for:
             await asyncio.wait(wait_for)
         if conn.closed:
+            return
+        if self._device.partitioned:  # lost in a silent partition: no reply, connection kept
+            await self._device.until_answering()
             return
         if self._hook is not None:
             await self._hook(cmd)

@@ -21,7 +21,7 @@ import yaml
 
 from lightrail.controller.cli.embedded import spawn_emulator
 from lightrail.controller.config import build_fabric, load_config
-from lightrail.drivers.base import CrossConnect, DeviceUnreachable
+from lightrail.drivers.base import CrossConnect, DeviceTimeout, DeviceUnreachable
 from lightrail.drivers.registry import DriverRegistry
 from lightrail.emulator.control import ControlApiError, ControlClient
 from lightrail.emulator.ocs import ChangeAction
@@ -181,3 +181,45 @@ async def test_command_log_of_a_restconf_device_is_not_found() -> None:
         with pytest.raises(ControlApiError) as err:
             await client.change_log("ocs-rail0", since=-1)
         assert err.value.status == 400 and err.value.field == "since"
+
+
+@pytest.mark.parametrize("protocol", ["tl1", "restconf"])
+async def test_silent_partition_times_out_keeps_the_connection_and_heals(protocol: str) -> None:
+    """Issue 14 section 4: through the control API a device stops answering but keeps its
+    connections open; the controller's real driver times out with ``DeviceTimeout`` naming the
+    switch (not the ``DeviceUnreachable`` of a closed connection) and works again once the
+    partition ends."""
+    section = rail_section("demo-4x2", delay_ms=1)
+    async with spawn_emulator(section, protocol=protocol) as emulator, \
+            ControlClient(emulator.control_url) as client:
+        sw = build_fabric(emulator.section).switches["ocs-rail0"]
+        spec = dataclasses.replace(sw.spec, options={**sw.options, "timeout_s": 0.3})
+        driver = DriverRegistry().create(spec)
+        await driver.open()
+        try:
+            assert await driver.get_cross_connects() == frozenset()
+            reply = await client.set_partitioned("ocs-rail0", True)
+            assert reply["applied"] == {"fault": "partition", "on": True}
+            assert (await client.device("ocs-rail0")).partitioned
+            with pytest.raises(DeviceTimeout, match="ocs-rail0") as info:
+                await driver.get_cross_connects()
+            assert info.value.retryable
+            # the device still accepts a connection and holds it open without answering
+            reader, writer = await asyncio.open_connection("127.0.0.1", int(sw.options["port"]))
+            request = (b"RTRV-PATCH:ocs-rail0::1;" if protocol == "tl1" else
+                       b"GET /restconf/data HTTP/1.1\r\nHost: x\r\n\r\n")
+            writer.write(request)
+            await writer.drain()
+            with pytest.raises(TimeoutError):  # neither an answer nor EOF (a closed socket)
+                await asyncio.wait_for(reader.read(1), 0.3)
+            writer.close()
+            await client.set_partitioned("ocs-rail0", False)
+            assert not (await client.device("ocs-rail0")).partitioned
+            xc = CrossConnect(1, sw.capabilities.port_count + 2)
+            await driver.apply(frozenset({xc}), frozenset({xc.ingress, xc.egress}))
+            assert await driver.get_cross_connects() == frozenset({xc})
+        finally:
+            await driver.close()
+        with pytest.raises(ControlApiError) as err:
+            await client.inject("ocs-rail0", {"fault": "partition", "on": "yes"})
+        assert err.value.status == 400 and err.value.field == "on"

@@ -528,3 +528,24 @@ def test_an_option_on_an_emulated_switch_is_rejected_naming_the_switch_and_the_k
     devices.ensure("ocs-z", NXN8)
     with pytest.raises(ValueError, match="capabilities"):
         devices.ensure("ocs-z", DUPLEX8)
+
+
+async def test_partitioned_device_holds_commands_then_loses_them() -> None:
+    """``set_partitioned``: commands wait without an answer (the caller's own timeout fires);
+    when the partition ends they fail as unreachable and nothing they asked for happened."""
+    _, ocs = world(ManualTime())
+    ocs.set_partitioned(True)
+    assert ocs.partitioned
+    held = asyncio.ensure_future(ocs.apply_bulk((), [xc(1, 9)]))
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(asyncio.shield(held), 0.05)
+    assert not held.done()
+    ocs.set_partitioned(False)
+    with pytest.raises(DeviceUnreachable, match="silent partition"):
+        await held
+    assert ocs.cross_connects == frozenset()
+    await ocs.apply_bulk((), [xc(1, 9)])  # answered again
+    assert ocs.cross_connects == {xc(1, 9)}
+    ocs.set_partitioned(True)
+    ocs.clear_faults()
+    assert not ocs.partitioned
