@@ -62,7 +62,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,6 +70,7 @@ from typing import Any
 import grpc
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from rich.console import Console
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # tests/invariants.py, tests/etcd_cluster.py
@@ -85,6 +86,7 @@ from lightrail.controller.cli.embedded import (  # noqa: E402
     embedded_config,
     spawn_emulator,
 )
+from lightrail.controller.cli.progress import ProgressTask, progress_display  # noqa: E402
 from lightrail.controller.config import (  # noqa: E402
     Config,
     EtcdTlsSection,
@@ -122,6 +124,10 @@ STALL_S = 60.0
 # --- results ---------------------------------------------------------------------------------
 
 
+RUN_LISTENERS: list[Callable[[CaseResult], None]] = []
+"""Called with a case's result after each of its runs (``main``'s progress display)."""
+
+
 @dataclass(slots=True)
 class CaseResult:
     """One row of the table: ``times_s`` per run (what the case measures, seconds; scaled to
@@ -137,6 +143,13 @@ class CaseResult:
     crashes: int = 0
     errors: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+
+    def count_run(self) -> None:
+        """One more run of the case done: ``runs`` + 1, then every ``RUN_LISTENERS`` entry."""
+        self.runs += 1
+        for listener in RUN_LISTENERS:
+            listener(self)
+
 
     def cells(self) -> list[str]:
         """The table row's cells."""
@@ -516,7 +529,7 @@ async def leader_kill(st: Stack, workload: Workload, runs: int, rng: random.Rand
             t0 = time.monotonic()
             await st.leader(timeout_s=10 * LEASE_TTL_S, exclude=leader)
             result.times_s.append(time.monotonic() - t0)
-            result.runs += 1
+            result.count_run()
             assert leader.proc is not None
             await leader.proc.wait()
             # back as a standby while the replay goes on under the new leader
@@ -551,7 +564,7 @@ async def leader_pause(st: Stack, workload: Workload, runs: int, rng: random.Ran
             paused_at = t0 + 0.05  # commands already on the wire may still arrive
             await st.leader(timeout_s=10 * LEASE_TTL_S, exclude=leader)
             result.times_s.append(time.monotonic() - t0)
-            result.runs += 1
+            result.count_run()
             await asyncio.sleep(max(0.0, t0 + 1.5 * LEASE_TTL_S - time.monotonic()))
             leader.signal(signal.SIGCONT)
             await asyncio.sleep(LEASE_TTL_S)  # time to send whatever it still would
@@ -618,7 +631,7 @@ async def device_faults(st: Stack, workload: Workload, runs: int, rng: random.Ra
             fault = rng.choice(_FAULTS)(rng, ports)
             t0 = time.monotonic()
             await st.control.inject(sid, fault)
-            result.runs += 1
+            result.count_run()
             await asyncio.sleep(rng.uniform(0.5, 1.5))
             await st.control.clear(sid)
             try:
@@ -692,7 +705,7 @@ async def _etcd_member_runs(cluster: Any, tls: EtcdTlsSection, workload: Workloa
             await cluster.kill(member)
             ok = await rp.iterations(1)
             await cluster.restart(member)
-            result.runs += 1
+            result.count_run()
             if not ok:
                 result.crashes += 1
                 result.notes.append(f"replay stalled with member {member} down")
@@ -787,6 +800,34 @@ async def campaign(plan: Plan, workload: Workload | None = None) -> list[CaseRes
     return results
 
 
+def planned_runs(plan: Plan) -> dict[str, int]:
+    """How many runs each case of ``plan`` makes (fuzz: its tests, counted once at the end)."""
+    runs = {"leader-kill": plan.kills, "leader-pause": plan.pauses,
+            "device-faults": plan.device_faults, "etcd-member": plan.etcd_kills, "fuzz": 0}
+    return {c: runs[c] for c in plan.cases}
+
+
+@contextlib.contextmanager
+def campaign_progress(plan: Plan, console: Console | None = None
+                      ) -> Iterator[ProgressTask]:
+    """A progress display of the campaign's runs (``controller/cli/progress.py``: on stderr,
+    drawn only on a terminal), advanced by ``CaseResult.count_run`` while the block runs."""
+    planned = planned_runs(plan)
+    done: dict[str, int] = {}
+    with progress_display("fault campaign", sum(planned.values()), console=console) as bar:
+
+        def listener(result: CaseResult) -> None:
+            done[result.case] = result.runs
+            bar.update(sum(done.values()), description=(
+                f"fault campaign: {result.case} {result.runs}/{planned.get(result.case, 0)}"))
+
+        RUN_LISTENERS.append(listener)
+        try:
+            yield bar
+        finally:
+            RUN_LISTENERS.remove(listener)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--kills", type=int, default=50)
@@ -812,7 +853,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan = Plan(args.kills, args.pauses, args.device_faults, args.etcd_kills, args.seed, cases,
                 args.logs, args.fuzz_examples)
     started = time.monotonic()
-    results = asyncio.run(campaign(plan))
+    with campaign_progress(plan):
+        results = asyncio.run(campaign(plan))
     print(f"fault campaign, seed {plan.seed}, lease TTL {LEASE_TTL_S:g} s, reconfiguration "
           f"delay {DELAY_MS:g} ms, {time.monotonic() - started:.0f} s")
     print_table(results)

@@ -50,7 +50,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +68,7 @@ from lightrail.agents.replay.replayer import (
 from lightrail.agents.replay.trace.loader import load_workload
 from lightrail.agents.replay.trace.model import TraceError, Workload
 from lightrail.controller.core.costmodel import (
+    POWER_COST_CONSTANTS,
     Circuit,
     CostModelError,
     Flow,
@@ -78,6 +79,8 @@ from lightrail.controller.core.costmodel import (
     Tier,
     Topology,
     UnreachableError,
+    changed_constants,
+    describe_constants,
     estimate_collective,
     estimate_rail_fabric,
     hierarchical_stages,
@@ -741,11 +744,12 @@ def _policy_results(
     fixed: Mapping[Policy, _Tally | None],
     fabric_name: str,
     delays_ms: Sequence[float],
+    step: Callable[[], None],
 ) -> list[PolicyResult]:
     """One ``PolicyResult`` per δ of ``delays_ms`` and ``Policy`` (in that order): the
     policies of ``fixed`` (independent of δ; None: not applicable) take their tally from it, the
     others run on the built-in fabric ``fabric_name`` with that δ. Overheads in % of the
-    ideal-EPS time."""
+    ideal-EPS time. ``step()`` is called after each policy run at one δ."""
     ideal_tally = fixed[Policy.IDEAL_EPS]
     assert ideal_tally is not None
     ideal_s = ideal_tally.time_s
@@ -754,8 +758,11 @@ def _policy_results(
     for d in delays_ms:
         caps = {sid: sw.capabilities for sid, sw in per_delay[d].switches.items()}
         for pol in Policy:
-            tl = fixed[pol] if pol in fixed else _slowest(sim, phases, tail_gap_s, pol, caps,
-                                                          static)
+            if pol in fixed:
+                tl = fixed[pol]
+            else:
+                tl = _slowest(sim, phases, tail_gap_s, pol, caps, static)
+                step()
             if tl is None:
                 results.append(PolicyResult(pol, d, None, None, 0, 0.0, 0))
                 continue
@@ -765,13 +772,37 @@ def _policy_results(
     return results
 
 
-def evaluate(workload: Workload, config: EvaluationConfig | None = None) -> Evaluation:
-    """Evaluate ``workload`` under every :class:`Policy` and δ of ``config``.
+ProgressCallback = Callable[[int, int], None]
+"""``on_progress(done, total)``: policy runs done of the evaluation's total."""
+
+FIXED_POLICIES = (Policy.IDEAL_EPS, Policy.STATIC)
+"""The policies whose iteration does not depend on δ (run once)."""
+
+
+def evaluation_steps(config: EvaluationConfig) -> int:
+    """How many policy runs :func:`evaluate` makes for ``config``: the δ-independent policies
+    once, every other policy once per δ."""
+    return len(FIXED_POLICIES) + (len(Policy) - len(FIXED_POLICIES)) * len(config.delays_ms)
+
+
+def evaluate(workload: Workload, config: EvaluationConfig | None = None, *,
+             on_progress: ProgressCallback | None = None) -> Evaluation:
+    """Evaluate ``workload`` under every :class:`Policy` and δ of ``config``;
+    ``on_progress(done, total)`` after each policy run (``evaluation_steps``).
 
     Returns an :class:`Evaluation` (times in s, overheads in % of ``ideal_eps``). Raises
     ``EvaluationError`` when the job does not fit the fabric or a phase cannot be planned.
     """
     cfg = config or EvaluationConfig()
+    total = evaluation_steps(cfg)
+    done = 0
+
+    def step() -> None:
+        nonlocal done
+        done += 1
+        if on_progress is not None:
+            on_progress(done, total)
+
     started = time.perf_counter()
     fabric_name = cfg.fabric or ("demo-4x2" if workload.world_size <= 8 else "rail-16x8")
     fabric = BUILTIN_FABRICS[fabric_name](0.0)
@@ -804,15 +835,16 @@ def evaluate(workload: Workload, config: EvaluationConfig | None = None) -> Eval
                  "run the same sequence on every rank); the job's iteration is the slowest")
 
     fixed: dict[Policy, _Tally | None] = {}
-    for pol in (Policy.IDEAL_EPS, Policy.STATIC):
+    for pol in FIXED_POLICIES:
         worst = _slowest(sim, phases, workload.tail_gap_s, pol, {}, static.state)
         fixed[pol] = None if math.isinf(worst.time_s) else worst
+        step()
     assert fixed[Policy.IDEAL_EPS] is not None
     if fixed[Policy.STATIC] is None:
         notes.append("static circuits: some collective cannot reach its peers over the fixed "
                      "circuit set (n/a)")
     results = _policy_results(sim, phases, workload.tail_gap_s, static.state, fixed,
-                              fabric_name, cfg.delays_ms)
+                              fabric_name, cfg.delays_ms, step)
 
     rails_used = len({ep.rail for ep in layout.endpoints})
     rep_info = tuple(
@@ -887,6 +919,8 @@ def evaluation_to_json(ev: Evaluation) -> dict[str, Any]:
                   "cost_ratio": num(p.cost_ratio, 3),
                   "power_ratio_excl_nic": num(p.power_ratio_excl_nic, 3),
                   "cost_ratio_excl_nic": num(p.cost_ratio_excl_nic, 3),
+                  "constants": {n: getattr(p.config, n) for n in POWER_COST_CONSTANTS},
+                  "changed_constants": list(changed_constants(p.config)),
                   "assumptions": list(p.assumptions),
                   "opus_reported": "over 23x network power reduction and 4x cost savings "
                                    "(arXiv:2602.12521)"},
@@ -997,6 +1031,7 @@ def print_evaluation(ev: Evaluation, console: Console) -> None:
         f"{p.power_ratio:.1f}x power, {p.cost_ratio:.1f}x cost (without NIC optics: "
         f"{p.power_ratio_excl_nic:.1f}x, {p.cost_ratio_excl_nic:.1f}x); Opus reports >23x "
         "power, 4x cost")
+    console.print(f"  constants: {describe_constants(p.config)}")
     for a in p.assumptions:
         console.print(f"  assumption: {a}")
     console.print(f"evaluated in {ev.elapsed_s:.2f} s")
@@ -1012,11 +1047,15 @@ def evaluate_main(
     link_gbps: float | None = None,
     alpha_us: float | None = None,
     scale_up_gbps: float | None = None,
+    power: PowerCostConfig | None = None,
     as_json: bool = False,
     console: Console | None = None,
+    on_progress: ProgressCallback | None = None,
 ) -> int:
     """Load ``path``, evaluate it, print the table (or JSON) and, when ``out_dir`` is given,
     write ``evaluation.csv``, ``evaluation.json`` and ``overhead_vs_delay.png`` there.
+    ``power``: the power/cost constants (default ``PowerCostConfig()``); ``on_progress``: as
+    :func:`evaluate`'s.
 
     Returns the exit code: 0 success, 2 bad input (unreadable trace, bad option, a job that
     does not fit), 1 the output files could not be written. Errors go to stderr.
@@ -1029,9 +1068,9 @@ def evaluate_main(
         cfg = EvaluationConfig(
             delays_ms=tuple(delays_ms) if delays_ms is not None else DEFAULT_DELAYS_MS,
             link=link, scale_up=LinkModel.from_gbps(su_gbps, DEFAULT_SCALE_UP_ALPHA_S),
-            fabric=fabric, max_ops=max_ops)
+            fabric=fabric, max_ops=max_ops, power=power or DEFAULT_POWER)
         workload = load_workload(Path(path))
-        ev = evaluate(workload, cfg)
+        ev = evaluate(workload, cfg, on_progress=on_progress)
     except (TraceError, EvaluationError, CostModelError, OSError) as exc:
         print(f"lightrail evaluate: {exc}", file=sys.stderr)
         return 2

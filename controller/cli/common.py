@@ -7,6 +7,7 @@ import math
 import os
 import sys
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +15,112 @@ from rich.console import Console
 
 from lightrail.agents.channel import ClientTls, ClientTlsError
 
-DEFAULT_TARGET = os.environ.get("LIGHTRAIL_CONTROLLER", "127.0.0.1:50051")
+CONTROLLER_ENV = "LIGHTRAIL_CONTROLLER"
+CLI_CONFIG_ENV = "LIGHTRAIL_CLI_CONFIG"
+BUILTIN_TARGET = "127.0.0.1:50051"
+
+
+class _DefaultTarget(str):
+    """The ``--controller`` default: a plain address string (what the option held before the
+    config file existed), whose type tells ``controller_address`` that the option was not
+    given."""
+
+    __slots__ = ()
+
+
+DEFAULT_TARGET: str = _DefaultTarget(os.environ.get(CONTROLLER_ENV) or BUILTIN_TARGET)
+"""Default of ``--controller``: resolved by ``controller_address`` ($LIGHTRAIL_CONTROLLER, the
+CLI config file, 127.0.0.1:50051); as a string, ``$LIGHTRAIL_CONTROLLER`` or 127.0.0.1:50051."""
 CONTROLLER_HELP = ("controller HOST:PORT, or the replicas' addresses HOST:PORT,HOST:PORT,... "
                    "(tried in order; a standby redirects to the leader) "
-                   "(default $LIGHTRAIL_CONTROLLER or 127.0.0.1:50051)")
+                   "(default $LIGHTRAIL_CONTROLLER, else 'controller:' in the CLI config file "
+                   "$LIGHTRAIL_CLI_CONFIG or ~/.config/lightrail/cli.yaml, else 127.0.0.1:50051)")
+AGENT_CONTROLLER_HELP = ("controller HOST:PORT, or the replicas' addresses "
+                         "HOST:PORT,HOST:PORT,... (tried in order; a standby redirects to the "
+                         "leader) (default $LIGHTRAIL_CONTROLLER or 127.0.0.1:50051)")
+
+
+def cli_config_path() -> Path:
+    """The operator CLI's config file: ``$LIGHTRAIL_CLI_CONFIG``, else
+    ``$XDG_CONFIG_HOME/lightrail/cli.yaml``, else ``~/.config/lightrail/cli.yaml`` (the XDG
+    base directory rule kubectl-like tools follow)."""
+    given = os.environ.get(CLI_CONFIG_ENV)
+    if given:
+        return Path(given)
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "lightrail" / "cli.yaml"
+
+
+CLI_CONFIG_KEYS = ("controller",)
+"""What the CLI config file may hold: ``controller: HOST:PORT[,HOST:PORT...]``."""
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerAddress:
+    """Where an operator command connects: ``address`` (``HOST:PORT[,HOST:PORT...]``) and
+    ``source``, where it came from (``--controller``, ``$LIGHTRAIL_CONTROLLER``, the config
+    file's path, or ``the default``), for error messages."""
+
+    address: str
+    source: str
+
+
+def read_cli_config(path: Path) -> dict[str, str]:
+    """The settings of the CLI config file at ``path`` (keys of ``CLI_CONFIG_KEYS``); empty
+    when the file does not exist. Raises ``CliUsageError`` naming the file and the key or value
+    that cannot be used (unreadable, not YAML, not a mapping, an unknown key, a value that is
+    not a non-empty string)."""
+    import yaml
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise CliUsageError(f"CLI config {path}: cannot read it: {reason or exc}") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise CliUsageError(f"CLI config {path}: not YAML: {exc}".splitlines()[0]) from None
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise CliUsageError(f"CLI config {path}: expected a mapping of "
+                            f"{', '.join(CLI_CONFIG_KEYS)}, got {type(doc).__name__}")
+    out: dict[str, str] = {}
+    for key, value in doc.items():
+        if key not in CLI_CONFIG_KEYS:
+            raise CliUsageError(f"CLI config {path}: unknown key {key!r} (known: "
+                                f"{', '.join(CLI_CONFIG_KEYS)})")
+        if not isinstance(value, str) or not value.strip():
+            raise CliUsageError(f"CLI config {path}: {key}: expected HOST:PORT or "
+                                f"HOST:PORT,HOST:PORT,..., got {value!r}")
+        out[key] = value.strip()
+    return out
+
+
+def controller_address(given: str | None) -> ControllerAddress:
+    """The controller address of an operator command whose ``--controller`` holds ``given``:
+    the option when given on the command line, else ``$LIGHTRAIL_CONTROLLER``, else
+    ``controller:`` of the CLI config file (``cli_config_path``), else 127.0.0.1:50051. Raises
+    ``CliUsageError`` for a config file that cannot be used."""
+    if given is not None and not isinstance(given, _DefaultTarget):
+        return ControllerAddress(given, "--controller")
+    env = os.environ.get(CONTROLLER_ENV)
+    if env:
+        return ControllerAddress(env, f"${CONTROLLER_ENV}")
+    path = cli_config_path()
+    configured = read_cli_config(path).get("controller")
+    if configured is not None:
+        return ControllerAddress(configured, f"'controller:' in {path}")
+    return ControllerAddress(BUILTIN_TARGET, "the default")
+
+
+def address_hint(where: ControllerAddress) -> str:
+    """What a connection error adds after the address: where it came from and how to set it."""
+    return (f"(address from {where.source}; set it with --controller, ${CONTROLLER_ENV} or "
+            f"'controller:' in {cli_config_path()})")
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

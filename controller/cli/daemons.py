@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lightrail.controller.cli.common import (
-    CONTROLLER_HELP,
+    AGENT_CONTROLLER_HELP,
     DEFAULT_TARGET,
     CliUsageError,
     add_tls_arguments,
@@ -212,7 +212,7 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
     c.set_defaults(func=cmd_check_config)
 
     c = subcommands.add_parser("agent", help="run a host agent (phase relay)")
-    c.add_argument("--controller", default=DEFAULT_TARGET, help=CONTROLLER_HELP)
+    c.add_argument("--controller", default=DEFAULT_TARGET, help=AGENT_CONTROLLER_HELP)
     add_tls_arguments(c)
     c.add_argument("--host", default=os.uname().nodename, help="this host's inventory name")
     c.add_argument("--socket", default="/run/lightrail/agent.sock",

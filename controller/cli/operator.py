@@ -23,7 +23,9 @@ from lightrail.controller.cli.common import (
     CliUsageError,
     add_tls_arguments,
     add_token_arguments,
+    address_hint,
     client_tls,
+    controller_address,
     make_console,
     operator_token,
     run_async,
@@ -61,17 +63,20 @@ def _operator(args: argparse.Namespace, call: Callable[[Any], Any],
         print(f"lightrail {args.cmd}: {exc}", file=sys.stderr)
         return 2
     try:
-        targets = LeaderTargets(args.controller, tls=tls)
+        where = controller_address(args.controller)
+        targets = LeaderTargets(where.address, tls=tls)
+    except CliUsageError as exc:
+        print(f"lightrail {args.cmd}: {exc}", file=sys.stderr)
+        return 2
     except ValueError as exc:
-        print(f"lightrail {args.cmd}: --{exc}", file=sys.stderr)
+        print(f"lightrail {args.cmd}: --{exc} {address_hint(where)}", file=sys.stderr)
         return 2
 
     async def main() -> int:
         try:
             resp = await operator_call(targets, call)
         except NoLeader as exc:
-            print(f"lightrail {args.cmd}: {exc} (the address comes from --controller or "
-                  "$LIGHTRAIL_CONTROLLER)", file=sys.stderr)
+            print(f"lightrail {args.cmd}: {exc} {address_hint(where)}", file=sys.stderr)
             return 1
         except grpc.aio.AioRpcError as exc:
             print(f"lightrail {args.cmd}: {targets.current}: {exc.code().name}: "

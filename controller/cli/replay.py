@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from lightrail.agents.channel import ClientTls
@@ -31,6 +30,7 @@ from lightrail.controller.cli.common import (
     run_async,
     shared_data_dir,
 )
+from lightrail.controller.cli.progress import progress_display
 from lightrail.controller.logs import configure_logging
 from lightrail.v1 import operator_pb2, operator_pb2_grpc
 
@@ -204,15 +204,12 @@ async def replay_main(
         except ReplayError as exc:
             err.print(f"lightrail replay: {exc}")
             return 2
-        bar = Progress(TextColumn("replaying {task.description}"), BarColumn(),
-                       MofNCompleteColumn(), TimeElapsedColumn(), console=err,
-                       disable=not progress or as_json)
         reached = asyncio.Event()
-        with bar:
-            task = bar.add_task(trace.name, total=iterations)
+        with progress_display(f"replaying {trace.name}", iterations, console=err,
+                              enabled=progress and not as_json) as bar:
 
             def on_progress(done: int, _total: int) -> None:
-                bar.update(task, completed=done)
+                bar.update(done)
                 if done >= fail_after:
                     reached.set()
 
@@ -352,14 +349,57 @@ def cmd_demo(args: argparse.Namespace) -> int:
     ))
 
 
+POWER_COST_OPTIONS = (
+    ("--eps-radix", "eps_radix", "ports of one electrical packet switch (two tiers beyond it)"),
+    ("--eps-port-watts", "eps_port_power_w", "W per electrical switch port, optics excluded"),
+    ("--transceiver-watts", "transceiver_power_w", "W per optical transceiver module"),
+    ("--ocs-port-watts", "ocs_port_power_w", "W per OCS port (duplex)"),
+    ("--eps-port-usd", "eps_port_cost_usd", "USD per electrical switch port"),
+    ("--transceiver-usd", "transceiver_cost_usd", "USD per optical transceiver module"),
+    ("--ocs-port-usd", "ocs_port_cost_usd", "USD per OCS port (duplex)"),
+)
+"""``lightrail evaluate``'s power/cost options: flag, ``PowerCostConfig`` field, help."""
+
+
+def _radix(text: str) -> int:
+    """argparse type: an electrical switch radix, an integer >= 2."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"must be >= 2, got {value}")
+    return value
+
+
+def power_cost_config(args: argparse.Namespace) -> Any:
+    """The ``PowerCostConfig`` of ``evaluate``'s power/cost options: the defaults with the
+    options given replacing their fields."""
+    import dataclasses
+
+    from lightrail.controller.core.costmodel import PowerCostConfig
+
+    given = {field: getattr(args, field) for _flag, field, _help in POWER_COST_OPTIONS
+             if getattr(args, field) is not None}
+    return dataclasses.replace(PowerCostConfig(), **given)
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from lightrail.agents.replay.evaluate import evaluate_main
 
-    return evaluate_main(
-        Path(args.workload), args.delay_ms, Path(args.out) if args.out else None,
-        fabric=args.fabric, max_ops=args.max_ops, link_gbps=args.link_gbps,
-        alpha_us=args.alpha_us, scale_up_gbps=args.scale_up_gbps, as_json=args.json,
-    )
+    with progress_display(f"evaluating {Path(args.workload).name}") as bar:
+
+        def on_progress(done: int, total: int) -> None:
+            bar.update(done, total)
+            if done >= total:
+                bar.finish()  # off the screen before the table is printed
+
+        return evaluate_main(
+            Path(args.workload), args.delay_ms, Path(args.out) if args.out else None,
+            fabric=args.fabric, max_ops=args.max_ops, link_gbps=args.link_gbps,
+            alpha_us=args.alpha_us, scale_up_gbps=args.scale_up_gbps,
+            power=power_cost_config(args), as_json=args.json, on_progress=on_progress,
+        )
 
 
 def _add_replay_options(c: argparse.ArgumentParser, iterations: int) -> None:
@@ -429,5 +469,13 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
     c.add_argument("--alpha-us", type=float, default=None, help="per-hop latency µs (default 5)")
     c.add_argument("--scale-up-gbps", type=float, default=None,
                    help="NVLink Gb/s per GPU (default 2400 = 300 GB/s)")
+    from lightrail.controller.core.costmodel import PowerCostConfig
+
+    defaults = PowerCostConfig()
+    for flag, field, doc in POWER_COST_OPTIONS:
+        c.add_argument(flag, dest=field, type=_radix if field == "eps_radix"
+                       else non_negative_float, default=None, metavar="N",
+                       help=f"power/cost estimate: {doc} (default "
+                            f"{getattr(defaults, field):.4g})")
     c.add_argument("--json", action="store_true", help="print the results as JSON")
     c.set_defaults(func=cmd_evaluate)

@@ -8,23 +8,30 @@ import sys
 from pathlib import Path
 
 from lightrail.controller.cli.common import non_negative_float, positive_int
-
-
-def _progress(policy: str) -> None:
-    print(f"lightrail slices-eval: replaying the trace with {policy} ...", file=sys.stderr,
-          flush=True)
+from lightrail.controller.cli.progress import progress_display
 
 
 def cmd_slices(args: argparse.Namespace) -> int:
     """``lightrail slices-eval``: torus slice allocation, contiguous-only vs photonic stitching
     (Morphlux) on one seeded trace; prints a table, writes CSV/JSON/PNG with ``--out``."""
+    from lightrail.controller.torus.allocator import AllocationPolicy
     from lightrail.controller.torus.evaluation import evaluate_slices, render_table
 
+    policies = len(AllocationPolicy)
     try:
-        ev = evaluate_slices(seed=args.seed, torus=args.torus, requests=args.requests,
-                             load=args.load, spares_per_rack=args.spares,
-                             out_dir=Path(args.out) if args.out else None,
-                             on_policy=_progress if sys.stderr.isatty() else None)
+        with progress_display("slices-eval", policies) as bar:
+            started: list[str] = []
+
+            def on_policy(policy: str) -> None:
+                bar.update(len(started), description=f"slices-eval: replaying the trace "
+                                                     f"with {policy}")
+                started.append(policy)
+
+            ev = evaluate_slices(seed=args.seed, torus=args.torus, requests=args.requests,
+                                 load=args.load, spares_per_rack=args.spares,
+                                 out_dir=Path(args.out) if args.out else None,
+                                 on_policy=on_policy)
+            bar.update(policies, description="slices-eval: every policy replayed")
     except ValueError as exc:
         print(f"lightrail slices-eval: {exc}", file=sys.stderr)
         return 2

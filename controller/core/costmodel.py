@@ -687,6 +687,9 @@ class PowerCostConfig:
       order of 100 W for a few hundred ports).
     * ``eps_port_cost_usd`` = 1,000, ``transceiver_cost_usd`` = 800, ``ocs_port_cost_usd`` = 500:
       ASSUMPTIONS (no public list prices found).
+
+    ``assumptions``: further notes to carry into the estimate; :func:`power_cost_notes` states
+    which of the constants above are assumed and which differ from these defaults.
     """
 
     eps_radix: int = 64
@@ -696,12 +699,7 @@ class PowerCostConfig:
     eps_port_cost_usd: float = 1000.0
     transceiver_cost_usd: float = 800.0
     ocs_port_cost_usd: float = 500.0
-    assumptions: tuple[str, ...] = field(default=(
-        "Opus (arXiv:2602.12521) per-component power/cost constants not found: transceiver "
-        "16 W, OCS port 0.5 W, EPS port $1,000, transceiver $800, OCS port $500 are assumptions",
-        "EPS port power 913 W / 64 ports (Tomahawk 5 64x800G switch without optics, vendor "
-        "data sheet)",
-    ))
+    assumptions: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
         if self.eps_radix < 2:
@@ -711,6 +709,56 @@ class PowerCostConfig:
             v = getattr(self, name)
             if not math.isfinite(v) or v < 0:
                 raise CostModelError(f"PowerCostConfig.{name}: must be finite and >= 0, got {v}")
+
+
+POWER_COST_CONSTANTS: Mapping[str, str] = MappingProxyType({
+    "eps_radix": "EPS switch radix {:g} ports",
+    "eps_port_power_w": "EPS port {:.4g} W",
+    "transceiver_power_w": "transceiver {:g} W",
+    "ocs_port_power_w": "OCS port {:g} W",
+    "eps_port_cost_usd": "EPS port ${:,.0f}",
+    "transceiver_cost_usd": "transceiver ${:,.0f}",
+    "ocs_port_cost_usd": "OCS port ${:,.0f}",
+})
+"""The constants of :class:`PowerCostConfig` and how to print each (units: ports, W, USD)."""
+
+_ASSUMED = ("transceiver_power_w", "ocs_port_power_w", "eps_port_cost_usd",
+            "transceiver_cost_usd", "ocs_port_cost_usd")
+
+
+def changed_constants(config: PowerCostConfig) -> tuple[str, ...]:
+    """The names of the constants of ``config`` that differ from ``PowerCostConfig()``'s, in
+    ``POWER_COST_CONSTANTS`` order."""
+    defaults = PowerCostConfig()
+    return tuple(n for n in POWER_COST_CONSTANTS if getattr(config, n) != getattr(defaults, n))
+
+
+def describe_constants(config: PowerCostConfig) -> str:
+    """Every constant of ``config`` in one line (``EPS switch radix 64 ports, EPS port 14.27 W,
+    ...``), those that differ from the defaults marked ``(changed)``."""
+    changed = changed_constants(config)
+    return ", ".join(fmt.format(getattr(config, n)) + (" (changed)" if n in changed else "")
+                     for n, fmt in POWER_COST_CONSTANTS.items())
+
+
+def power_cost_notes(config: PowerCostConfig) -> tuple[str, ...]:
+    """What the estimate with ``config`` assumes: the default constants still in use that are
+    assumptions (Opus's were not found), the sourced EPS port power when in use, the
+    constants changed from the defaults, then ``config.assumptions``."""
+    changed = changed_constants(config)
+    notes: list[str] = []
+    assumed = [POWER_COST_CONSTANTS[n].format(getattr(config, n)) for n in _ASSUMED
+               if n not in changed]
+    if assumed:
+        notes.append("Opus (arXiv:2602.12521) per-component power/cost constants not found: "
+                     + ", ".join(assumed) + " are assumptions")
+    if "eps_port_power_w" not in changed:
+        notes.append("EPS port power 913 W / 64 ports (Tomahawk 5 64x800G switch without "
+                     "optics, vendor data sheet)")
+    if changed:
+        notes.append("changed from the defaults: " + ", ".join(
+            POWER_COST_CONSTANTS[n].format(getattr(config, n)) for n in changed))
+    return (*notes, *config.assumptions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -732,7 +780,8 @@ class FabricBill:
 @dataclass(frozen=True, slots=True)
 class RailFabricEstimate:
     """Electrical packet-switched rails versus photonic rails (one OCS per rail) for ``hosts``
-    x ``rails`` GPUs. Ratios are electrical / photonic (> 1: photonic is cheaper)."""
+    x ``rails`` GPUs. Ratios are electrical / photonic (> 1: photonic is cheaper);
+    ``config``: the constants used; ``assumptions``: ``power_cost_notes(config)``."""
 
     hosts: int
     rails: int
@@ -743,6 +792,7 @@ class RailFabricEstimate:
     power_ratio_excl_nic: float
     cost_ratio_excl_nic: float
     assumptions: tuple[str, ...]
+    config: PowerCostConfig
 
 
 def _ratio(a: float, b: float) -> float:
@@ -792,5 +842,6 @@ def estimate_rail_fabric(
         cost_ratio=_ratio(eps.cost_usd, ocs.cost_usd),
         power_ratio_excl_nic=_ratio(eps.power_excl_nic_w, ocs.power_excl_nic_w),
         cost_ratio_excl_nic=_ratio(eps.cost_excl_nic_usd, ocs.cost_excl_nic_usd),
-        assumptions=cfg.assumptions,
+        assumptions=power_cost_notes(cfg),
+        config=cfg,
     )
