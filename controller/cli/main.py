@@ -1,7 +1,8 @@
 """``lightrail``: the command line of the controller, the host agent, replay and operators.
 
-Subcommands: controller, agent, emulate, replay, demo, check-config, status, switches,
-circuits, jobs, hosts. Operator commands print tables, or JSON with ``--json``. Exit codes:
+Subcommands: ``lightrail --help`` lists them (each command group's module registers its own;
+``lightrail completion`` writes shell completion from the same parser). Operator commands print
+tables, or JSON with ``--json``. Exit codes:
 0 success, 1 a runtime failure (message on stderr), 2 bad usage or invalid input.
 """
 

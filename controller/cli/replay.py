@@ -240,7 +240,8 @@ async def replay_main(
         return await run(controller, controller, tls)
     return await _replay_embedded(run, fabric_name, spare_host=fail_gpu is not None,
                                   delay_ms=delay_ms, devices=devices,
-                                  err=err if progress and not as_json else None)
+                                  err=err if progress and not as_json and err.is_terminal
+                                  else None)
 
 
 def _print_failovers(err: Console, replayer: Replayer) -> None:
