@@ -52,6 +52,7 @@ from lightrail.controller.core.coordinator import PhaseCoordinator
 from lightrail.controller.core.costmodel import LinkModel
 from lightrail.controller.domain.errors import ErrorCode
 from lightrail.controller.domain.fabric import Fabric
+from lightrail.controller.reload import ConfigReloader
 from lightrail.controller.runtime import metrics
 from lightrail.controller.runtime.events import EventBus
 from lightrail.controller.runtime.failover import FailoverManager
@@ -134,13 +135,15 @@ async def run_controller(
     drivers: DriverRegistry | None = None,
     on_started: Callable[[RunningController], None] | None = None,
     on_serving: Callable[[ServingReplica], None] | None = None,
+    reloader: ConfigReloader | None = None,
 ) -> None:
     """Run the daemon until ``stop`` is set. ``drivers`` builds each switch's driver by its
     ``model`` (default: the built-in device families only); the composition root registers
     what else it serves, e.g. the emulator's ``model: emulated``
     (``lightrail.controller.cli.drivers.driver_registry``). ``on_serving`` is called once gRPC
     and /metrics serve (as a standby), ``on_started`` once this replica leads and serves the
-    phase calls.
+    phase calls. ``reloader`` (``lightrail controller --config``) answers the Reload call and
+    reaches the operator check and, while leading, the coordinator and event bus.
 
     Raises ``LeadershipLost`` after self-fencing, ``StoreError`` when etcd is unreachable at
     start, ``DriverError`` when a switch cannot be read back at start; a bug in any task
@@ -155,7 +158,7 @@ async def run_controller(
     async with store:
         front = _Front()
         try:
-            election = await _start_front(front, ccfg, store, cfg.etcd.lease_ttl_s)
+            election = await _start_front(front, ccfg, store, cfg.etcd.lease_ttl_s, reloader)
             log_.info("standby", grpc=front.grpc_target, advertise=front.route.own_address,
                       metrics=front.metrics_url)
             if on_serving is not None:
@@ -175,7 +178,8 @@ async def run_controller(
             metrics.LEADER.set(1)
             log_.info("leader")
             try:
-                await _serve(cfg, fabric, store, election, drivers, stop, on_started, front)
+                await _serve(cfg, fabric, store, election, drivers, stop, on_started, front,
+                             reloader)
             finally:
                 metrics.LEADER.set(0)
                 await _bounded("resign", election.resign(), ccfg.shutdown_timeout_s)
@@ -192,6 +196,7 @@ async def _serve(
     stop: asyncio.Event,
     on_started: Callable[[RunningController], None] | None,
     front: _Front,
+    reloader: ConfigReloader | None = None,
 ) -> None:
     """Serve as the leader until ``stop`` is set or the lease is lost, in the module's start-up
     order: store the inventory, open the drivers, start the core (``_start_core``), read every
@@ -221,6 +226,8 @@ async def _serve(
             def is_leader() -> bool:
                 return election.is_leader.is_set()
 
+            if reloader is not None:  # reloads now reach the coordinator and the event bus
+                reloader.lead(core.coordinator, core.events)
             await front.route.lead(
                 AgentServicer(core.service, repo, core.events, is_leader, failover),
                 OperatorServicer(fabric, core.service, ccfg.replica_id, is_leader, failover))
@@ -290,7 +297,8 @@ def _advertised(ccfg: ControllerSection, port: int) -> str:
 
 
 async def _start_front(
-    front: _Front, ccfg: ControllerSection, store: EtcdStore, lease_ttl_s: float
+    front: _Front, ccfg: ControllerSection, store: EtcdStore, lease_ttl_s: float,
+    reloader: ConfigReloader | None = None,
 ) -> LeaderElection:
     """Bind and start ``front``'s gRPC server as a standby (every call redirected, health
     NOT_SERVING) and the /metrics exporter; return the election that campaigns with the
@@ -309,7 +317,10 @@ async def _start_front(
 
     front.route = LeaderRoute(leader_address, advertise,
                               health.aio.HealthServicer())  # type: ignore[attr-defined]
-    add_routed_services(server, front.route, _operator_auth(ccfg))
+    auth = _operator_auth(ccfg)
+    if reloader is not None:
+        reloader.attach_auth(auth)
+    add_routed_services(server, front.route, auth, None if reloader is None else reloader.reload)
     await front.route.standby()
     await server.start()
     front.metrics = _start_metrics(ccfg.metrics_listen)

@@ -77,6 +77,12 @@ class OperatorAuth:
     peers only). Raises ``ValueError`` for two operators with one name."""
 
     def __init__(self, operators: Sequence[OperatorIdentity]) -> None:
+        self.replace(operators)
+
+    def replace(self, operators: Sequence[OperatorIdentity]) -> None:
+        """From now on check calls against ``operators`` (a config reload; the next call
+        sees all of the new list, none of the old). Raises ``ValueError`` for two operators
+        with one name, keeping the current list."""
         names = [o.name for o in operators]
         if len(set(names)) != len(names):
             raise ValueError(f"operators: a name is listed twice in {names}")

@@ -15,7 +15,7 @@ on a standby, SERVING on the leader (``LeaderRoute.lead``).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
 
 import grpc
@@ -26,6 +26,7 @@ from lightrail.controller.api.auth import OperatorAuth
 from lightrail.controller.api.codec import ERROR_METADATA_KEY, LEADER_METADATA_KEY
 from lightrail.controller.api.operator_service import OperatorServicer
 from lightrail.controller.domain.errors import ErrorCode
+from lightrail.controller.domain.reload import ReloadOutcome
 from lightrail.v1 import agent_pb2, agent_pb2_grpc, operator_pb2, operator_pb2_grpc
 
 AGENT_SERVICE = agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name
@@ -34,6 +35,12 @@ OPERATOR_SERVICE = operator_pb2.DESCRIPTOR.services_by_name["OperatorService"].f
 """``lightrail.v1.OperatorService``: the operator service's name for gRPC health."""
 HEALTH_SERVICES = ("", AGENT_SERVICE, OPERATOR_SERVICE)
 """The names whose gRPC health status follows leadership (``""``: the server overall)."""
+REPLICA_HEALTH = "lightrail.replica"
+"""A gRPC health name SERVING on every replica that serves, standby or leader, from
+``standby`` on (Kubernetes readiness and liveness probes: a standby is ready, it redirects)."""
+Reloader = Callable[[str], Awaitable[ReloadOutcome]]
+"""Reloads the replica's config file (``lightrail.controller.reload.ConfigReloader.reload``),
+given what asked (``rpc``)."""
 
 if TYPE_CHECKING:
     _Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
@@ -62,6 +69,7 @@ class LeaderRoute:
         """Report NOT_SERVING for every name in ``HEALTH_SERVICES`` (the state at start)."""
         for name in HEALTH_SERVICES:
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.health.set(REPLICA_HEALTH, health_pb2.HealthCheckResponse.SERVING)
 
     async def lead(self, agent: AgentServicer, operator: OperatorServicer) -> None:
         """From now on, calls go to ``agent`` and ``operator``; health says SERVING."""
@@ -172,9 +180,11 @@ class RoutedOperatorService(operator_pb2_grpc.OperatorServiceServicer):
     operator identity (``auth``, ``lightrail.controller.api.auth``), on every replica:
     a standby refuses an unknown caller instead of redirecting it."""
 
-    def __init__(self, route: LeaderRoute, auth: OperatorAuth) -> None:
+    def __init__(self, route: LeaderRoute, auth: OperatorAuth,
+                 reload: Reloader | None = None) -> None:
         self._route = route
         self._auth = auth
+        self._reload = reload
 
     async def GetStatus(  # noqa: N802
         self, request: operator_pb2.GetStatusRequest, context: _Context
@@ -276,7 +286,13 @@ class RoutedOperatorService(operator_pb2_grpc.OperatorServiceServicer):
         self, request: operator_pb2.ReloadRequest, context: _Context
     ) -> operator_pb2.ReloadResponse:
         await self._auth.require(context, "Reload")
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Reload: not built yet (issue 12)")
+        if self._reload is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                "Reload: this replica runs in-process (demo, tests), not from "
+                                "a config file: lightrail controller --config FILE reloads")
+        outcome = await self._reload("rpc")
+        return operator_pb2.ReloadResponse(applied=outcome.applied, changed=outcome.changed,
+                                           error=outcome.error or "", path=outcome.path)
 
     async def GetLeader(  # noqa: N802
         self, request: operator_pb2.GetLeaderRequest, context: _Context
@@ -285,13 +301,15 @@ class RoutedOperatorService(operator_pb2_grpc.OperatorServiceServicer):
 
 
 def add_routed_services(server: grpc.aio.Server, route: LeaderRoute,
-                        auth: OperatorAuth | None = None) -> None:
+                        auth: OperatorAuth | None = None, reload: Reloader | None = None) -> None:
     """Register the routed AgentService and OperatorService and the health service of
     ``route`` on ``server`` (before it starts); mutating operator calls are checked by
-    ``auth`` (None: no operator configured, loopback callers only)."""
+    ``auth`` (None: no operator configured, loopback callers only); ``reload`` answers the
+    Reload call (None: FAILED_PRECONDITION, no config file to reload)."""
     agent_pb2_grpc.add_AgentServiceServicer_to_server(RoutedAgentService(route), server)
     operator_pb2_grpc.add_OperatorServiceServicer_to_server(
-        RoutedOperatorService(route, auth if auth is not None else OperatorAuth(())), server)
+        RoutedOperatorService(route, auth if auth is not None else OperatorAuth(()), reload),
+        server)
     health_pb2_grpc.add_HealthServicer_to_server(route.health, server)
 
 
@@ -299,7 +317,9 @@ __all__ = [
     "AGENT_SERVICE",
     "HEALTH_SERVICES",
     "OPERATOR_SERVICE",
+    "REPLICA_HEALTH",
     "LeaderRoute",
+    "Reloader",
     "RoutedAgentService",
     "RoutedOperatorService",
     "add_routed_services",

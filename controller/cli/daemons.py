@@ -9,8 +9,9 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Coroutine, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lightrail.controller.cli.common import (
     AGENT_CONTROLLER_HELP,
@@ -21,7 +22,7 @@ from lightrail.controller.cli.common import (
     positive_int,
     run_async,
 )
-from lightrail.controller.config import ConfigError, load_config
+from lightrail.controller.config import Config, ConfigError, load_config, parse_config
 from lightrail.controller.logs import configure_logging
 from lightrail.controller.store.errors import StoreError
 
@@ -30,8 +31,10 @@ if TYPE_CHECKING:
 
 
 def cmd_controller(args: argparse.Namespace) -> int:
+    path = Path(args.config) if args.config else None
     try:
-        cfg = load_config(Path(args.config) if args.config else None)
+        loaded = load_config(path)
+        cfg = _with_advertise(loaded, args.advertise, path)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
@@ -52,33 +55,55 @@ def cmd_controller(args: argparse.Namespace) -> int:
         )
         from lightrail.controller.cli.drivers import driver_registry
         from lightrail.controller.cli.embedded import embedded_config
+        from lightrail.controller.reload import ConfigReloader
+        from lightrail.controller.runtime.sdnotify import SystemdNotifier
         from lightrail.controller.store.etcd_server import EmbeddedEtcd
         from lightrail.drivers.base import DriverError
 
         stop = asyncio.Event()
+        reload_requested = asyncio.Event()
         loop = asyncio.get_running_loop()
+        notifier = SystemdNotifier.from_environ()
+        reloader = ConfigReloader(path, loaded, notifier)
+
+        def stopping() -> None:
+            notifier.stopping("stopping: draining phase calls, resigning the leader lease")
+            stop.set()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, stopping)
+        # SIGHUP (systemctl reload) reloads the config file; it no longer ends the daemon
+        loop.add_signal_handler(signal.SIGHUP, reload_requested.set)
+
         def announce(rc: RunningController) -> None:
+            notifier.status(f"leading: serving phase calls on {rc.grpc_target}, fabric "
+                            f"{rc.fabric.name!r}")
             if args.announce == "leader":
                 print(json.dumps({"grpc": rc.grpc_target, "metrics": rc.metrics_url}),
                       flush=True)
 
         def announce_serving(sr: ServingReplica) -> None:
+            # ready once gRPC and /metrics serve, as a standby (it redirects) or the leader
+            notifier.ready(f"standby: serving {sr.grpc_target}, campaigning for the leader "
+                           "lease")
             if args.announce == "serving":
                 print(json.dumps({"grpc": sr.grpc_target, "metrics": sr.metrics_url,
                                   "advertise": sr.advertise}), flush=True)
+
+        async def serve(c: Config) -> None:
+            await _with_helpers(
+                run_controller(c, stop, drivers=driver_registry(), on_started=announce,
+                               on_serving=announce_serving, reloader=reloader),
+                {"sd-watchdog": notifier.run_watchdog(),
+                 "config-reload": reloader.follow(reload_requested)})
 
         try:
             if cfg.etcd.embedded:
                 async with EmbeddedEtcd() as etcd:
                     c2 = embedded_config(etcd.endpoint, cfg.fabric)
-                    c2 = c2.model_copy(update={"controller": cfg.controller})
-                    await run_controller(c2, stop, drivers=driver_registry(),
-                                         on_started=announce, on_serving=announce_serving)
+                    await serve(c2.model_copy(update={"controller": cfg.controller}))
             else:
-                await run_controller(cfg, stop, drivers=driver_registry(), on_started=announce,
-                                     on_serving=announce_serving)
+                await serve(cfg)
         except (LeadershipLost, TlsSetupError, DriverError) as exc:
             # one line (a switch not opened at start names itself: DriverError), no traceback
             print(f"lightrail controller: {exc}", file=sys.stderr)
@@ -90,6 +115,40 @@ def cmd_controller(args: argparse.Namespace) -> int:
         return 0
 
     return run_async(main())
+
+
+def _with_advertise(cfg: Config, advertise: str | None, path: Path | None) -> Config:
+    """``cfg`` with ``controller.advertise`` set to ``advertise`` (``lightrail controller
+    --advertise``: one config file for every replica, each advertising its own address, e.g.
+    a Kubernetes pod's ``$(POD_IP):50051``); ``cfg`` itself when None. Raises ``ConfigError``
+    naming ``controller.advertise`` and the value."""
+    if advertise is None:
+        return cfg
+    data = cfg.model_dump(mode="json")
+    data["controller"]["advertise"] = advertise
+    return parse_config(data, f"--advertise (over {path or '<defaults>'})")
+
+
+async def _with_helpers(main: Coroutine[Any, Any, None],
+                        helpers: Mapping[str, Coroutine[Any, Any, None]]) -> None:
+    """Run ``main`` with each of ``helpers`` as a task of that name beside it (the systemd
+    watchdog, the SIGHUP reloads); they are cancelled when ``main`` ends. A helper may return
+    early (no watchdog asked for); one that raises ends ``main`` and the error propagates
+    (fail loud). Returns or raises what ``main`` does."""
+    main_task = asyncio.create_task(main, name="controller")
+    tasks = [asyncio.create_task(c, name=name) for name, c in helpers.items()]
+    try:
+        pending: set[asyncio.Task[None]] = {main_task, *tasks}
+        while not main_task.done():
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task is not main_task and not task.cancelled() and task.exception():
+                    raise RuntimeError(f"task {task.get_name()} failed") from task.exception()
+        main_task.result()
+    finally:
+        for task in (*tasks, main_task):
+            task.cancel()
+        await asyncio.gather(*tasks, main_task, return_exceptions=True)
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
@@ -205,6 +264,10 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
                         "once this replica leads and serves phase calls (--announce or "
                         "--announce leader), or once it serves gRPC and /metrics, as a standby "
                         "(--announce serving) (for supervisors and the embedded demo)")
+    c.add_argument("--advertise", metavar="HOST:PORT", default=None,
+                   help="the address this replica publishes while it leads, over the config's "
+                        "controller.advertise (one config for every replica, e.g. "
+                        "--advertise $(POD_IP):50051 in Kubernetes)")
     c.set_defaults(func=cmd_controller)
 
     c = subcommands.add_parser("check-config", help="validate a config file")

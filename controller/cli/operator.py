@@ -56,7 +56,8 @@ def token_metadata(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
 
 
 def _operator(args: argparse.Namespace, call: Callable[[Any], Any],
-              render: Callable[[Any], Table | str]) -> int:
+              render: Callable[[Any], Table | str],
+              exit_code: Callable[[Any], int] | None = None) -> int:
     try:
         tls = client_tls(args)
     except CliUsageError as exc:
@@ -86,7 +87,7 @@ def _operator(args: argparse.Namespace, call: Callable[[Any], Any],
             print(jsonout.dumps(resp))
         else:
             make_console().print(render(resp))
-        return 0
+        return 0 if exit_code is None else exit_code(resp)
 
     return run_async(main())
 
@@ -210,6 +211,25 @@ def cmd_hosts(args: argparse.Namespace) -> int:
                      render)
 
 
+def cmd_reload(args: argparse.Namespace) -> int:
+    """``lightrail reload``: the replica at ``--controller`` (the first that answers; each
+    replica answers for itself, none redirects) reads its config file again. Exit 0 when
+    applied, 1 when refused (the running configuration kept; the error names the field)."""
+    def render(r: operator_pb2.ReloadResponse) -> str:
+        if r.applied:
+            return (f"applied: {r.path}: changed {', '.join(r.changed)}" if r.changed
+                    else f"applied: {r.path}: nothing changed")
+        return f"not applied, running configuration kept: {r.error}"
+    try:
+        md = token_metadata(args)
+    except CliUsageError as exc:
+        print(f"lightrail reload: {exc}", file=sys.stderr)
+        return 2
+    return _operator(args, lambda s: s.Reload(operator_pb2.ReloadRequest(), timeout=30,
+                                              metadata=md),
+                     render, lambda r: 0 if r.applied else 1)
+
+
 JSON_HELP = "print the controller's answer as JSON instead of a table"
 
 
@@ -246,6 +266,14 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
     c.add_argument("--reason", default="manual failover",
                    help="why, for the event and the log (default: manual failover)")
     c.set_defaults(func=cmd_failover)
+
+    c = subcommands.add_parser("reload", help="reload a replica's config file (as SIGHUP does)")
+    c.add_argument("--controller", default=DEFAULT_TARGET, help=CONTROLLER_HELP + "; the first "
+                   "replica that answers reloads its own file")
+    add_tls_arguments(c)
+    add_token_arguments(c)
+    c.add_argument("--json", action="store_true", help=JSON_HELP)
+    c.set_defaults(func=cmd_reload)
 
     c = subcommands.add_parser("drain", help="take a host out of service (its ranks fail over)")
     c.add_argument("host", help="the host's inventory name")

@@ -137,3 +137,25 @@ LEADER = Gauge(
     "1 while this replica holds the leader lease and serves; 0 on a standby.",
     registry=REGISTRY,
 )
+
+
+# Configuration reloads (SIGHUP, ``lightrail reload``; ``lightrail.controller.reload``), named
+# after Prometheus's own prometheus_config_last_reload_* series.
+CONFIG_RELOAD_FAILURES = Counter(
+    "lightrail_config_reload_failures_total",
+    "Config reloads refused, the running configuration kept, by reason (invalid: the file "
+    "does not validate; needs_restart: a setting changed that only a restart applies).",
+    ["reason"],
+    registry=REGISTRY,
+)
+CONFIG_LAST_RELOAD_SUCCESSFUL = Gauge(
+    "lightrail_config_last_reload_successful",
+    "1 when the last config load (start or reload) was applied, 0 when it was refused.",
+    registry=REGISTRY,
+)
+CONFIG_LAST_RELOAD_SUCCESS_TIME = Gauge(
+    "lightrail_config_last_reload_success_timestamp_seconds",
+    "Wall-clock time (seconds since the epoch) of the last config load applied (start or "
+    "reload).",
+    registry=REGISTRY,
+)
