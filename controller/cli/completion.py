@@ -14,7 +14,9 @@ which options take a value, their choices, which values are paths) and rendered 
 Why generated here and not by a library (December 2026): shtab 1.13 writes bash and zsh but no
 fish (its fish issue #134 has been open since 2024); argcomplete 3.7 runs the Python program on
 every TAB, and ``lightrail`` imports gRPC and rich before it can answer. The scripts here are
-static: a TAB costs the shell only.
+static: a TAB costs the shell only. The bash function's variables avoid the names zsh treats
+specially (``path`` is tied to ``$PATH``, ``words`` holds zsh's completion words), so the same
+body runs under ``bashcompinit``.
 """
 
 from __future__ import annotations
@@ -157,23 +159,23 @@ def bash_script(tree: CommandSpec, prog: str = "lightrail") -> str:
     return 1
 }}
 {fn}() {{
-    local cur="${{COMP_WORDS[COMP_CWORD]}}" path="" i w REPLY
+    local cur="${{COMP_WORDS[COMP_CWORD]}}" cmd="" i w REPLY
     COMPREPLY=()
     for (( i = 1; i < COMP_CWORD; i++ )); do
         w="${{COMP_WORDS[i]}}"
         if [[ "$w" == -* ]]; then
-            {fn}_valued "$path"
+            {fn}_valued "$cmd"
             [[ "$w" != *=* ]] && {fn}_has "$w" "$REPLY" && (( i++ ))
             continue
         fi
-        {fn}_subcommands "$path"
-        {fn}_has "$w" "$REPLY" && path="${{path:+$path }}$w"
+        {fn}_subcommands "$cmd"
+        {fn}_has "$w" "$REPLY" && cmd="${{cmd:+$cmd }}$w"
     done
     local prev="${{COMP_WORDS[COMP_CWORD-1]}}"
     if (( COMP_CWORD > 1 )) && [[ "$prev" == -* ]]; then
-        {fn}_valued "$path"
+        {fn}_valued "$cmd"
         if {fn}_has "$prev" "$REPLY"; then
-            {fn}_values "$path|$prev"
+            {fn}_values "$cmd|$prev"
             if [[ "$REPLY" == "@path" ]]; then
                 COMPREPLY=( $(compgen -f -- "$cur") )
             elif [[ -n "$REPLY" ]]; then
@@ -183,19 +185,19 @@ def bash_script(tree: CommandSpec, prog: str = "lightrail") -> str:
         fi
     fi
     if [[ "$cur" == -* ]]; then
-        {fn}_options "$path"
+        {fn}_options "$cmd"
         COMPREPLY=( $(compgen -W "$REPLY" -- "$cur") )
         return 0
     fi
-    local words
-    {fn}_subcommands "$path"; words="$REPLY"
-    {fn}_positional "$path"; words="$words $REPLY"
-    COMPREPLY=( $(compgen -W "$words" -- "$cur") )
-    {fn}_positional_path "$path"
+    local offer
+    {fn}_subcommands "$cmd"; offer="$REPLY"
+    {fn}_positional "$cmd"; offer="$offer $REPLY"
+    COMPREPLY=( $(compgen -W "$offer" -- "$cur") )
+    {fn}_positional_path "$cmd"
     [[ -n "$REPLY" ]] && COMPREPLY+=( $(compgen -f -- "$cur") )
     return 0
 }}
-complete -o default -F {fn} {prog}
+complete -o filenames -F {fn} {prog}
 """
     return body
 

@@ -89,7 +89,7 @@ def test_every_command_and_option_is_in_the_zsh_and_fish_scripts() -> None:
     tree = command_tree(parser)
     fish = completion_script(parser, "fish")
     zsh = completion_script(parser, "zsh")
-    assert "bashcompinit" in zsh and "complete -o default -F _lightrail lightrail" in zsh
+    assert "bashcompinit" in zsh and "complete -o filenames -F _lightrail lightrail" in zsh
     for cmd in tree.walk()[1:]:
         assert f" -a {cmd.path[-1]} " in fish, cmd.path
         assert f"'{' '.join(cmd.path)}')" in zsh, cmd.path
