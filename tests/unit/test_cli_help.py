@@ -44,12 +44,21 @@ def test_help_lists_exactly_the_registered_subcommands(monkeypatch: pytest.Monke
                          text, re.M), name
 
 
+ISSUE12_OPTIONS = (["drain", "host1", "--undo"], ["gpus", "--clear", "host1:0"],
+                   ["events", "--follow", "--job", "j"], ["switch", "show", "s1", "--dot"],
+                   ["ports", "--switch", "s1"])
+"""Issue 12's verbs that are options of a verb (drain --undo, gpus --clear, events --follow
+--job, switch show --dot, ports --switch)."""
+
+
 def test_issue12_verbs_are_registered() -> None:
     registered = subcommands(build_parser())
     assert [v for v in ISSUE12_VERBS if v not in registered] == []
+    for argv in ISSUE12_OPTIONS:
+        build_parser().parse_args(argv)  # exits 2 (failing the test) when one is unknown
 
 
-def test_every_nested_subcommand_has_help_and_its_own_help_page(
+def test_every_nested_subcommand_and_option_has_help_and_a_help_page(
         monkeypatch: pytest.MonkeyPatch) -> None:
     def walk(parser: argparse.ArgumentParser, path: list[str]) -> list[list[str]]:
         found: list[list[str]] = []
@@ -58,6 +67,9 @@ def test_every_nested_subcommand_has_help_and_its_own_help_page(
                 for name, doc in subcommands(parser).items():
                     assert doc.strip(), f"{' '.join([*path, name])} has no help line"
                     found.append([*path, name])
+                    assert [f"{' '.join([*path, name])} {o.option_strings or o.dest}"
+                            for o in a.choices[name]._actions
+                            if not o.help and not isinstance(o, argparse._HelpAction)] == []
                     found.extend(walk(a.choices[name], [*path, name]))
         return found
 
