@@ -57,6 +57,7 @@ from lightrail.controller.runtime import metrics
 from lightrail.controller.runtime.events import EventBus
 from lightrail.controller.runtime.failover import FailoverManager
 from lightrail.controller.runtime.phase_service import PhaseService
+from lightrail.controller.runtime.power import PowerPoller
 from lightrail.controller.runtime.reconciler import Reconciler
 from lightrail.controller.store.client import TlsFiles
 from lightrail.controller.store.election import LeaderElection
@@ -150,6 +151,8 @@ async def run_controller(
     propagates (fail loud).
     """
     fabric = build_fabric(cfg.fabric)
+    metrics.set_reconfiguration_delays(
+        {sid: sw.reconfiguration_delay_s for sid, sw in fabric.switches.items()})
     ccfg = cfg.controller
     if drivers is None:
         drivers = DriverRegistry()
@@ -175,13 +178,13 @@ async def run_controller(
                 return
             stopper.cancel()
             campaign.result()
-            metrics.LEADER.set(1)
+            metrics.set_leader(True)
             log_.info("leader")
             try:
                 await _serve(cfg, fabric, store, election, drivers, stop, on_started, front,
                              reloader)
             finally:
-                metrics.LEADER.set(0)
+                metrics.set_leader(False)
                 await _bounded("resign", election.resign(), ccfg.shutdown_timeout_s)
         finally:
             await _close_front(front, ccfg.shutdown_timeout_s)
@@ -400,7 +403,8 @@ async def _close_front(front: _Front, timeout_s: float) -> None:
 @dataclass(frozen=True, slots=True)
 class _Core:
     """The leader's running core: the coalescing etcd writer and its task, the reconciler, the
-    coordinator, the event bus, the phase service, and one alarm watcher task per switch."""
+    coordinator, the event bus, the phase service, one alarm watcher task per switch and the
+    power poll task."""
 
     writer: CoalescingWriter
     writer_task: asyncio.Task[None]
@@ -409,6 +413,8 @@ class _Core:
     events: EventBus
     service: PhaseService
     alarm_watchers: list[asyncio.Task[None]]
+    power_poll: asyncio.Task[None] | None = None
+    """The optical power poll (``PowerPoller``), None when ``power_poll_interval_s`` is 0."""
 
 
 async def _open_drivers(fabric: Fabric, registry: DriverRegistry,
@@ -434,7 +440,8 @@ def _start_core(
 ) -> _Core:
     """Build the core and start its tasks in ``tg``: the etcd writer, the reconciler (which
     commands devices only while this replica leads), the coordinator (with the cost advisor
-    when ``reconfigure_or_not``), the phase service and one alarm watcher per switch."""
+    when ``reconfigure_or_not``), the phase service, one alarm watcher per switch and the
+    power poll (every ``power_poll_interval_s`` seconds, unless 0)."""
     writer = CoalescingWriter(store)
     writer_task = tg.create_task(writer.run(), name="etcd-writer")
     # A fenced replica sends no device command: a new leader never races it on a switch.
@@ -453,7 +460,12 @@ def _start_core(
         tg.create_task(service.watch_alarms(sid, drv.events()), name=f"alarms/{sid}")
         for sid, drv in drivers.items()
     ]
-    return _Core(writer, writer_task, reconciler, coordinator, events, service, alarm_watchers)
+    power_poll = None
+    if ccfg.power_poll_interval_s > 0:  # off the phase path; reads only ports in use
+        poller = PowerPoller(drivers, reconciler, ccfg.power_poll_interval_s)
+        power_poll = tg.create_task(poller.run(), name="power-poll")
+    return _Core(writer, writer_task, reconciler, coordinator, events, service, alarm_watchers,
+                 power_poll)
 
 
 async def _read_back_switches(core: _Core, fabric: Fabric) -> dict[str, frozenset[CrossConnect]]:
@@ -546,7 +558,7 @@ async def _shut_down(
     """The ordered shutdown inside the task group: redirect new calls and report NOT_SERVING
     (``LeaderRoute.step_down``), fail every waiting rank (NOT_LEADER when ``lost``, else
     CANCELLED), stop gRPC (grace up to 1 s: the process exits after leading), stop the alarm
-    watchers and failover, drain the phase service, flush the etcd writer, stop the
+    watchers, the power poll and failover, drain the phase service, flush the etcd writer, stop the
     reconciler; each wait at most ``timeout_s``."""
     await front.route.step_down()
     core.service.cancel_all(
@@ -557,6 +569,8 @@ async def _shut_down(
         await front.server.stop(grace=min(1.0, timeout_s))
     for watcher in core.alarm_watchers:
         watcher.cancel()
+    if core.power_poll is not None:
+        core.power_poll.cancel()
     await failover.stop(timeout_s)
     await core.service.drain(timeout_s)
     await core.writer.flush(timeout_s)
@@ -604,4 +618,4 @@ def connect_store(section: EtcdSection) -> EtcdStore:
         cert_file=None if tls.cert_file is None else Path(tls.cert_file),
         key_file=None if tls.key_file is None else Path(tls.key_file),
     )
-    return EtcdStore.connect(section.endpoints, tls=files)
+    return EtcdStore.connect(section.endpoints, tls=files, observe=metrics.observe_etcd_request)

@@ -79,6 +79,18 @@ AdvertiseAddress = Annotated[str, AfterValidator(_check_host_port),
 MAX_GPUS = 1 << 17  # 131,072: far beyond one OCS tier; keeps check-config fast
 
 
+MIN_POWER_POLL_INTERVAL_S = 0.5
+"""The shortest power poll interval (seconds) other than 0 (off): a device answers its power
+readings between reconfigurations, so a faster poll would compete with them."""
+
+
+def _check_power_poll_interval(value: float) -> float:
+    if 0 < value < MIN_POWER_POLL_INTERVAL_S:
+        raise ValueError(f"0 turns power polling off, else at least "
+                         f"{MIN_POWER_POLL_INTERVAL_S:g} s, got {value:g}")
+    return value
+
+
 class ControllerSection(_Strict):
     """The daemon itself. ``tls``: TLS on the gRPC port (``ControllerTlsSection``; none:
     plaintext, and a listen address beyond loopback is logged as a warning at start).
@@ -96,6 +108,10 @@ class ControllerSection(_Strict):
                     "address with the port bound (this host's name when listen binds every "
                     "interface)")
     metrics_listen: HostPort = "127.0.0.1:9464"
+    power_poll_interval_s: Annotated[float, AfterValidator(_check_power_poll_interval)] = Field(
+        default=10.0, ge=0, le=3600,
+        description="how often the leader reads the optical power of the ports that carry a "
+                    "cross-connect (lightrail_port_power_dbm), seconds; 0 turns polling off")
     admission_timeout_s: float = Field(default=30.0, gt=0, le=24 * 3600)
     shutdown_timeout_s: float = Field(default=10.0, gt=0, le=600)
     provisioning: bool = Field(
