@@ -66,6 +66,7 @@ from lightrail.controller.store.health import EtcdHealthStore
 from lightrail.controller.store.jobs import CorruptJobRecord, EtcdJobRepository
 from lightrail.controller.store.writer import CoalescingWriter
 from lightrail.drivers.base import CommandGate, CrossConnect, Driver
+from lightrail.drivers.credentials import CredentialEnviron
 from lightrail.drivers.options import DriverContext
 from lightrail.drivers.registry import DriverRegistry
 
@@ -425,7 +426,8 @@ async def _open_drivers(fabric: Fabric, registry: DriverRegistry,
     that lost its lease, even one paused past it, sends nothing. Raises what
     ``DriverRegistry.create`` or ``Driver.open`` raise."""
     for sid, sw in fabric.switches.items():
-        drv = registry.create(sw.spec, DriverContext(command_gate=may_command))
+        drv = registry.create(sw.spec, DriverContext(environ=CredentialEnviron(),
+                                                     command_gate=may_command))
         drivers[sid] = drv
         await drv.open()
 

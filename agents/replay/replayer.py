@@ -30,8 +30,15 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import grpc
+
 from lightrail.agents.channel import ClientTls
-from lightrail.agents.client import ControllerClient, RankSession, placement_of
+from lightrail.agents.client import (
+    ControllerClient,
+    JobRegistrationError,
+    RankSession,
+    placement_of,
+)
 from lightrail.agents.errors import PhaseError, PlacementChanged
 from lightrail.agents.host.agent import HostAgent
 from lightrail.agents.leader import LeaderTargets
@@ -292,13 +299,35 @@ class Replayer:
     async def run(self, client: ControllerClient) -> ReplayReport:
         """Register the job through ``client``, run all ranks, unregister. Raises
         ``ReplayError`` if any rank fails (the first error is the message) and
-        ``JobRegistrationError`` if the controller refuses the job."""
+        ``JobRegistrationError`` if the controller refuses the job. A failed unregistration
+        never hides what ended the run: it becomes a note of the raised error, or of the
+        report (the controller expires the job after ``controller.job_idle_expiry_s``)."""
         await client.register_job(self.job_id, self.placements, tenant="replay")
         try:
             report = await self._run_ranks(client)
-            return dataclasses.replace(report, provisioning=await self._provisioning())
-        finally:
+            report = dataclasses.replace(report, provisioning=await self._provisioning())
+        except BaseException as exc:
+            failed = await self._unregister(client)
+            if failed is not None:
+                exc.add_note(failed)
+            raise
+        failed = await self._unregister(client)
+        if failed is not None:
+            report = dataclasses.replace(report, notes=(*report.notes, failed))
+        return report
+
+    async def _unregister(self, client: ControllerClient) -> str | None:
+        """Unregister the job; None when done, else one line saying why not."""
+        try:
             await client.unregister_job(self.job_id)
+        except Exception as exc:  # cleanup: reported, never raised over the run's outcome
+            gone = (isinstance(exc, JobRegistrationError)
+                    and exc.status is grpc.StatusCode.NOT_FOUND)
+            return (f"unregistering job {self.job_id!r} failed too ({type(exc).__name__}: "
+                    f"{exc}): " + ("it was no longer registered" if gone else
+                                   "the controller expires it after "
+                                   "controller.job_idle_expiry_s"))
+        return None
 
     async def _provisioning(self) -> ProvisioningStats | None:
         """The controller's provisioning counters for this job (None if it has none), from

@@ -38,6 +38,7 @@ from lightrail.controller.domain.parallelism import ParallelismError
 from lightrail.controller.runtime import metrics
 from lightrail.controller.runtime.events import EventBus, SubscriberOverflow
 from lightrail.controller.runtime.failover import FailoverManager, GpuState
+from lightrail.controller.runtime.liveness import JobLiveness
 from lightrail.controller.runtime.phase_service import PerRankSink, PhaseService
 from lightrail.controller.store.jobs import MAX_RECORD_BYTES, JobRecord, JobRepository
 from lightrail.v1 import agent_pb2, agent_pb2_grpc
@@ -171,8 +172,10 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         events: EventBus,
         is_leader: Callable[[], bool],
         failover: FailoverManager | None = None,
+        liveness: JobLiveness | None = None,
     ) -> None:
         self._failover = failover
+        self._liveness = liveness
         self._service = service
         self._jobs = jobs
         self._events = events
@@ -247,6 +250,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 log.error("job_save_failed", job=request.job_id, error=str(exc))
                 await context.abort(grpc.StatusCode.UNAVAILABLE, f"state store: {exc}")
         metrics.JOBS.set(len(coord.job_ids()))
+        if self._liveness is not None:
+            self._liveness.touch(request.job_id)
         self._events.publish(
             JobEvent(request.job_id, JobEventKind.REGISTERED,
                      f"{layout.world_size} ranks on {len(layout.hosts)} hosts",
@@ -262,16 +267,32 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
     ) -> agent_pb2.UnregisterJobResponse:
         await self._require_leader(context)
-        try:
-            self._service.unregister_job(request.job_id)
-        except UnknownJob:
+        if not await self.retire_job(request.job_id, "unregistered"):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"job_id: unknown job "
                                                           f"{request.job_id!r}")
-        await self._jobs.delete(request.job_id)
-        metrics.JOBS.set(len(self._service.coordinator.job_ids()))
-        self._events.publish(JobEvent(request.job_id, JobEventKind.UNREGISTERED, "unregistered"))
-        self._events.close_job(request.job_id)
         return agent_pb2.UnregisterJobResponse()
+
+    async def retire_job(self, job_id: str, reason: str) -> bool:
+        """Unregister ``job_id``: its waiting ranks get CANCELLED, its holds are released (its
+        circuits stay as they are until another job needs the ports), its record leaves etcd,
+        and an UNREGISTERED event carrying ``reason`` ends its watches. The one routine of
+        UnregisterJob, the operator's RemoveJob and idle expiry
+        (``lightrail.controller.runtime.liveness``). Returns False for an unknown job. Raises
+        the store's error when etcd refuses the delete (the job is gone from the coordinator
+        already; a restart recovers it from etcd)."""
+        try:
+            self._service.unregister_job(job_id)
+        except UnknownJob:
+            return False
+        if self._liveness is not None:
+            self._liveness.forget(job_id)
+        try:
+            await self._jobs.delete(job_id)
+        finally:
+            metrics.JOBS.set(len(self._service.coordinator.job_ids()))
+            self._events.publish(JobEvent(job_id, JobEventKind.UNREGISTERED, reason))
+            self._events.close_job(job_id)
+        return True
 
     async def WatchJob(  # noqa: N802
         self,
@@ -281,11 +302,33 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         if request.job_id and request.job_id not in self._service.coordinator.job_ids():
             await context.abort(grpc.StatusCode.NOT_FOUND,
                                 f"job_id: unknown job {request.job_id!r}")
+        watched = request.job_id if self._liveness is not None else ""
+        if watched:
+            self._liveness_of().attach(watched)
         try:
             async for event in self._events.subscribe(request.job_id or None):
                 yield event_to_pb(event)
         except SubscriberOverflow as exc:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        finally:
+            if watched:
+                self._liveness_of().detach(watched)
+
+    def _liveness_of(self) -> JobLiveness:
+        assert self._liveness is not None
+        return self._liveness
+
+    def _attach(self, job_id: str, attached: set[str]) -> None:
+        """Attach a registered ``job_id`` to the stream whose jobs are ``attached``, once."""
+        liveness = self._liveness
+        if liveness is None or job_id in attached:
+            return
+        try:
+            self._service.coordinator.job(job_id)
+        except UnknownJob:
+            return
+        attached.add(job_id)
+        liveness.attach(job_id)
 
     # --- health -----------------------------------------------------------------------------
 
@@ -347,7 +390,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         # Group and phase ids are defined per stream: one client cannot crowd out another's.
         decoder = PhaseKeyDecoder(max_groups=4096, interner=self._interner)
         sink = _StreamSink(decoder)
-        reader = asyncio.create_task(self._read_stream(context, sink, decoder),
+        attached: set[str] = set()  # the jobs this stream carried (JobLiveness)
+        reader = asyncio.create_task(self._read_stream(context, sink, decoder, attached),
                                      name="phase-stream-reader")
         reader.add_done_callback(lambda _t: sink.wake())
         try:
@@ -362,12 +406,16 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             reader.cancel()
             self._service.detach(sink)
             metrics.PHASE_STREAMS.dec()
+            if self._liveness is not None:
+                for job_id in attached:
+                    self._liveness.detach(job_id)
 
     async def _read_stream(
         self,
         context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
         sink: _StreamSink,
         decoder: PhaseKeyDecoder,
+        attached: set[str],
     ) -> None:
         eof = grpc.aio.EOF  # type: ignore[attr-defined]  # exported, not in the stubs
         while True:
@@ -387,7 +435,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                     leader = self._is_leader()  # the lease may have changed meanwhile
                 kind = req.WhichOneof("kind")
                 if kind == "enter_many":  # the hot path first
-                    self._on_enter_many(req.enter_many, leader, sink, decoder)
+                    self._on_enter_many(req.enter_many, leader, sink, decoder, attached)
                 elif kind == "release_many":
                     r = req.release_many
                     if len(r.ranks) > MAX_BATCH_RANKS:
@@ -404,7 +452,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                         e = req.enter
                         self._not_leader(e.job_id, (e.rank,), e.request_id, sink)
                 else:
-                    self._per_rank(req, kind, sink, decoder)
+                    self._per_rank(req, kind, sink, decoder, attached)
 
     @staticmethod
     def _not_leader(job_id: str, ranks: Iterable[int], request_id: int,
@@ -413,7 +461,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             sink.deliver(Reject(job_id, rank, request_id, ErrorCode.NOT_LEADER, "not the leader"))
 
     def _on_enter_many(self, e: agent_pb2.EnterMany, leader: bool, sink: _StreamSink,
-                       decoder: PhaseKeyDecoder) -> None:
+                       decoder: PhaseKeyDecoder, attached: set[str]) -> None:
+        if e.job_id not in attached:
+            self._attach(e.job_id, attached)
         if len(e.ranks) > MAX_BATCH_RANKS:
             self._too_many("enter_many", e.job_id, e.request_id, len(e.ranks), sink)
         elif leader:
@@ -476,11 +526,14 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 request_id=0, code=agent_pb2.INVALID_PHASE, message=str(exc))))
 
     def _per_rank(self, req: agent_pb2.PhaseRequest, kind: str | None, sink: _StreamSink,
-                  decoder: PhaseKeyDecoder) -> None:
+                  decoder: PhaseKeyDecoder, attached: set[str]) -> None:
         """The per-rank requests (older agents; resync after a reconnect). A refused release
         or ``HeldPhase`` is answered with a ``PhaseError`` of request id 0 whose message
-        ("release: ..." / "held: ...") names the field."""
+        ("release: ..." / "held: ...") names the field. Each attaches its job to the stream
+        (``attached``)."""
         service = self._service
+        if kind is not None:
+            self._attach(getattr(req, kind).job_id, attached)
         if kind == "enter":
             e = req.enter
             try:
@@ -530,6 +583,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         if remaining is not None and (timeout_s is None or remaining < timeout_s):
             timeout_s = max(remaining, 1e-6)
         sink = _FutureSink()
+        liveness = self._liveness
+        if liveness is not None:
+            liveness.attach(request.job_id)  # while it waits; unknown jobs are refused below
         self._service.enter(request.job_id, request.rank, phase, request.request_id, timeout_s,
                             sink, request.iteration, request.nbytes,
                             compute_gap_hint(request.compute_gap_s))
@@ -542,6 +598,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             raise
         finally:
             self._service.detach(sink)
+            if liveness is not None:
+                liveness.detach(request.job_id)
         if isinstance(decision, Reject):
             await abort_refused(context, decision.code, decision.message)
         assert isinstance(decision, Admit)
@@ -554,6 +612,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
     ) -> agent_pb2.ReleasePhaseResponse:
         await self._require_leader(context)
+        if self._liveness is not None:
+            self._liveness.touch(request.job_id)
         try:
             self._service.release(request.job_id, request.rank,
                                   self._decoder.decode(request.phase), request.iteration)

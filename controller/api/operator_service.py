@@ -13,7 +13,9 @@ from lightrail.controller.core.spares import NoSpare, SpareChoice
 from lightrail.controller.domain.errors import FailoverError, UnknownJob
 from lightrail.controller.domain.fabric import Fabric
 from lightrail.controller.runtime.failover import FailoverManager, FailoverTimeline
+from lightrail.controller.runtime.liveness import JobLiveness, Retire
 from lightrail.controller.runtime.phase_service import PhaseService, ReconfigurationDone
+from lightrail.controller.store.errors import StoreError
 from lightrail.drivers.base import DriverError
 from lightrail.v1 import operator_pb2, operator_pb2_grpc
 
@@ -30,8 +32,13 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         replica_id: str,
         is_leader: Callable[[], bool],
         failover: FailoverManager | None = None,
+        *,
+        retire: Retire | None = None,
+        liveness: JobLiveness | None = None,
     ) -> None:
         self._failover = failover
+        self._retire = retire
+        self._liveness = liveness
         self._fabric = fabric
         self._service = service
         self._replica_id = replica_id
@@ -235,9 +242,31 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
                     provisioning_late=stats.provisioning_late,
                     provisioning_misses=stats.provisioning_misses,
                     schedule_learned=stats.schedule_learned,
+                    idle_s=None if self._liveness is None else self._liveness.idle_s(job_id),
                 )
             )
         return operator_pb2.ListJobsResponse(jobs=out)
+
+    async def RemoveJob(  # noqa: N802
+        self,
+        request: operator_pb2.RemoveJobRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> operator_pb2.RemoveJobResponse:
+        """Unregister a job now (``AgentServicer.retire_job``): NOT_FOUND naming ``job_id``
+        for an unknown job, UNAVAILABLE when etcd refuses the delete."""
+        if self._retire is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "RemoveJob: not served here")
+        assert self._retire is not None
+        try:
+            removed = await self._retire(request.job_id, request.reason or "unregistered")
+        except StoreError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                f"job {request.job_id!r} left the coordinator, but the state "
+                                f"store did not delete its record: {exc}")
+        if not removed:
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"job_id: unknown job {request.job_id!r}")
+        return operator_pb2.RemoveJobResponse(job_id=request.job_id)
 
 
     # --- issue 12, being built: each placeholder is replaced by its implementation ----------

@@ -281,6 +281,15 @@ class RoutedOperatorService(operator_pb2_grpc.OperatorServiceServicer):
         target = await self._route.operator_or_redirect(context)
         return await target.ClearGpu(request, context)
 
+    async def RemoveJob(  # noqa: N802
+        self, request: operator_pb2.RemoveJobRequest, context: _Context
+    ) -> operator_pb2.RemoveJobResponse:
+        who = await self._auth.require(context, "RemoveJob")
+        if not request.reason:
+            request.reason = f"unregistered by operator {who}"
+        target = await self._route.operator_or_redirect(context)
+        return await target.RemoveJob(request, context)
+
     # Answered by the replica itself (its own config file, its own view of the election).
     async def Reload(  # noqa: N802
         self, request: operator_pb2.ReloadRequest, context: _Context

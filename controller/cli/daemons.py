@@ -159,14 +159,17 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         return 2
     from lightrail.controller.cli.drivers import driver_registry
     from lightrail.controller.config import build_fabric
-    from lightrail.drivers.options import DriverConfigError
+    from lightrail.drivers.credentials import CredentialEnviron
+    from lightrail.drivers.options import DriverConfigError, DriverContext
 
     fabric = build_fabric(cfg.fabric)
     registry = driver_registry()  # the daemon's registry, with emulated devices of its own
     problems = []
     for sw in fabric.switches.values():
         try:
-            registry.create(sw.spec)  # parses model and options as the daemon does; opens nothing
+            # parses model and options, credentials from the environment or systemd's
+            # $CREDENTIALS_DIRECTORY, as the daemon does; opens nothing
+            registry.create(sw.spec, DriverContext(environ=CredentialEnviron()))
         except DriverConfigError as exc:
             problems.append(str(exc))
     if problems:

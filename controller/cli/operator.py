@@ -134,21 +134,38 @@ def cmd_circuits(args: argparse.Namespace) -> int:
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
+    if args.jobs_action == "unregister":
+        return _cmd_jobs_unregister(args)
+
     def render(r: operator_pb2.ListJobsResponse) -> Table:
         return table(
             "jobs", ["job", "tenant", "ranks", "hosts", "rank admissions", "reconfigurations",
-                     "schedule", "ahead", "late", "on demand", "last phase"],
+                     "schedule", "ahead", "late", "on demand", "last phase", "idle s"],
             [[j.job_id, j.tenant, j.world_size, len(j.hosts), j.phases_admitted,
               j.reconfigurations, "learned" if j.schedule_learned else "learning",
               j.provisioning_hits, j.provisioning_late, j.provisioning_misses,
-              j.current_phase or "-"] for j in r.jobs],
+              j.current_phase or "-", f"{j.idle_s:.0f}" if j.HasField("idle_s") else "-"]
+             for j in r.jobs],
             caption="rank admissions: ranks admitted into phases; reconfigurations: applies "
                     "that changed the job's cross-connects; schedule: whether provisioning "
                     "has learned (or was declared) the job's order of phases; ahead / late / "
                     "on demand: phases needing new circuits that found them switched ahead "
-                    "and ready / still switching / switched when their ranks came")
+                    "and ready / still switching / switched when their ranks came; idle s: "
+                    "seconds with no phase stream, waiting call or watch (- while it has "
+                    "one); at controller.job_idle_expiry_s the job is unregistered")
     return _operator(args, lambda s: s.ListJobs(operator_pb2.ListJobsRequest(), timeout=10),
                      render)
+
+
+def _cmd_jobs_unregister(args: argparse.Namespace) -> int:
+    req = operator_pb2.RemoveJobRequest(job_id=args.job_id, reason=args.reason)
+    try:
+        md = token_metadata(args)
+    except CliUsageError as exc:
+        print(f"lightrail jobs unregister: {exc}", file=sys.stderr)
+        return 2
+    return _operator(args, lambda s: s.RemoveJob(req, timeout=30, metadata=md),
+                     lambda r: f"job {r.job_id} unregistered")
 
 
 def cmd_gpus(args: argparse.Namespace) -> int:
@@ -233,6 +250,23 @@ def cmd_reload(args: argparse.Namespace) -> int:
 JSON_HELP = "print the controller's answer as JSON instead of a table"
 
 
+def _add_jobs_actions(jobs: argparse.ArgumentParser) -> None:
+    """``lightrail jobs`` lists; ``lightrail jobs unregister JOB`` removes one (operator)."""
+    actions = jobs.add_subparsers(dest="jobs_action", metavar="{unregister}",
+                                  help="without an action: list the jobs")
+    u = actions.add_parser(
+        "unregister", help="unregister a job now, e.g. one whose clients are gone (its holds "
+                           "are released, its circuits stay; operator)")
+    u.add_argument("job_id", help="the job's id")
+    u.add_argument("--reason", default="",
+                   help="why, for its UNREGISTERED event (default: unregistered by operator "
+                        "NAME)")
+    u.add_argument("--controller", default=DEFAULT_TARGET, help=CONTROLLER_HELP)
+    add_tls_arguments(u)
+    add_token_arguments(u)
+    u.add_argument("--json", action="store_true", help=JSON_HELP)
+
+
 def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register the operator commands: ``status``, ``switches``, ``circuits``, ``jobs``,
     ``hosts``, ``gpus`` (read-only listings), ``failover`` and ``drain``."""
@@ -251,6 +285,8 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
         if name == "circuits":
             c.add_argument("--switch", help="only this switch's cross-connects (switch id)")
             c.add_argument("--job", help="only the cross-connects of this job (job id)")
+        if name == "jobs":
+            _add_jobs_actions(c)
         c.set_defaults(func=func)
 
     c = subcommands.add_parser("failover", help="move a job rank to a spare GPU now")

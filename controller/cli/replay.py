@@ -221,7 +221,9 @@ async def replay_main(
                 try:
                     report = await replayer.run(client)
                 except (ReplayError, JobRegistrationError) as exc:
-                    err.print(f"lightrail replay: {exc}")
+                    err.print(f"lightrail replay: {exc}", markup=False)
+                    for note in getattr(exc, "__notes__", ()):  # e.g. a failed cleanup
+                        err.print(f"  {note}", markup=False)
                     return 1
                 finally:
                     if injector is not None:

@@ -1,14 +1,22 @@
 """Every Prometheus metric of the controller, declared once (DESIGN.md, "Observability").
 
-Prefix ``lightrail_``; label sets stay small: ``switch``, ``job_id``, ``phase`` (collective
-name). The job's label is ``job_id``, not ``job``: Prometheus sets ``job`` to the scrape job and
-would rename ours ``exported_job``.
+Prefix ``lightrail_``; label sets stay small: ``switch``, ``port``, ``job_id``, ``phase``
+(collective name), ``method`` (etcd call), ``to`` (leader transitions). The job's label is
+``job_id``, not ``job``: Prometheus sets ``job`` to the scrape job and would rename ours
+``exported_job``. Every series of a job goes when the job unregisters
+(``forget_job``), so a long-running controller does not keep the label sets of every job it
+ever served.
 All metrics live in ``REGISTRY`` so several controllers in one test process do not collide
 with the process-wide default registry.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import platform
+from collections.abc import Mapping
+
+import grpc
 from prometheus_client import (
     GC_COLLECTOR,
     PLATFORM_COLLECTOR,
@@ -17,6 +25,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    Info,
 )
 
 REGISTRY = CollectorRegistry(auto_describe=True)
@@ -153,6 +162,107 @@ CONFIG_LAST_RELOAD_SUCCESSFUL = Gauge(
     "1 when the last config load (start or reload) was applied, 0 when it was refused.",
     registry=REGISTRY,
 )
+DEVICE_REACHABLE = Gauge(
+    "lightrail_device_reachable",
+    "1 while the switch answers, 0 after its last command, read-back or power poll failed "
+    "to reach it (DeviceUnreachable, DeviceTimeout); absent until first contact.",
+    ["switch"],
+    registry=REGISTRY,
+)
+RECONFIGURATION_DELAY = Gauge(
+    "lightrail_reconfiguration_delay_seconds",
+    "A switch's configured reconfiguration delay (delta: time for new cross-connects to carry "
+    "light), in seconds; what admission latency is compared with.",
+    ["switch"],
+    registry=REGISTRY,
+)
+PORT_POWER_DBM = Gauge(
+    "lightrail_port_power_dbm",
+    "Optical power of a port that carries a cross-connect, in dBm, polled every "
+    "controller.power_poll_interval_s (ports without one have no series).",
+    ["switch", "port"],
+    registry=REGISTRY,
+)
+ETCD_REQUEST_SECONDS = Histogram(
+    "lightrail_etcd_request_seconds",
+    "Time of one etcd request as the store sees it (failover to another member included), by "
+    "etcd method, in seconds.",
+    ["method"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+             10.0, 30.0),
+    registry=REGISTRY,
+)
+LEADER_TRANSITIONS = Counter(
+    "lightrail_leader_transitions_total",
+    "Times this replica started leading (to=leader) or stopped (to=standby: resigned or "
+    "fenced).",
+    ["to"],
+    registry=REGISTRY,
+)
+BUILD_INFO = Info(
+    "lightrail_build",
+    "The running build: Lightrail, Python and gRPC versions (the value is always 1).",
+    registry=REGISTRY,
+)
+
+
+def _package_version() -> str:
+    try:
+        return importlib.metadata.version("lightrail")
+    except importlib.metadata.PackageNotFoundError:  # run from a tree that is not installed
+        return "unknown"
+
+
+BUILD_INFO.info({"version": _package_version(), "python": platform.python_version(),
+                 "grpc": grpc.__version__})
+
+_LEADER_TRANSITIONS_TO = {True: LEADER_TRANSITIONS.labels("leader"),
+                          False: LEADER_TRANSITIONS.labels("standby")}
+
+
+def set_leader(leading: bool) -> None:
+    """Record that this replica started (``leading``) or stopped leading: ``lightrail_leader``
+    and one ``lightrail_leader_transitions_total`` increment."""
+    LEADER.set(1 if leading else 0)
+    _LEADER_TRANSITIONS_TO[leading].inc()
+
+
+JOB_METRICS: tuple[Counter | Histogram, ...] = (
+    PHASE_ADMISSION_SECONDS, PHASE_ADMISSIONS, PHASE_ERRORS, STALL_SECONDS, PROVISIONING,
+    RECONFIGURE_DECISIONS, FAILOVER_NO_SPARE,
+)
+"""Every metric with a ``job_id`` label (a test checks the registry against this list)."""
+
+
+def forget_job(job_id: str) -> None:
+    """Remove every series labelled ``job_id`` (the job unregistered). O(series of these
+    metrics), once per unregistration; off the phase path."""
+    for metric in JOB_METRICS:
+        metric.remove_by_labels({"job_id": job_id})
+
+
+def set_reconfiguration_delays(delays_s: Mapping[str, float]) -> None:
+    """Export each switch's configured reconfiguration delay (switch id -> seconds)."""
+    for switch_id, delay_s in delays_s.items():
+        RECONFIGURATION_DELAY.labels(switch_id).set(delay_s)
+
+
+def forget_port_power(switch_id: str, port: int) -> None:
+    """Remove the power series of ``port`` on ``switch_id`` (it no longer carries a
+    cross-connect)."""
+    PORT_POWER_DBM.remove(switch_id, str(port))
+
+
+_ETCD_BY_METHOD: dict[str, Histogram] = {}
+
+
+def observe_etcd_request(method: str, seconds: float) -> None:
+    """The store's ``RequestObserver``: one etcd request of ``method`` took ``seconds``
+    (the label child cached per method)."""
+    child = _ETCD_BY_METHOD.get(method)
+    if child is None:
+        child = _ETCD_BY_METHOD[method] = ETCD_REQUEST_SECONDS.labels(method)
+    child.observe(seconds)
 CONFIG_LAST_RELOAD_SUCCESS_TIME = Gauge(
     "lightrail_config_last_reload_success_timestamp_seconds",
     "Wall-clock time (seconds since the epoch) of the last config load applied (start or "

@@ -283,7 +283,9 @@ class PhaseService:
     def unregister_job(self, job_id: str) -> None:
         """Remove a job; waiting ranks get CANCELLED. Raises ``UnknownJob``."""
         self._dispatch(self.coordinator.unregister_job(job_id))
-        # forget the job's cached metric children (the series stay for the scrape)
+        # forget the job's cached metric children and remove its series (after the
+        # dispatch above, which counts the CANCELLED answers of its waiting ranks)
+        metrics.forget_job(job_id)
         self._prov_counters.pop(job_id, None)
         self._stall.pop(job_id, None)
         for hkey in [k for k in self._admit_hist if k[0] == job_id]:

@@ -36,6 +36,8 @@ from lightrail.drivers.base import (
     ApplyResult,
     CrossConnect,
     CrossConnectConflict,
+    DeviceTimeout,
+    DeviceUnreachable,
     Driver,
     DriverError,
     InvalidPort,
@@ -158,6 +160,8 @@ class _Worker:
         "makes",
         "pending",
         "queue",
+        "reachable",
+        "reached",
         "reconfigurations",
         "stale",
         "switch_id",
@@ -187,6 +191,22 @@ class _Worker:
         self.breaks = metrics.CROSS_CONNECT_CHANGES.labels(switch_id, "break")
         self.apply_seconds = metrics.DEVICE_APPLY_SECONDS.labels(switch_id)
         self.circuits = metrics.CIRCUITS.labels(switch_id)
+        self.reachable = metrics.DEVICE_REACHABLE.labels(switch_id)
+        self.reached: bool | None = None
+        """Whether the device answered the last command (None: not asked yet): the gauge is
+        set only when this changes, so a successful apply costs one comparison."""
+
+    def contact(self, error: DriverError | None) -> None:
+        """Record the outcome of a device command (``error`` None: it answered) in
+        ``lightrail_device_reachable``: only ``DeviceUnreachable`` and ``DeviceTimeout`` say
+        the device was not reached; any other error is an answer, except ``NotLeader``
+        (refused before anything was sent: no news of the device)."""
+        if isinstance(error, NotLeader):
+            return
+        reached = error is None or not isinstance(error, DeviceUnreachable | DeviceTimeout)
+        if reached is not self.reached:
+            self.reached = reached
+            self.reachable.set(1 if reached else 0)
 
     def set_view(self, xcs: frozenset[CrossConnect]) -> None:
         self.view = set(xcs)
@@ -448,6 +468,12 @@ class Reconciler:
         ``invalidate``. Raises ``UnknownSwitch``."""
         return self._worker(switch_id).stale
 
+    def contact(self, switch_id: str, error: DriverError | None) -> None:
+        """Record a device command made beside the reconciler (the power poll): ``error`` None
+        when the device answered. Only ``lightrail_device_reachable`` changes; the view is
+        still trusted. Raises ``UnknownSwitch``."""
+        self._worker(switch_id).contact(error)
+
     def invalidate(self, switch_id: str) -> None:
         """Distrust the view of ``switch_id`` (e.g. on a reboot alarm): the next request reads
         the device back first. Raises ``UnknownSwitch``."""
@@ -515,6 +541,8 @@ class Reconciler:
             worker.caps = (await worker.driver.info()).capabilities
         xcs = await worker.driver.get_cross_connects()
         worker.set_view(xcs)
+        if worker.reached is not True:
+            worker.contact(None)
         return xcs
 
     async def _read_back_counted(self, worker: _Worker) -> frozenset[CrossConnect]:
@@ -523,6 +551,7 @@ class Reconciler:
         except DriverError as e:
             worker.stale = True
             metrics.DEVICE_ERRORS.labels(worker.switch_id, type(e).__name__).inc()
+            worker.contact(e)
             worker.log.warning("read-back failed", error=str(e))
             raise
 
@@ -555,6 +584,7 @@ class Reconciler:
                 worker.stale = True
                 failures += 1
                 metrics.DEVICE_ERRORS.labels(worker.switch_id, type(e).__name__).inc()
+                worker.contact(e)
                 if not _worth_retrying(e, held) or failures >= self._retry.max_attempts:
                     worker.log.error(
                         "reconfiguration failed", error=str(e), attempts=failures
@@ -610,6 +640,8 @@ class Reconciler:
             self._count(worker, e.result)
             changed.append(e.result)
             raise
+        if worker.reached is not True:
+            worker.contact(None)
         self._count(worker, result)
         changed.append(result)
         caps = worker.caps

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -62,6 +63,7 @@ from lightrail.controller.store.errors import (
     StoreRequestFailed,
     StoreUnavailable,
 )
+from lightrail.controller.store.types import RequestObserver
 from lightrail.etcdapi import kv_pb2, rpc_pb2, rpc_pb2_grpc
 
 SHUTDOWN_TIMEOUT_S: Final = 5.0
@@ -189,14 +191,15 @@ class _Member:
 class EtcdClient:
     """Calls to an etcd cluster at ``endpoints`` (``"HOST:PORT"`` each, one per member), over TLS
     when ``tls`` is given; see the module doc for failover. Every call is bounded by
-    ``timeout_s`` seconds unless it says otherwise.
+    ``timeout_s`` seconds unless it says otherwise; ``observe`` times each (``RequestObserver``).
 
     Create inside a running event loop; ``connect()`` starts connecting to every member (so a
     failover finds a connection ready); ``close()`` closes the channels. Raises ValueError for a
     malformed endpoint or an empty list, StoreError for unreadable TLS files."""
 
     def __init__(
-        self, endpoints: Sequence[str], *, timeout_s: float, tls: TlsFiles | None = None
+        self, endpoints: Sequence[str], *, timeout_s: float, tls: TlsFiles | None = None,
+        observe: RequestObserver | None = None,
     ) -> None:
         if not endpoints:
             raise ValueError("at least one etcd endpoint is needed")
@@ -210,6 +213,7 @@ class EtcdClient:
         self._current = 0
         self._answered: set[int] = set()  # members whose last call succeeded
         self._closed = False
+        self._observe = observe
 
     @property
     def current_endpoint(self) -> str:
@@ -231,54 +235,51 @@ class EtcdClient:
 
     async def range(self, op: str, request: rpc_pb2.RangeRequest) -> rpc_pb2.RangeResponse:
         """KV.Range (resent on failover). Raises StoreUnavailable, StoreRequestFailed."""
-        return await self.call(
-            op, lambda m, t: m.kv.Range(request, timeout=t), retry=Retry.ALWAYS
-        )
+        return await self.call(op, lambda m, t: m.kv.Range(request, timeout=t),
+                               retry=Retry.ALWAYS, method="range")
 
     async def put(self, op: str, request: rpc_pb2.PutRequest) -> rpc_pb2.PutResponse:
         """KV.Put (resent on failover). Raises as ``range``."""
-        return await self.call(op, lambda m, t: m.kv.Put(request, timeout=t), retry=Retry.ALWAYS)
+        return await self.call(op, lambda m, t: m.kv.Put(request, timeout=t), retry=Retry.ALWAYS,
+                               method="put")
 
     async def delete_range(
         self, op: str, request: rpc_pb2.DeleteRangeRequest
     ) -> rpc_pb2.DeleteRangeResponse:
         """KV.DeleteRange (resent on failover: ``deleted`` then counts only the keys the last
         attempt found). Raises as ``range``."""
-        return await self.call(
-            op, lambda m, t: m.kv.DeleteRange(request, timeout=t), retry=Retry.ALWAYS
-        )
+        return await self.call(op, lambda m, t: m.kv.DeleteRange(request, timeout=t),
+                               retry=Retry.ALWAYS, method="delete_range")
 
     async def txn(self, op: str, request: rpc_pb2.TxnRequest) -> rpc_pb2.TxnResponse:
         """KV.Txn: resent after any transport failure only without compares (then it is a batch
         of puts and deletes), else only if not sent. Raises as ``range``."""
         retry = Retry.IF_NOT_SENT if len(request.compare) else Retry.ALWAYS
-        return await self.call(op, lambda m, t: m.kv.Txn(request, timeout=t), retry=retry)
+        return await self.call(op, lambda m, t: m.kv.Txn(request, timeout=t), retry=retry,
+                               method="txn")
 
     async def compact(
         self, op: str, request: rpc_pb2.CompactionRequest
     ) -> rpc_pb2.CompactionResponse:
         """KV.Compact (resent only if not sent). Raises as ``range``."""
-        return await self.call(
-            op, lambda m, t: m.kv.Compact(request, timeout=t), retry=Retry.IF_NOT_SENT
-        )
+        return await self.call(op, lambda m, t: m.kv.Compact(request, timeout=t),
+                               retry=Retry.IF_NOT_SENT, method="compact")
 
     async def lease_grant(
         self, op: str, request: rpc_pb2.LeaseGrantRequest
     ) -> rpc_pb2.LeaseGrantResponse:
         """Lease.LeaseGrant (resent on failover: a lease granted by a lost attempt expires
         after its TTL). Raises as ``range``."""
-        return await self.call(
-            op, lambda m, t: m.lease.LeaseGrant(request, timeout=t), retry=Retry.ALWAYS
-        )
+        return await self.call(op, lambda m, t: m.lease.LeaseGrant(request, timeout=t),
+                               retry=Retry.ALWAYS, method="lease_grant")
 
     async def lease_revoke(
         self, op: str, request: rpc_pb2.LeaseRevokeRequest
     ) -> rpc_pb2.LeaseRevokeResponse:
         """Lease.LeaseRevoke (resent on failover; a resent revoke of a lease already revoked
         answers NOT_FOUND). Raises as ``range``."""
-        return await self.call(
-            op, lambda m, t: m.lease.LeaseRevoke(request, timeout=t), retry=Retry.ALWAYS
-        )
+        return await self.call(op, lambda m, t: m.lease.LeaseRevoke(request, timeout=t),
+                               retry=Retry.ALWAYS, method="lease_revoke")
 
     async def lease_keep_alive_once(
         self, op: str, lease_id: int, timeout_s: float
@@ -299,7 +300,8 @@ class EtcdClient:
                 raise StoreUnavailable(f"{op}: etcd {member.endpoint} closed the stream")
             return reply
 
-        return await self.call(op, once, retry=Retry.ALWAYS, timeout_s=timeout_s)
+        return await self.call(op, once, retry=Retry.ALWAYS, timeout_s=timeout_s,
+                               method="lease_keep_alive")
 
     async def call(
         self,
@@ -308,11 +310,22 @@ class EtcdClient:
         *,
         retry: Retry,
         timeout_s: float | None = None,
+        method: str = "other",
     ) -> _T:
         """``invoke(member, remaining_s)`` on the current member, moving to the next one after a
         transport failure while ``retry`` allows and time is left (``timeout_s``, default the
-        client's). ``op`` names the call in errors. Raises StoreUnavailable naming the endpoints
+        client's). ``op`` names the call in errors, ``method`` the etcd method to the observer
+        (the one place every request is timed). Raises StoreUnavailable naming the endpoints
         and their last errors, StoreRequestFailed (etcd refused), StoreClosed."""
+        started = time.perf_counter()
+        try:
+            return await self._attempts(op, invoke, retry, timeout_s)
+        finally:
+            if self._observe is not None:
+                self._observe(method, time.perf_counter() - started)
+
+    async def _attempts(self, op: str, invoke: Callable[[_Member, float], Awaitable[_T]],
+                        retry: Retry, timeout_s: float | None) -> _T:
         loop = asyncio.get_running_loop()
         budget_s = self.timeout_s if timeout_s is None else timeout_s
         deadline = loop.time() + budget_s
@@ -411,7 +424,7 @@ class EtcdClient:
                 raise
             return WatchStream(op, member.endpoint, call, on_break=self._on_break(member))
 
-        return await self.call(op, create, retry=Retry.ALWAYS)
+        return await self.call(op, create, retry=Retry.ALWAYS, method="watch")
 
     def _on_break(self, member: _Member) -> Callable[[str], None]:
         index = self._members.index(member)

@@ -53,6 +53,7 @@ from lightrail.controller.store.types import (
     KeyValue,
     Lease,
     PendingWrite,
+    RequestObserver,
     Snapshot,
     TxnOutcome,
     WatchBatch,
@@ -99,6 +100,7 @@ class EtcdStore:
         sleep: Sleep = asyncio.sleep,
         watch_backoff: Backoff = DEFAULT_WATCH_BACKOFF,
         max_watch_outage_s: float | None = 60.0,
+        observe: RequestObserver | None = None,
     ) -> None:
         if not prefix.startswith("/") or prefix.endswith("/"):
             raise ValueError(f"prefix must start with '/' and not end with '/': {prefix!r}")
@@ -118,6 +120,7 @@ class EtcdStore:
         self._root = (prefix + "/").encode()
         self._client: EtcdClient | None = None
         self._closed = False
+        self._observe = observe
         self._keepers: dict[int, asyncio.Task[None]] = {}
         self._log: structlog.typing.FilteringBoundLogger = _log.bind(
             endpoint=self.endpoint, prefix=prefix
@@ -149,6 +152,7 @@ class EtcdStore:
         sleep: Sleep = asyncio.sleep,
         watch_backoff: Backoff = DEFAULT_WATCH_BACKOFF,
         max_watch_outage_s: float | None = 60.0,
+        observe: RequestObserver | None = None,
     ) -> EtcdStore:
         """A store for the etcd cluster at ``endpoints`` (``"HOST:PORT"``, one per member, or
         one such string), over TLS when ``tls`` is given, opened by ``async with`` or ``open()``.
@@ -156,7 +160,9 @@ class EtcdStore:
         ``timeout_s`` bounds every etcd call (seconds). ``watch_backoff`` paces watch reconnects;
         a watch that cannot reconnect for ``max_watch_outage_s`` seconds raises
         ``StoreUnavailable`` (None: retry forever). ``clock``/``sleep`` drive lease keep-alive and
-        watch backoff timing. Raises ValueError for a malformed endpoint or prefix."""
+        watch backoff timing. ``observe`` is told every etcd request's method and duration
+        (``types.RequestObserver``; the daemon passes the metrics' histogram). Raises
+        ValueError for a malformed endpoint or prefix."""
         return cls(
             endpoints,
             tls=tls,
@@ -166,6 +172,7 @@ class EtcdStore:
             sleep=sleep,
             watch_backoff=watch_backoff,
             max_watch_outage_s=max_watch_outage_s,
+            observe=observe,
         )
 
     # ----------------------------------------------------------------- lifecycle
@@ -180,7 +187,8 @@ class EtcdStore:
             raise StoreClosed("store was closed")
         if self._client is not None:
             return
-        client = EtcdClient(self.endpoints, timeout_s=self.timeout_s, tls=self.tls)
+        client = EtcdClient(self.endpoints, timeout_s=self.timeout_s, tls=self.tls,
+                            observe=self._observe)
         client.connect()
         self._client = client
         try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -153,3 +153,10 @@ def decode_value(key: str, raw: bytes) -> object:
         raise UnsupportedSchema(key, schema, supported=SCHEMA_VERSION)
     data: object = envelope["data"]
     return data
+
+
+RequestObserver = Callable[[str, float], None]
+"""Called once per etcd request (``client.EtcdClient.call``) with its method (``range``,
+``put``, ``delete_range``, ``txn``, ``compact``, ``lease_grant``, ``lease_revoke``,
+``lease_keep_alive``, ``watch``: a watch's creation) and the seconds it took, failover and
+retries included, whether it succeeded or raised. Must not block or raise."""

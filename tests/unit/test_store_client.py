@@ -95,3 +95,20 @@ def test_prefix_range_end_follows_the_etcd_convention() -> None:
     assert prefix_range_end(b"/a/") == b"/a0"
     assert prefix_range_end(b"a\xff") == b"b"
     assert prefix_range_end(b"\xff\xff") == b"\0"
+
+
+async def test_every_call_is_observed_once_with_its_method_failover_included() -> None:
+    observed: list[tuple[str, float]] = []
+    client = EtcdClient(ENDPOINTS, timeout_s=2.0,
+                        observe=lambda method, s: observed.append((method, s)))
+    try:
+        script = Script(status(grpc.StatusCode.UNAVAILABLE, NOT_CONNECTED), "answer")
+        assert await client.call("op", script, retry=Retry.ALWAYS, method="put") == "answer"
+        assert [m for m, _ in observed] == ["put"]  # two attempts, one request
+        refused = Script(status(grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: bad"))
+        with pytest.raises(StoreRequestFailed):
+            await client.call("op", refused, retry=Retry.ALWAYS, method="txn")
+        assert [m for m, _ in observed] == ["put", "txn"]  # an error is timed too
+        assert all(s >= 0 for _, s in observed)
+    finally:
+        await client.close()

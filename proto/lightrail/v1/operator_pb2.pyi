@@ -273,6 +273,7 @@ class JobInfo(_message.Message):
     PROVISIONING_LATE_FIELD_NUMBER: _builtins.int
     PROVISIONING_MISSES_FIELD_NUMBER: _builtins.int
     SCHEDULE_LEARNED_FIELD_NUMBER: _builtins.int
+    IDLE_S_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     tenant: _builtins.str
     world_size: _builtins.int
@@ -286,6 +287,10 @@ class JobInfo(_message.Message):
     provisioning_late: _builtins.int
     provisioning_misses: _builtins.int
     schedule_learned: _builtins.bool
+    idle_s: _builtins.float
+    """Seconds with no open stream, waiting call or watch of the job; absent while it has one
+    (or when idle expiry is off). At controller.job_idle_expiry_s it is unregistered.
+    """
     @_builtins.property
     def hosts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -302,12 +307,15 @@ class JobInfo(_message.Message):
         provisioning_late: _builtins.int = ...,
         provisioning_misses: _builtins.int = ...,
         schedule_learned: _builtins.bool = ...,
+        idle_s: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_idle_s", b"_idle_s", "idle_s", b"idle_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["current_phase", b"current_phase", "hosts", b"hosts", "job_id", b"job_id", "phases_admitted", b"phases_admitted", "provisioning_hits", b"provisioning_hits", "provisioning_late", b"provisioning_late", "provisioning_misses", b"provisioning_misses", "reconfigurations", b"reconfigurations", "schedule_learned", b"schedule_learned", "tenant", b"tenant", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_idle_s", b"_idle_s", "current_phase", b"current_phase", "hosts", b"hosts", "idle_s", b"idle_s", "job_id", b"job_id", "phases_admitted", b"phases_admitted", "provisioning_hits", b"provisioning_hits", "provisioning_late", b"provisioning_late", "provisioning_misses", b"provisioning_misses", "reconfigurations", b"reconfigurations", "schedule_learned", b"schedule_learned", "tenant", b"tenant", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__idle_s: _TypeAlias = _typing.Literal["idle_s"]  # noqa: Y015
+    _WhichOneofArgType__idle_s: _TypeAlias = _typing.Literal["_idle_s", b"_idle_s"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__idle_s) -> _WhichOneofReturnType__idle_s | None: ...
 
 Global___JobInfo: _TypeAlias = JobInfo  # noqa: Y015
 
@@ -686,8 +694,13 @@ class StreamEventsRequest(_message.Message):
 
     JOB_ID_FIELD_NUMBER: _builtins.int
     KINDS_FIELD_NUMBER: _builtins.int
+    FOLLOW_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """Filters; empty = all."""
+    follow: _builtins.bool
+    """false: the recent events the controller keeps (a bounded ring), then the stream ends;
+    true: those, then every new event until the caller cancels.
+    """
     @_builtins.property
     def kinds(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -695,10 +708,11 @@ class StreamEventsRequest(_message.Message):
         *,
         job_id: _builtins.str = ...,
         kinds: _abc.Iterable[_builtins.str] | None = ...,
+        follow: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "kinds", b"kinds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["follow", b"follow", "job_id", b"job_id", "kinds", b"kinds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1123,3 +1137,47 @@ class ClearGpuResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ClearGpuResponse: _TypeAlias = ClearGpuResponse  # noqa: Y015
+
+@_typing.final
+class RemoveJobRequest(_message.Message):
+    """Unregister a job at once (`lightrail jobs unregister`), e.g. one whose clients are gone."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    reason: _builtins.str
+    """Carried in its UNREGISTERED event; default "unregistered by operator <name>"."""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveJobRequest: _TypeAlias = RemoveJobRequest  # noqa: Y015
+
+@_typing.final
+class RemoveJobResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveJobResponse: _TypeAlias = RemoveJobResponse  # noqa: Y015

@@ -114,6 +114,11 @@ class OperatorServiceStub:
                 request_serializer=lightrail_dot_v1_dot_operator__pb2.ClearGpuRequest.SerializeToString,
                 response_deserializer=lightrail_dot_v1_dot_operator__pb2.ClearGpuResponse.FromString,
                 _registered_method=True)
+        self.RemoveJob = channel.unary_unary(
+                '/lightrail.v1.OperatorService/RemoveJob',
+                request_serializer=lightrail_dot_v1_dot_operator__pb2.RemoveJobRequest.SerializeToString,
+                response_deserializer=lightrail_dot_v1_dot_operator__pb2.RemoveJobResponse.FromString,
+                _registered_method=True)
 
 
 class OperatorServiceServicer:
@@ -223,6 +228,13 @@ class OperatorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RemoveJob(self, request, context):
+        """Unregister a job now (operator-only): its holds are released, its circuits stay.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_OperatorServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -305,6 +317,11 @@ def add_OperatorServiceServicer_to_server(servicer, server):
                     servicer.ClearGpu,
                     request_deserializer=lightrail_dot_v1_dot_operator__pb2.ClearGpuRequest.FromString,
                     response_serializer=lightrail_dot_v1_dot_operator__pb2.ClearGpuResponse.SerializeToString,
+            ),
+            'RemoveJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveJob,
+                    request_deserializer=lightrail_dot_v1_dot_operator__pb2.RemoveJobRequest.FromString,
+                    response_serializer=lightrail_dot_v1_dot_operator__pb2.RemoveJobResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -739,6 +756,33 @@ class OperatorService:
             '/lightrail.v1.OperatorService/ClearGpu',
             lightrail_dot_v1_dot_operator__pb2.ClearGpuRequest.SerializeToString,
             lightrail_dot_v1_dot_operator__pb2.ClearGpuResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lightrail.v1.OperatorService/RemoveJob',
+            lightrail_dot_v1_dot_operator__pb2.RemoveJobRequest.SerializeToString,
+            lightrail_dot_v1_dot_operator__pb2.RemoveJobResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -55,6 +55,8 @@ class OperatorServiceStub:
     """Return a drained host to service (operator-only)."""
     ClearGpu: _grpc.UnaryUnaryMultiCallable[_operator_pb2.ClearGpuRequest, _operator_pb2.ClearGpuResponse]
     """Forget a GPU's failed/degraded state (operator-only), e.g. after a repair."""
+    RemoveJob: _grpc.UnaryUnaryMultiCallable[_operator_pb2.RemoveJobRequest, _operator_pb2.RemoveJobResponse]
+    """Unregister a job now (operator-only): its holds are released, its circuits stay."""
 
 @_typing.type_check_only
 class OperatorServiceAsyncStub(OperatorServiceStub):
@@ -83,6 +85,8 @@ class OperatorServiceAsyncStub(OperatorServiceStub):
     """Return a drained host to service (operator-only)."""
     ClearGpu: _aio.UnaryUnaryMultiCallable[_operator_pb2.ClearGpuRequest, _operator_pb2.ClearGpuResponse]  # type: ignore[assignment]
     """Forget a GPU's failed/degraded state (operator-only), e.g. after a repair."""
+    RemoveJob: _aio.UnaryUnaryMultiCallable[_operator_pb2.RemoveJobRequest, _operator_pb2.RemoveJobResponse]  # type: ignore[assignment]
+    """Unregister a job now (operator-only): its holds are released, its circuits stay."""
 
 class OperatorServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -204,5 +208,13 @@ class OperatorServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_operator_pb2.ClearGpuResponse, _abc.Awaitable[_operator_pb2.ClearGpuResponse]]:
         """Forget a GPU's failed/degraded state (operator-only), e.g. after a repair."""
+
+    @_abc_1.abstractmethod
+    def RemoveJob(
+        self,
+        request: _operator_pb2.RemoveJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_operator_pb2.RemoveJobResponse, _abc.Awaitable[_operator_pb2.RemoveJobResponse]]:
+        """Unregister a job now (operator-only): its holds are released, its circuits stay."""
 
 def add_OperatorServiceServicer_to_server(servicer: OperatorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
