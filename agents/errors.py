@@ -35,6 +35,11 @@ class PlacementChanged(PhaseError):
     """The job's placement changed (failover): restart from the last checkpoint."""
 
 
+class SwitchInMaintenance(PhaseError):
+    """The phase needs a reconfiguration of a switch an operator put in maintenance; the
+    message names the switch and the reason. Circuits already in place are still admitted."""
+
+
 class ControllerUnavailable(PhaseError):
     """The controller could not be reached within the retry budget."""
 
@@ -47,4 +52,6 @@ def error_for(code: ErrorCode, message: str) -> PhaseError:
         return PlacementChanged(code, message)
     if code is ErrorCode.NOT_LEADER:
         return ControllerUnavailable(code, message)
+    if code is ErrorCode.SWITCH_MAINTENANCE:
+        return SwitchInMaintenance(code, message)
     return PhaseError(code, message)

@@ -221,7 +221,7 @@ async def _serve(
             state = await _read_back_switches(core, fabric)
             repo = EtcdJobRepository(store)
             await _restore_jobs(repo, core)
-            health_store = EtcdHealthStore(store, core.writer.put)
+            health_store = EtcdHealthStore(store, core.writer.put, core.writer.delete)
             failover = await _start_failover(tg, core, repo, health_store, ccfg)
             if core.coordinator.unsynced_hosts():
                 tg.create_task(_recovery_verdict(core, failover, ccfg.recovery_grace_s),

@@ -41,7 +41,8 @@ def report_of(host: str, snapshot: dict[GpuId, GpuHealth]) -> agent_pb2.HealthRe
     """The HealthReport message for a snapshot."""
     gpus = []
     for gid, h in sorted(snapshot.items()):
-        g = agent_pb2.GpuHealth(gpu=gid.index, state=_STATE_TO_PB[h.state], reason=h.reason)
+        g = agent_pb2.GpuHealth(gpu=gid.index, state=_STATE_TO_PB[h.state], reason=h.reason,
+                                controller_record=h.source is EventSource.RESTORED)
         if h.xid is not None:
             g.xid = h.xid
             g.has_xid = True
@@ -155,13 +156,20 @@ class HealthReporter:
                 call.cancel()
 
     def _adopt(self, failed: list[int]) -> None:
-        """The controller's record wins: GPUs it records as failed stay failed here."""
-        if not failed:
-            return
+        """The controller's record wins: GPUs it records as failed stay failed here, and a
+        failure kept only as the controller's record (``EventSource.RESTORED``) goes once the
+        controller no longer lists it (an operator's undrain or ``gpus --clear``). Failures
+        this host found itself stay until its source says otherwise."""
         snap = self.source.snapshot()
+        listed = set(failed)
+        gone = [gid for gid, h in snap.items() if h.state is HealthState.FAILED
+                and h.source is EventSource.RESTORED and gid.index not in listed]
+        if not failed and not gone:
+            return
         # only failures are kept records; passing transient findings (a hot GPU) would pin
         # them until the next restore
-        keep = {gid: h for gid, h in snap.items() if h.state is HealthState.FAILED}
+        keep = {gid: h for gid, h in snap.items()
+                if h.state is HealthState.FAILED and gid not in gone}
         for idx in failed:
             gid = GpuId(self.source.host, idx)
             if gid not in keep or keep[gid].state is not HealthState.FAILED:

@@ -280,6 +280,7 @@ static const char* status_name(uint32_t status) {
     case LR_STATUS_NOT_LEADER: return "not_leader";
     case LR_STATUS_CANCELLED: return "cancelled";
     case LR_STATUS_BAD_REQUEST: return "bad_request";
+    case LR_STATUS_SWITCH_MAINTENANCE: return "switch_maintenance";
     default: return "unknown_status";
   }
 }

@@ -76,6 +76,8 @@ class Status(enum.IntEnum):
     UNGATED = 10
     """The communicator is not under Lightrail (registered as never gated, or unregistered)."""
     BAD_REQUEST = 11
+    SWITCH_MAINTENANCE = 12
+    """The phase needs a switch in maintenance (``ErrorCode.SWITCH_MAINTENANCE``)."""
 
 
 STATUS_OF_ERROR: dict[ErrorCode, Status] = {code: Status[code.name] for code in ErrorCode}

@@ -372,7 +372,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             reason = g.reason or state.value
             if g.has_xid:
                 reason = f"XID {g.xid}: {reason}"
-            manager.report(report.host, g.gpu, state, reason)
+            manager.report(report.host, g.gpu, state, reason, echoed=g.controller_record)
         return agent_pb2.HealthAck(heartbeat_interval_s=manager.heartbeat_interval_s,
                                    failed_gpus=manager.failed_gpus(report.host))
 

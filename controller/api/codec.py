@@ -88,6 +88,7 @@ REFUSAL_STATUS: dict[ErrorCode, grpc.StatusCode] = {
     ErrorCode.PLACEMENT_CHANGED: grpc.StatusCode.ABORTED,
     ErrorCode.NOT_LEADER: grpc.StatusCode.UNAVAILABLE,
     ErrorCode.CANCELLED: grpc.StatusCode.CANCELLED,
+    ErrorCode.SWITCH_MAINTENANCE: grpc.StatusCode.FAILED_PRECONDITION,
 }
 """gRPC status of a refused unary EnterPhase/ReleasePhase, sent with ``ERROR_METADATA_KEY``."""
 
@@ -133,6 +134,7 @@ ERROR_TO_PB: dict[ErrorCode, agent_pb2.PhaseErrorCode.ValueType] = {
     ErrorCode.PLACEMENT_CHANGED: agent_pb2.PLACEMENT_CHANGED,
     ErrorCode.NOT_LEADER: agent_pb2.NOT_LEADER,
     ErrorCode.CANCELLED: agent_pb2.CANCELLED,
+    ErrorCode.SWITCH_MAINTENANCE: agent_pb2.SWITCH_MAINTENANCE,
 }
 ERROR_FROM_PB: dict[int, ErrorCode] = {v: k for k, v in ERROR_TO_PB.items()}
 

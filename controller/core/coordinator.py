@@ -279,6 +279,27 @@ class PhaseCoordinator:
                 if inst.holders and any(t.switch_id == switch_id for t in inst.plan.targets):
                     inst.verified = False
 
+    def set_maintenance(self, switch_id: str, reason: str | None, now: float) -> list[Decision]:
+        """Put ``switch_id`` in maintenance (``reason``: the operator's words) or take it out
+        (None). In maintenance no decision changes the switch: a phase that needs a
+        cross-connect made or broken there is refused ``SWITCH_MAINTENANCE`` (waiting ones
+        now; ``scheduling.maintenance_block``), provisioning skips it, a failover that would
+        move circuits there raises ``FailoverError``; phases whose circuits are in place are
+        still admitted. A reconfiguration already in flight there completes. Taking it out
+        schedules the queue again. Raises ``ValueError`` naming an unknown switch."""
+        if switch_id not in self.fabric.switches:
+            raise ValueError(f"switch_id: unknown switch {switch_id!r}")
+        if reason is None:
+            if self._s.maintenance.pop(switch_id, None) is None:
+                return []
+        else:
+            self._s.maintenance[switch_id] = reason
+        return schedule(self._s, now)
+
+    def maintenance(self) -> Mapping[str, str]:
+        """Switches in maintenance: switch id -> the operator's reason."""
+        return dict(self._s.maintenance)
+
     def schedule(self, now: float) -> list[Decision]:
         """Re-examine waiting phases (after ``set_confirmed`` made ports known again)."""
         return schedule(self._s, now)

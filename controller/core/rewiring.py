@@ -32,8 +32,8 @@ def replace_rank(state: CoordinatorState, provisioner: Provisioner, job_id: str,
     cross-connects on ports of this job and the spare, never another job's), and the placement
     is updated. Raises ``UnknownJob``, ``FailoverError`` (rank out of range, the GPU unknown,
     in use, or not wired to the same switch as the failed one; a spare port carrying a held
-    cross-connect) and ``FailoverBusy`` (the ports are being switched: retry later); nothing
-    changes then.
+    cross-connect; a change on a switch in maintenance) and ``FailoverBusy`` (the ports are
+    being switched: retry later); nothing changes then.
     """
     job = state.jobs.get(job_id)
     if job is None:
@@ -95,13 +95,19 @@ def _moved_target(state: CoordinatorState, old_ep: Endpoint, new_ep: Endpoint) -
             a, b = b, a
         moved.add(CrossConnect(a, b))
         touched.update(xc.ports())
+    changes = bool(moved)
     for p in (new_ep.tx_port, new_ep.rx_port):
         stale = view.get(p)
         if stale is not None:
+            changes = True
             if views.held(sid, stale):
                 raise FailoverError(f"spare: port {sid}:{p} carries a held cross-connect")
             touched.update(stale.ports())
     ports = frozenset(touched)
+    reason = state.maintenance.get(sid)
+    if reason is not None and changes:
+        raise FailoverError(f"switch {sid!r} is in maintenance ({reason}): the circuits of "
+                            f"{old_ep.endpoint_id} cannot be moved to {new_ep.endpoint_id}")
     if views.blocked(sid, ports):
         raise FailoverBusy(f"switch {sid!r}: ports {sorted(touched)} of the failed or the "
                            "spare endpoint are being switched; retry when that completes")

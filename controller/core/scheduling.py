@@ -4,7 +4,8 @@ A waiting phase instance starts a reconfiguration as soon as no cross-connect it
 held, none of its ports is being switched or unknown, and no older waiting phase claims one of
 its ports (FIFO on ports, so a repeating phase cannot starve a reconfiguration its peers wait
 on). A phase whose circuits are there is admitted without a switch (DESIGN.md "Phase
-protocol").
+protocol"). A phase that would change a switch in maintenance is refused
+``SWITCH_MAINTENANCE`` instead of switching (``maintenance_block``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from lightrail.controller.core.decisions import Decision, Reconfigure
 from lightrail.controller.core.planner import Plan
 from lightrail.controller.core.records import Instance, JobRecord
 from lightrail.controller.core.state import CoordinatorState
+from lightrail.controller.domain.errors import ErrorCode
 
 
 def schedule(
@@ -46,6 +48,13 @@ def schedule(
         ):
             out.extend(_admit_waiters(state, job, inst, now, switched_s))
             continue
+        block = maintenance_block(state, inst.plan)
+        if block is not None:
+            out.extend(state.refuse_waiting(job, inst, ErrorCode.SWITCH_MAINTENANCE,
+                                            f"phase {inst.phase}: {block}"))
+            state.dequeue(inst)
+            state.maybe_drop(job, inst)
+            continue
         if not _claim_ports(state, inst, claimed):
             continue
         op_id, targets = state.start_switch(inst, job, inst.phase, inst.plan)
@@ -65,6 +74,30 @@ def _admit_waiters(
                                    0.0 if switched_s is None else switched_s)
     state.dequeue(inst)
     return [] if admitted is None else [admitted]
+
+
+def maintenance_block(state: CoordinatorState, plan: Plan) -> str | None:
+    """Why switching to ``plan`` may not start: it would change a switch an operator put in
+    maintenance (a cross-connect to make or break there, ``SwitchViews.changes``), as a
+    message naming the switch and the reason; None when it changes no such switch. A switch
+    in maintenance is sent no reconfiguration, so the phase is refused rather than left
+    waiting (the safety invariant is untouched: nothing is admitted onto circuits that are
+    not confirmed). While the ports concerned are being switched or unknown (an op started
+    before maintenance, a read-back pending) the answer waits for them: None."""
+    if not state.maintenance:
+        return None
+    views = state.views
+    for t in plan.targets:
+        reason = state.maintenance.get(t.switch_id)
+        if reason is None:
+            continue
+        change = views.changes(t)
+        if change.ports and not views.blocked(t.switch_id, change.ports):
+            return (f"switch {t.switch_id!r} is in maintenance ({reason}): the phase needs "
+                    f"{len(change.cross_connects)} cross-connect(s) made and ports "
+                    f"{sorted(change.ports)[:8]} changed there; it is admitted when the "
+                    f"switch leaves maintenance or its circuits are in place")
+    return None
 
 
 def held_back(inst: Instance) -> bool:

@@ -52,6 +52,9 @@ class CoordinatorState:
         self.deadlines: list[Deadline] = []
         """A heap; entries of ranks that stopped waiting are dropped lazily."""
         self.recovering: dict[str, Recovery] = {}
+        self.maintenance: dict[str, str] = {}
+        """Switch id -> the operator's reason, for switches in maintenance: no reconfiguration
+        changes them (``scheduling.maintenance_block``); circuits already there still admit."""
         self._next_op = 1
         self._deadline_seq = 0
 

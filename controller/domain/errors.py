@@ -18,6 +18,10 @@ class ErrorCode(enum.Enum):
     PLACEMENT_CHANGED = "placement_changed"
     NOT_LEADER = "not_leader"
     CANCELLED = "cancelled"
+    SWITCH_MAINTENANCE = "switch_maintenance"
+    """The phase needs a reconfiguration of a switch an operator put in maintenance
+    (``lightrail maintenance on``); the message names the switch and the reason. Final: the
+    phase is admitted once the switch leaves maintenance (or when its circuits are there)."""
 
 
 class FailoverError(ValueError):

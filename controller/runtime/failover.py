@@ -40,6 +40,9 @@ from lightrail.drivers.base import DriverError
 
 log = structlog.get_logger(__name__)
 
+DRAINED = "drained: "
+"""How the reason of a GPU failed by ``drain`` begins (``undrain`` returns exactly those)."""
+
 
 class GpuState(enum.Enum):
     """Health of one GPU as the controller records it (the controller's record wins)."""
@@ -85,6 +88,8 @@ class HealthStore(Protocol):
     under a lease that lives while the host's health stream is open)."""
 
     def put(self, key: str, obj: object) -> None: ...
+
+    def delete(self, key: str) -> None: ...
 
     async def host_online(self, host: str, ttl_s: int) -> object: ...
 
@@ -142,15 +147,20 @@ class FailoverManager:
         """A host agent spoke."""
         self._last_heartbeat[host] = self._clock()
 
-    def report(self, host: str, gpu: int, state: GpuState, reason: str) -> None:
+    def report(self, host: str, gpu: int, state: GpuState, reason: str, *,
+               echoed: bool = False) -> None:
         """A GPU's health as its agent sees it. A transition to FAILED starts a failover for
         every rank on it; the same failure reported again (e.g. a kernel message and XID 79)
         starts nothing new. The controller's FAILED record is not cleared by a later
-        "healthy" report of a restarted agent."""
+        "healthy" report of a restarted agent. ``echoed``: the report repeats the
+        controller's own record (``GpuHealth.controller_record``), which records nothing new:
+        after an operator cleared the record it stays cleared."""
         key = (host, gpu)
         prev = self._gpus.get(key)
         if prev is not None and prev.state is GpuState.FAILED:
             return  # the controller's record wins; only an operator clears a failure
+        if echoed:
+            return
         if prev is not None and prev.state is state:
             return
         self._gpus[key] = GpuRecord(state, reason, self._clock())
@@ -319,9 +329,9 @@ class FailoverManager:
         coord = self._service.coordinator
         gpus = coord.fabric.hosts[host].gpu_count
         for gpu in range(gpus):
-            self._gpus[(host, gpu)] = GpuRecord(GpuState.FAILED, f"drained: {reason}",
+            self._gpus[(host, gpu)] = GpuRecord(GpuState.FAILED, f"{DRAINED}{reason}",
                                                 self._clock())
-            self._persist(host, gpu, f"drained: {reason}")
+            self._persist(host, gpu, f"{DRAINED}{reason}")
         self._count_failed()
         for gpu in range(gpus):
             user = coord.gpus_in_use().get((host, gpu))
@@ -330,7 +340,7 @@ class FailoverManager:
             rank = next(p.rank for p in coord.job(user).placements
                         if (p.host, p.gpu) == (host, gpu))
             try:
-                out.append(await self.failover(user, rank, f"drained: {reason}",
+                out.append(await self.failover(user, rank, f"{DRAINED}{reason}",
                                                expected=RankPlacement(rank, host, gpu)))
             except RankMoved:
                 continue  # an automatic failover got there first
@@ -347,6 +357,47 @@ class FailoverManager:
                     continue
                 del self._last_heartbeat[host]  # report the silence once
                 log.error("heartbeat_lost", host=host, silent_s=now - last)
+    def undrain(self, host: str) -> list[int]:
+        """Return a drained ``host`` to service: its GPUs that ``drain`` marked failed are
+        ``UNKNOWN`` until their agent reports (a spare host is a spare again: unknown GPUs
+        are not failed) and their etcd records are deleted (``gpus/<host>/<gpu>``). GPUs that
+        failed for another reason stay failed (``clear`` forgets those). Returns the GPUs
+        returned, sorted. Raises ``FailoverError`` naming the host when none of its GPUs is
+        drained, ``KeyError`` for a host the fabric does not have."""
+        gpus = self._service.coordinator.fabric.hosts[host].gpu_count
+        drained = [g for g in range(gpus) if (rec := self._gpus.get((host, g))) is not None
+                   and rec.state is GpuState.FAILED and rec.reason.startswith(DRAINED)]
+        if not drained:
+            raise FailoverError(f"host: {host!r} is not drained")
+        self._forget(host, drained, "undrained")
+        return drained
+
+    def clear(self, host: str, gpu: int | None = None) -> list[int]:
+        """Forget the failed or degraded record of ``gpu`` of ``host`` (None: every GPU of
+        it), e.g. after a repair: ``UNKNOWN`` until the agent reports, the etcd record
+        deleted. Returns the GPUs cleared (empty: none was failed or degraded). Raises
+        ``FailoverError`` naming a GPU the host does not have, ``KeyError`` for an unknown
+        host."""
+        count = self._service.coordinator.fabric.hosts[host].gpu_count
+        if gpu is not None and not 0 <= gpu < count:
+            raise FailoverError(f"gpu: {host}/gpu{gpu} does not exist ({host} has GPUs "
+                                f"0..{count - 1})")
+        wanted = range(count) if gpu is None else (gpu,)
+        cleared = [g for g in wanted if (rec := self._gpus.get((host, g))) is not None
+                   and rec.state in (GpuState.FAILED, GpuState.DEGRADED)]
+        self._forget(host, cleared, "cleared by an operator")
+        return cleared
+
+    def _forget(self, host: str, gpus: list[int], reason: str) -> None:
+        """Mark ``gpus`` of ``host`` ``UNKNOWN`` (``reason``) and delete their etcd records."""
+        for g in gpus:
+            self._gpus[(host, g)] = GpuRecord(GpuState.UNKNOWN, reason, self._clock())
+            if self._store is not None:
+                self._store.delete(f"gpus/{host}/{g}")
+        self._count_failed()
+        if gpus:
+            log.info("gpus_returned", host=host, gpus=gpus, reason=reason)
+
                 # a host-dead verdict: its ranks no longer keep recovered jobs frozen
                 self._service.hosts_dead([host])
                 gpus = self._service.coordinator.fabric.hosts[host].gpu_count

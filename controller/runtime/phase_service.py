@@ -292,6 +292,12 @@ class PhaseService:
             del self._admit_hist[hkey]
         for ckey in [k for k in self._admit_count if k[0] == job_id]:
             del self._admit_count[ckey]
+    def set_maintenance(self, switch_id: str, reason: str | None) -> None:
+        """Put a switch in maintenance (``reason``) or take it out (None):
+        ``PhaseCoordinator.set_maintenance``; waiting phases that need it are refused, and
+        after maintenance the queue switches again. Raises ``ValueError`` (unknown switch)."""
+        self._dispatch(self.coordinator.set_maintenance(switch_id, reason, self.now()))
+
 
     def refresh_switch(self, switch_id: str, cross_connects: frozenset[CrossConnect]) -> None:
         """Replace the coordinator's view of a switch with a read-back."""
@@ -319,6 +325,7 @@ class PhaseService:
                 metrics.PHASE_ERRORS.labels(d.job_id, d.code.value).inc()
                 if sink is not None:
                     sink.deliver(d)
+                        or d.code is ErrorCode.SWITCH_MAINTENANCE
                 if (d.code is ErrorCode.DEADLINE_EXCEEDED or d.code is ErrorCode.DEVICE_FAILURE
                         ) and self._events.wants(d.job_id):
                     self._events.publish(JobEvent(d.job_id, JobEventKind.PHASE_ERROR, d.message,

@@ -9,6 +9,8 @@ while the key is absent.
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
@@ -65,7 +67,8 @@ class LeaderElection:
     ``leader`` is this replica's view of who leads, kept without extra etcd reads: the holder
     the campaign found (and watches) while following, this replica once it leads, None while
     the key is vacant or after this replica stopped leading. Standbys use it to redirect
-    clients to the leader's address.
+    clients to the leader's address. ``transitions`` counts the leader changes this replica has
+    seen (``leader_since_s``: when it saw the current one begin).
     """
 
     def __init__(
@@ -84,7 +87,15 @@ class LeaderElection:
         self.address = address
         self.key = key
         self.ttl_s = ttl_s
-        self.leader: LeaderRecord | None = None
+        self._leader: LeaderRecord | None = None
+        self.transitions = 0
+        """Leader changes this replica has seen (``leader`` naming a replica other than the
+        last one it named; the first leader seen counts, a vacancy does not)."""
+        self.leader_since_s: float | None = None
+        """Monotonic time (``time.monotonic``) this replica first saw the current leader."""
+        self._last_leader_id: str | None = None
+        self.on_transition: list[Callable[[LeaderRecord], None]] = []
+        """Called with the new leader at each counted transition (e.g. a metric)."""
         self.is_leader = asyncio.Event()
         self.fenced = asyncio.Event()
         self.fence_reason: str | None = None
@@ -93,6 +104,23 @@ class LeaderElection:
         self._monitor: asyncio.Task[None] | None = None
         self._campaigned = False
         self._log = _log.bind(replica_id=replica_id, election_key=store.full_key(key))
+
+    @property
+    def leader(self) -> LeaderRecord | None:
+        """This replica's view of the leader (see the class doc); None while none is known."""
+        return self._leader
+
+    @leader.setter
+    def leader(self, record: LeaderRecord | None) -> None:
+        self._leader = record
+        if record is None:
+            return
+        if record.replica_id != self._last_leader_id:
+            self._last_leader_id = record.replica_id
+            self.transitions += 1
+            self.leader_since_s = time.monotonic()
+            for callback in self.on_transition:
+                callback(record)
 
     @property
     def lease(self) -> Lease | None:

@@ -2,7 +2,8 @@
 failover manager (``lightrail.controller.runtime.failover``) is given in the daemon.
 
 Keys (relative to the store prefix): ``gpus/<host>/<gpu>`` holds ``{"state": "failed",
-"reason": str, "at_unix_s": float}`` (written by the failover manager through ``put``);
+"reason": str, "at_unix_s": float}`` (written by the failover manager through ``put``,
+deleted through ``delete`` when an operator returns the GPU to service);
 ``hosts/<host>/presence`` holds ``{"host": str, "since_unix_s": float}`` under a lease.
 """
 
@@ -25,14 +26,21 @@ class EtcdHealthStore:
     a lease the store keeps alive while the host's stream is open. etcd trouble is logged and
     never fails a health stream (failover itself does not depend on it)."""
 
-    def __init__(self, store: EtcdStore, put: Callable[[str, object], None]) -> None:
+    def __init__(self, store: EtcdStore, put: Callable[[str, object], None],
+                 delete: Callable[[str], None]) -> None:
         self._store = store
         self._put = put
+        self._delete = delete
 
     def put(self, key: str, obj: object) -> None:
         """Hand ``obj`` (JSON) for relative ``key`` to the writer; returns at once. Raises what
         the writer's ``put`` raises (FlushFailed once it has failed)."""
         self._put(key, obj)
+
+    def delete(self, key: str) -> None:
+        """Hand the deletion of relative ``key`` to the writer; returns at once. Raises what
+        the writer's ``delete`` raises."""
+        self._delete(key)
 
     async def host_online(self, host: str, ttl_s: int) -> object:
         """Record ``host`` present under a new lease of ``ttl_s`` seconds; returns the lease as

@@ -121,6 +121,10 @@ class _PhaseErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PhaseE
     """This replica is not the leader (or fenced itself); reconnect to the leader."""
     CANCELLED: _PhaseErrorCode.ValueType  # 9
     """The job was unregistered or the controller is shutting down."""
+    SWITCH_MAINTENANCE: _PhaseErrorCode.ValueType  # 10
+    """The phase needs a reconfiguration of a switch in maintenance (the message names the switch
+    and the operator's reason); circuits already in place are still admitted.
+    """
 
 class PhaseErrorCode(_PhaseErrorCode, metaclass=_PhaseErrorCodeEnumTypeWrapper): ...
 
@@ -140,6 +144,10 @@ NOT_LEADER: PhaseErrorCode.ValueType  # 8
 """This replica is not the leader (or fenced itself); reconnect to the leader."""
 CANCELLED: PhaseErrorCode.ValueType  # 9
 """The job was unregistered or the controller is shutting down."""
+SWITCH_MAINTENANCE: PhaseErrorCode.ValueType  # 10
+"""The phase needs a reconfiguration of a switch in maintenance (the message names the switch
+and the operator's reason); circuits already in place are still admitted.
+"""
 Global___PhaseErrorCode: _TypeAlias = PhaseErrorCode  # noqa: Y015
 
 class _JobEventKind:
@@ -1082,12 +1090,18 @@ class GpuHealth(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     XID_FIELD_NUMBER: _builtins.int
     HAS_XID_FIELD_NUMBER: _builtins.int
+    CONTROLLER_RECORD_FIELD_NUMBER: _builtins.int
     gpu: _builtins.int
     state: Global___GpuState.ValueType
     reason: _builtins.str
     xid: _builtins.int
     """NVML XID of the event that set the state, when there was one."""
     has_xid: _builtins.bool
+    controller_record: _builtins.bool
+    """The state is the controller's own failure record echoed back (HealthAck.failed_gpus), not
+    a finding of this host: the controller records no new failure from it, so a record an
+    operator cleared (undrain, gpus --clear) is not brought back by the echo.
+    """
     def __init__(
         self,
         *,
@@ -1096,10 +1110,11 @@ class GpuHealth(_message.Message):
         reason: _builtins.str = ...,
         xid: _builtins.int = ...,
         has_xid: _builtins.bool = ...,
+        controller_record: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["gpu", b"gpu", "has_xid", b"has_xid", "reason", b"reason", "state", b"state", "xid", b"xid"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["controller_record", b"controller_record", "gpu", b"gpu", "has_xid", b"has_xid", "reason", b"reason", "state", b"state", "xid", b"xid"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
