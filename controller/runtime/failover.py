@@ -346,17 +346,6 @@ class FailoverManager:
                 continue  # an automatic failover got there first
         return out
 
-    # --- heartbeats -----------------------------------------------------------------------------
-
-    async def _watchdog(self) -> None:
-        while True:
-            await asyncio.sleep(self.heartbeat_interval_s / 2)
-            now = self._clock()
-            for host, last in list(self._last_heartbeat.items()):
-                if now - last <= self.heartbeat_deadline_s:
-                    continue
-                del self._last_heartbeat[host]  # report the silence once
-                log.error("heartbeat_lost", host=host, silent_s=now - last)
     def undrain(self, host: str) -> list[int]:
         """Return a drained ``host`` to service: its GPUs that ``drain`` marked failed are
         ``UNKNOWN`` until their agent reports (a spare host is a spare again: unknown GPUs
@@ -398,6 +387,17 @@ class FailoverManager:
         if gpus:
             log.info("gpus_returned", host=host, gpus=gpus, reason=reason)
 
+    # --- heartbeats -----------------------------------------------------------------------------
+
+    async def _watchdog(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_interval_s / 2)
+            now = self._clock()
+            for host, last in list(self._last_heartbeat.items()):
+                if now - last <= self.heartbeat_deadline_s:
+                    continue
+                del self._last_heartbeat[host]  # report the silence once
+                log.error("heartbeat_lost", host=host, silent_s=now - last)
                 # a host-dead verdict: its ranks no longer keep recovered jobs frozen
                 self._service.hosts_dead([host])
                 gpus = self._service.coordinator.fabric.hosts[host].gpu_count

@@ -325,8 +325,8 @@ class PhaseService:
                 metrics.PHASE_ERRORS.labels(d.job_id, d.code.value).inc()
                 if sink is not None:
                     sink.deliver(d)
-                        or d.code is ErrorCode.SWITCH_MAINTENANCE
                 if (d.code is ErrorCode.DEADLINE_EXCEEDED or d.code is ErrorCode.DEVICE_FAILURE
+                        or d.code is ErrorCode.SWITCH_MAINTENANCE
                         ) and self._events.wants(d.job_id):
                     self._events.publish(JobEvent(d.job_id, JobEventKind.PHASE_ERROR, d.message,
                                                   fields={"rank": str(d.rank),
