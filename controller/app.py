@@ -38,7 +38,7 @@ from prometheus_client import start_http_server
 
 from lightrail.controller.api.agent_service import AgentServicer
 from lightrail.controller.api.auth import OperatorAuth, OperatorIdentity
-from lightrail.controller.api.operator_service import OperatorServicer
+from lightrail.controller.api.operator_service import VERSION, OperatorServicer
 from lightrail.controller.api.routing import LeaderRoute, add_routed_services
 from lightrail.controller.config import (
     WILDCARD_HOSTS,
@@ -51,11 +51,23 @@ from lightrail.controller.core.advisor import CostAdvisor
 from lightrail.controller.core.coordinator import PhaseCoordinator
 from lightrail.controller.core.costmodel import LinkModel
 from lightrail.controller.domain.errors import ErrorCode
+from lightrail.controller.domain.events import leadership_event
 from lightrail.controller.domain.fabric import Fabric
 from lightrail.controller.reload import ConfigReloader
 from lightrail.controller.runtime import metrics
+from lightrail.controller.runtime.alarms import DeviceAlarms
 from lightrail.controller.runtime.events import EventBus
 from lightrail.controller.runtime.failover import FailoverManager
+from lightrail.controller.runtime.journal import EventJournal
+from lightrail.controller.runtime.mqtt import (
+    EventOutputs,
+    MqttBridge,
+    MqttSettings,
+    MqttSetupError,
+    MqttTls,
+    ReplicaStatus,
+    read_credential,
+)
 from lightrail.controller.runtime.phase_service import PhaseService
 from lightrail.controller.runtime.power import PowerPoller
 from lightrail.controller.runtime.reconciler import Reconciler
@@ -158,6 +170,7 @@ async def run_controller(
     if drivers is None:
         drivers = DriverRegistry()
     log_ = log.bind(replica=ccfg.replica_id, fabric=fabric.name)
+    mqtt = _mqtt_settings(cfg, fabric)  # raises MqttSetupError before any start
     store = connect_store(cfg.etcd)
     async with store:
         front = _Front()
@@ -183,7 +196,7 @@ async def run_controller(
             log_.info("leader")
             try:
                 await _serve(cfg, fabric, store, election, drivers, stop, on_started, front,
-                             reloader)
+                             reloader, mqtt=mqtt)
             finally:
                 metrics.set_leader(False)
                 await _bounded("resign", election.resign(), ccfg.shutdown_timeout_s)
@@ -201,6 +214,7 @@ async def _serve(
     on_started: Callable[[RunningController], None] | None,
     front: _Front,
     reloader: ConfigReloader | None = None,
+    mqtt: MqttSettings | None = None,
 ) -> None:
     """Serve as the leader until ``stop`` is set or the lease is lost, in the module's start-up
     order: store the inventory, open the drivers, start the core (``_start_core``), read every
@@ -218,6 +232,8 @@ async def _serve(
         await _open_drivers(fabric, registry, opened.drivers, election.may_command)
         async with asyncio.TaskGroup() as tg:
             core = _start_core(tg, ccfg, fabric, store, election, opened.drivers)
+            outputs = await EventOutputs.start(tg, core.journal, _mqtt_bridge(
+                mqtt, core, fabric, ccfg.replica_id))
             state = await _read_back_switches(core, fabric)
             repo = EtcdJobRepository(store)
             await _restore_jobs(repo, core)
@@ -234,7 +250,8 @@ async def _serve(
                 reloader.lead(core.coordinator, core.events)
             await front.route.lead(
                 AgentServicer(core.service, repo, core.events, is_leader, failover),
-                OperatorServicer(fabric, core.service, ccfg.replica_id, is_leader, failover))
+                OperatorServicer(fabric, core.service, ccfg.replica_id, is_leader, failover,
+                                 journal=core.journal, alarm_log=core.alarms.log))
             running = RunningController(ccfg.replica_id, front.grpc_target, front.metrics_url,
                                         fabric, core.service)
             log.info("serving", grpc=running.grpc_target, metrics=front.metrics_url,
@@ -242,8 +259,14 @@ async def _serve(
                      cross_connects=sum(len(x) for x in state.values()))
             if on_started is not None:
                 on_started(running)
+            core.events.publish_fabric(leadership_event(
+                ccfg.replica_id, front.route.own_address, leading=True, reason="elected"))
             lost = await _until_stopped_or_fenced(election, stop)
+            core.events.publish_fabric(leadership_event(
+                ccfg.replica_id, front.route.own_address, leading=False,
+                reason="leader lease lost" if lost else "shutdown"))
             await _shut_down(core, front, failover, lost=lost, timeout_s=timeout)
+            await outputs.stop(min(2.0, timeout))
         # raised outside the TaskGroup, so callers see it, not an ExceptionGroup
         if lost:
             raise LeadershipLost("leader lease not renewed within half its TTL; fenced")
@@ -414,6 +437,10 @@ class _Core:
     events: EventBus
     service: PhaseService
     alarm_watchers: list[asyncio.Task[None]]
+    alarms: DeviceAlarms = field(kw_only=True)
+    """The one rule of device alarms (the drivers' and MQTT's) and the alarm log."""
+    journal: EventJournal = field(kw_only=True)
+    """Every event numbered, the recent ones kept (MQTT, ``StreamEvents``)."""
     power_poll: asyncio.Task[None] | None = None
     """The optical power poll (``PowerPoller``), None when ``power_poll_interval_s`` is 0."""
 
@@ -430,6 +457,32 @@ async def _open_drivers(fabric: Fabric, registry: DriverRegistry,
                                                      command_gate=may_command))
         drivers[sid] = drv
         await drv.open()
+
+
+def _mqtt_settings(cfg: Config, fabric: Fabric) -> MqttSettings | None:
+    """The MQTT bridge's settings from ``cfg.mqtt`` (None: no MQTT), credentials read now.
+    Raises ``MqttSetupError`` naming the field."""
+    m = cfg.mqtt
+    if m is None:
+        return None
+    return MqttSettings(
+        host=m.host, port=m.port, topic_prefix=m.topic_prefix or f"lightrail/{fabric.name}",
+        client_id=m.client_id or f"lightrail-{cfg.controller.replica_id}",
+        keepalive_s=m.keepalive_s, buffer_events=m.buffer_events,
+        username=m.username or read_credential("username_env", env=m.username_env),
+        password=read_credential("password_env" if m.password_env else "password_file",
+                                 env=m.password_env, file=m.password_file),
+        tls=None if m.tls is None else MqttTls(m.tls.ca_file, m.tls.cert_file, m.tls.key_file))
+
+
+def _mqtt_bridge(settings: MqttSettings | None, core: _Core, fabric: Fabric,
+                 replica_id: str) -> MqttBridge | None:
+    """The MQTT bridge of the leader's ``core`` (None without ``settings``)."""
+    if settings is None:
+        return None
+    return MqttBridge(settings, core.journal, core.alarms.raise_alarm,
+                      {sid: sw.capabilities for sid, sw in fabric.switches.items()},
+                      ReplicaStatus(replica_id, VERSION, fabric.name))
 
 
 def _start_core(
@@ -458,8 +511,10 @@ def _start_core(
     events = EventBus()
     service = PhaseService(coordinator, reconciler, events, state_writer=writer.put)
     service.start(tg)
+    alarms = DeviceAlarms(service, events)
+    journal = EventJournal(events, ccfg.replica_id)
     alarm_watchers = [
-        tg.create_task(service.watch_alarms(sid, drv.events()), name=f"alarms/{sid}")
+        tg.create_task(alarms.watch(sid, drv.events()), name=f"alarms/{sid}")
         for sid, drv in drivers.items()
     ]
     power_poll = None
@@ -467,7 +522,8 @@ def _start_core(
         poller = PowerPoller(drivers, reconciler, ccfg.power_poll_interval_s)
         power_poll = tg.create_task(poller.run(), name="power-poll")
     return _Core(writer, writer_task, reconciler, coordinator, events, service, alarm_watchers,
-                 power_poll)
+                 power_poll,
+                 alarms=alarms, journal=journal)
 
 
 async def _read_back_switches(core: _Core, fabric: Fabric) -> dict[str, frozenset[CrossConnect]]:
@@ -607,7 +663,8 @@ async def _recover_jobs(repo: EtcdJobRepository, coordinator: PhaseCoordinator) 
         log.info("job_recovered", job=rec.job_id, ranks=len(rec.placements))
 
 
-__all__ = ["LeadershipLost", "RunningController", "ServingReplica", "TlsSetupError",
+__all__ = ["LeadershipLost", "MqttSetupError", "RunningController",
+            "ServingReplica", "TlsSetupError",
            "run_controller"]
 
 

@@ -319,6 +319,67 @@ class FabricSection(_Strict):
         return self
 
 
+def _check_topic_prefix(value: str) -> str:
+    if not value or value.startswith("/") or value.endswith("/") or "//" in value:
+        raise ValueError(f"expected topic levels joined by '/', no leading, trailing or empty "
+                         f"level, got {value!r}")
+    if any(c in value for c in "+#\0"):
+        raise ValueError(f"a topic prefix may not hold the wildcards + or # (or NUL), "
+                         f"got {value!r}")
+    return value
+
+
+class MqttTlsSection(EtcdTlsSection):
+    """TLS to the MQTT broker: ``ca_file`` (PEM) verifies the broker's certificate;
+    ``cert_file`` and ``key_file`` (PEM, both or neither) are a client certificate."""
+
+
+class MqttSection(_Strict):
+    """Events out and device alarms in over MQTT (README "Events and alarms (MQTT)"); the
+    section absent: no MQTT. The leader publishes under ``topic_prefix`` (default
+    ``lightrail/<fabric name>``) and subscribes to ``<topic_prefix>/alarms/+``. Credentials:
+    ``username`` or ``username_env`` (an environment variable's name) and ``password_env`` or
+    ``password_file`` (e.g. a systemd credential, ``$CREDENTIALS_DIRECTORY/mqtt-password``),
+    read at start; never written in this file."""
+
+    host: str = Field(min_length=1, description="the broker's host name or IP address")
+    port: int = Field(default=1883, ge=1, le=65535)
+    topic_prefix: Annotated[str, AfterValidator(_check_topic_prefix)] | None = Field(
+        default=None, description="topics go under this; default lightrail/<fabric name>")
+    client_id: str | None = Field(
+        default=None, min_length=1, max_length=128,
+        description="MQTT client identifier; default lightrail-<replica_id>")
+    keepalive_s: int = Field(
+        default=30, ge=5, le=3600,
+        description="MQTT keepalive, seconds: the broker publishes the offline status (the "
+                    "last will) after 1.5 x this of silence")
+    username: str | None = Field(default=None, min_length=1)
+    username_env: str | None = Field(default=None, min_length=1,
+                                     description="environment variable holding the username")
+    password_env: str | None = Field(default=None, min_length=1,
+                                     description="environment variable holding the password")
+    password_file: str | None = Field(default=None, min_length=1,
+                                      description="file holding the password (first line)")
+    tls: MqttTlsSection | None = None
+    buffer_events: int = Field(
+        default=1000, ge=1, le=1_000_000,
+        description="events kept while the broker is away; beyond this the oldest are "
+                    "dropped (lightrail_mqtt_events_dropped_total)")
+
+    @model_validator(mode="after")
+    def _one_source_each(self) -> MqttSection:
+        if self.username is not None and self.username_env is not None:
+            raise ValueError(f"give username or username_env, not both (got {self.username!r} "
+                             f"and {self.username_env!r})")
+        if self.password_env is not None and self.password_file is not None:
+            raise ValueError(f"give password_env or password_file, not both (got "
+                             f"{self.password_env!r} and {self.password_file!r})")
+        if (self.password_env or self.password_file) and not (self.username
+                                                              or self.username_env):
+            raise ValueError("a password needs username or username_env")
+        return self
+
+
 class LoggingSection(_Strict):
     level: Literal["debug", "info", "warning", "error"] = "info"
     format: Literal["json", "console"] = "json"
@@ -331,6 +392,7 @@ class Config(_Strict):
     etcd: EtcdSection = Field(default_factory=EtcdSection)
     fabric: FabricSection = Field(default_factory=FabricSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)
+    mqtt: MqttSection | None = None
 
 
 _SECRET_WORDS = ("password", "token", "secret")

@@ -11,8 +11,11 @@ import grpc
 
 from lightrail.controller.core.spares import NoSpare, SpareChoice
 from lightrail.controller.domain.errors import FailoverError, UnknownJob
+from lightrail.controller.domain.events import EventRecord, FabricEventKind, JobEventKind
 from lightrail.controller.domain.fabric import Fabric
+from lightrail.controller.runtime.alarms import AlarmLog
 from lightrail.controller.runtime.failover import FailoverManager, FailoverTimeline
+from lightrail.controller.runtime.journal import EventJournal
 from lightrail.controller.runtime.liveness import JobLiveness, Retire
 from lightrail.controller.runtime.phase_service import PhaseService, ReconfigurationDone
 from lightrail.controller.store.errors import StoreError
@@ -20,6 +23,20 @@ from lightrail.drivers.base import DriverError
 from lightrail.v1 import operator_pb2, operator_pb2_grpc
 
 VERSION = "0.1.0"
+
+
+EVENT_KINDS = frozenset(k.value for k in JobEventKind) | frozenset(k.value
+                                                                  for k in FabricEventKind)
+"""Every event kind a StreamEvents filter may name."""
+
+
+def fabric_event_pb(record: EventRecord) -> operator_pb2.FabricEvent:
+    """``record`` on the operator stream: the fields MQTT's JSON carries
+    (``EventRecord.to_json``), an absent job or switch as the empty string."""
+    return operator_pb2.FabricEvent(
+        event_id=record.event_id, schema_version=record.schema_version, kind=record.kind,
+        at_unix_s=record.at_unix_s, job_id=record.job_id or "",
+        switch_id=record.switch_id or "", message=record.message, fields=dict(record.fields))
 
 
 class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
@@ -33,9 +50,13 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         is_leader: Callable[[], bool],
         failover: FailoverManager | None = None,
         *,
+        journal: EventJournal | None = None,
+        alarm_log: AlarmLog | None = None,
         retire: Retire | None = None,
         liveness: JobLiveness | None = None,
     ) -> None:
+        self._journal = journal
+        self._alarm_log = alarm_log
         self._failover = failover
         self._retire = retire
         self._liveness = liveness
@@ -269,27 +290,77 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         return operator_pb2.RemoveJobResponse(job_id=request.job_id)
 
 
-    # --- issue 12, being built: each placeholder is replaced by its implementation ----------
+    # --- events and alarms (issue 12 section 1) ----------------------------------------------
 
-    def StreamEvents(  # noqa: N802
+    STREAM_BUFFER = 1000
+    """Events a StreamEvents caller may fall behind before its stream ends
+    (RESOURCE_EXHAUSTED)."""
+
+    async def StreamEvents(  # noqa: N802
         self,
         request: operator_pb2.StreamEventsRequest,
         context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
     ) -> AsyncIterator[operator_pb2.FabricEvent]:
-        return self._unimplemented_stream(context, "StreamEvents")
-
-    async def _unimplemented_stream(
-        self, context: grpc.aio.ServicerContext, call: str  # type: ignore[type-arg]
-    ) -> AsyncIterator[operator_pb2.FabricEvent]:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{call}: not built yet")
-        yield operator_pb2.FabricEvent()
+        """The recent events the controller keeps (``EventJournal.recent``), then with
+        ``follow`` every new one until the caller cancels; only ``job_id``'s and ``kinds``
+        when given (an unknown kind is INVALID_ARGUMENT naming it). A caller that falls
+        ``STREAM_BUFFER`` events behind gets RESOURCE_EXHAUSTED."""
+        if self._journal is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "StreamEvents: no event journal")
+        assert self._journal is not None
+        unknown = sorted(set(request.kinds) - EVENT_KINDS)
+        if unknown:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"kinds: unknown event kind {unknown[0]!r} (expected one of "
+                                f"{', '.join(sorted(EVENT_KINDS))})")
+        job_id = request.job_id or None
+        kinds = frozenset(request.kinds)
+        # subscribe before reading the ring: no event falls between the two
+        sub = self._journal.subscribe(self.STREAM_BUFFER) if request.follow else None
+        try:
+            seen: set[str] = set()
+            for record in self._journal.recent(job_id, kinds):
+                seen.add(record.event_id)
+                yield fabric_event_pb(record)
+            if sub is None:
+                return
+            while True:
+                record = await sub.get()
+                if sub.dropped:
+                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                        f"the stream fell {self.STREAM_BUFFER} events behind")
+                if record.event_id in seen:
+                    seen.discard(record.event_id)
+                    continue
+                if (job_id is None or record.job_id == job_id) and (
+                        not kinds or record.kind in kinds):
+                    yield fabric_event_pb(record)
+        finally:
+            if sub is not None:
+                self._journal.unsubscribe(sub)
 
     async def ListAlarms(  # noqa: N802
         self,
         request: operator_pb2.ListAlarmsRequest,
         context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
     ) -> operator_pb2.ListAlarmsResponse:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "ListAlarms: not built yet")
+        """The active alarms (``AlarmLog.entries``: oldest first), with ``include_cleared``
+        also the recently cleared ones; only ``switch_id``'s when given (NOT_FOUND naming an
+        unknown switch)."""
+        if request.switch_id and request.switch_id not in self._fabric.switches:
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"switch_id: unknown switch {request.switch_id!r}")
+        entries = [] if self._alarm_log is None else self._alarm_log.entries(
+            request.switch_id or None, include_cleared=request.include_cleared)
+        return operator_pb2.ListAlarmsResponse(alarms=[
+            operator_pb2.AlarmInfo(
+                switch_id=e.alarm.switch_id, port=e.alarm.port, condition=e.alarm.condition,
+                severity=e.alarm.severity.value, raised_unix_s=e.raised_unix_s,
+                description=e.alarm.description, source=e.source,
+                cleared=e.cleared_unix_s is not None)
+            for e in entries])
+
+    # --- issue 12, being built: each placeholder is replaced by its implementation ----------
 
     async def ListPorts(  # noqa: N802
         self,

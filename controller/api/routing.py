@@ -236,14 +236,10 @@ class RoutedOperatorService(operator_pb2_grpc.OperatorServiceServicer):
         target = await self._route.operator_or_redirect(context)
         return await target.ListJobs(request, context)
 
-    def StreamEvents(  # noqa: N802
+    async def StreamEvents(  # noqa: N802
         self, request: operator_pb2.StreamEventsRequest, context: _Context
     ) -> AsyncIterator[operator_pb2.FabricEvent]:
-        return self._stream_events(request, context)
-
-    async def _stream_events(
-        self, request: operator_pb2.StreamEventsRequest, context: _Context
-    ) -> AsyncIterator[operator_pb2.FabricEvent]:
+        # an async generator function: grpc.aio serves only those as async streams
         target = await self._route.operator_or_redirect(context)
         async for event in target.StreamEvents(request, context):
             yield event

@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import shutil
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -169,9 +170,12 @@ async def replay_main(
     fail_after: int = 2,
     devices: str = "tl1",
     tls: ClientTls | None = None,
+    mqtt: bool = False,
 ) -> int:
     """Load ``trace``, run it through a controller (embedded when ``controller`` is None),
-    print the summary. ``fail_gpu`` (host, gpu): after ``fail_after`` iterations that GPU's
+    print the summary. ``mqtt``: the embedded controller publishes its events to a private
+    mosquitto broker when mosquitto is installed (the demo). ``fail_gpu`` (host, gpu): after
+    ``fail_after`` iterations that GPU's
     emulated host reports it lost (NVML XID 79) and the job goes on with a spare. ``tls``:
     TLS to ``controller`` (the embedded one is plaintext on loopback). Returns the exit
     code."""
@@ -243,7 +247,7 @@ async def replay_main(
     return await _replay_embedded(run, fabric_name, spare_host=fail_gpu is not None,
                                   delay_ms=delay_ms, devices=devices,
                                   err=err if progress and not as_json and err.is_terminal
-                                  else None)
+                                  else None, mqtt=mqtt)
 
 
 def _print_failovers(err: Console, replayer: Replayer) -> None:
@@ -267,6 +271,7 @@ async def _replay_embedded(
     delay_ms: float,
     devices: str,
     err: Console | None,
+    mqtt: bool = False,
 ) -> int:
     """``run(target, fabric)`` against an embedded etcd, emulated rails of the built-in fabric
     ``fabric_name`` (``delay_ms`` reconfiguration delay; plus one spare host wired to both rails
@@ -275,11 +280,13 @@ async def _replay_embedded(
     drives them over sockets; emulated: the controller's in-process driver. ``fabric`` is the
     section's name. ``err``, when given, gets a one-line note before startup. Returns ``run``'s
     exit code."""
+    from lightrail.controller.cli.broker import Mosquitto, mosquitto_binary
     from lightrail.controller.cli.embedded import (
         embedded_config,
         spawn_controller,
         spawn_emulator,
     )
+    from lightrail.controller.config import MqttSection
     from lightrail.controller.store.etcd_server import EmbeddedEtcd
     from lightrail.emulator.servers.fabric import rail_section
 
@@ -297,7 +304,21 @@ async def _replay_embedded(
             emulator = await stack.enter_async_context(spawn_emulator(section, protocol=devices))
             section = emulator.section
         cfg = embedded_config(etcd.endpoint, section)
+        if mqtt and mosquitto_binary() is not None:
+            broker = await stack.enter_async_context(Mosquitto())
+            cfg = cfg.model_copy(update={"mqtt": MqttSection(host=broker.host,
+                                                             port=broker.port)})
+            if err is not None:
+                topics = f"lightrail/{fabric_name}/#"
+                sub = (f"mosquitto_sub -h {broker.host} -p {broker.port} -t '{topics}' -v"
+                       if shutil.which("mosquitto_sub") else
+                       f"an MQTT client on {broker.host}:{broker.port}, topic {topics}")
+                err.print(f"events and alarms over MQTT: subscribe with {sub}", markup=False,
+                          highlight=False)
         async with spawn_controller(cfg) as child:
+            if err is not None:
+                err.print(f"events over gRPC: lightrail events --follow --controller "
+                          f"{child.grpc_target}", markup=False, highlight=False)
             return await run(child.grpc_target, fabric_name)
 
 
@@ -348,7 +369,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_async(replay_main(
         trace, controller=None, fabric="demo-4x2", delay_ms=args.delay_ms,
         iterations=args.iterations, time_scale=args.time_scale, job_id="dlrm-demo",
-        as_json=False, progress=True, fail_gpu=fail_gpu, devices=args.devices,
+        as_json=False, progress=True, fail_gpu=fail_gpu, devices=args.devices, mqtt=True,
     ))
 
 

@@ -35,6 +35,10 @@ class EventBus:
         subs = self._subs
         return bool(self._all or subs.get(job_id) or subs.get(None))
 
+    def subscribed_all(self) -> int:
+        """How many ``subscribe_all`` subscribers are subscribed now."""
+        return len(self._all)
+
     def publish(self, event: JobEvent) -> None:
         """Deliver ``event`` to the job's subscribers, the all-jobs subscribers and the
         ``subscribe_all`` subscribers."""

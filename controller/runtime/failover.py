@@ -29,7 +29,7 @@ import structlog
 
 from lightrail.controller.core.spares import NoSpare, SpareChoice, pick_spare
 from lightrail.controller.domain.errors import FailoverBusy, FailoverError, UnknownJob
-from lightrail.controller.domain.events import JobEvent, JobEventKind
+from lightrail.controller.domain.events import FabricEvent, FabricEventKind, JobEvent, JobEventKind
 from lightrail.controller.domain.model import RankPlacement
 from lightrail.controller.runtime import metrics
 from lightrail.controller.runtime.events import EventBus
@@ -315,6 +315,17 @@ class FailoverManager:
             tl = FailoverTimeline(job_id, rank, old.host, old.gpu, to.host, to.gpu,
                                   planned - detected, confirmed - detected, notified - detected)
             self.timelines.append(tl)
+            self._events.publish_fabric(FabricEvent(
+                FabricEventKind.FAILOVER,
+                f"job {job_id} rank {rank}: {old.host}/gpu{old.gpu} -> {to.host}/gpu{to.gpu} "
+                f"({reason}) in {tl.job_notified_s * 1e3:.1f} ms",
+                job_id=job_id,
+                fields={"rank": str(rank), "from": f"{old.host}/gpu{old.gpu}",
+                        "to": f"{to.host}/gpu{to.gpu}", "reason": reason,
+                        "planned_s": f"{tl.planned_s:.6f}",
+                        "device_confirmed_s": f"{tl.device_confirmed_s:.6f}",
+                        "stored_s": f"{stored - detected:.6f}",
+                        "job_notified_s": f"{tl.job_notified_s:.6f}"}))
             metrics.FAILOVER_SECONDS.labels("planned").observe(tl.planned_s)
             metrics.FAILOVER_SECONDS.labels("device_confirmed").observe(tl.device_confirmed_s)
             metrics.FAILOVER_SECONDS.labels("job_notified").observe(tl.job_notified_s)

@@ -130,6 +130,22 @@ DEVICE_ALARMS = Counter(
     ["switch", "severity"],
     registry=REGISTRY,
 )
+MQTT_CONNECTED = Gauge(
+    "lightrail_mqtt_connected",
+    "1 while the leader's MQTT bridge is connected to the broker (0 also when MQTT is not "
+    "configured).",
+    registry=REGISTRY,
+)
+MQTT_EVENTS_DROPPED = Counter(
+    "lightrail_mqtt_events_dropped_total",
+    "Events the MQTT bridge dropped unsent: its buffer was full (broker away or slow).",
+    registry=REGISTRY,
+)
+MQTT_ALARMS_REJECTED = Counter(
+    "lightrail_mqtt_alarms_rejected_total",
+    "Alarm messages on the MQTT alarms topic rejected as invalid (logged with the field).",
+    registry=REGISTRY,
+)
 JOBS = Gauge("lightrail_jobs", "Registered jobs.", registry=REGISTRY)
 CIRCUITS = Gauge(
     "lightrail_cross_connects",

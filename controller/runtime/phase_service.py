@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -36,7 +36,6 @@ from lightrail.controller.runtime.events import EventBus
 from lightrail.controller.runtime.reconciler import ReconcilerStopped
 from lightrail.drivers.base import (
     CrossConnect,
-    DeviceAlarm,
     DeviceUnreachable,
     DriverError,
     NotLeader,
@@ -407,17 +406,14 @@ class PhaseService:
         self._dispatch(decisions)
         return fut
 
-    async def watch_alarms(self, switch_id: str, alarms: AsyncIterator[DeviceAlarm]) -> None:
-        """Consume a switch's alarms until cancelled: every alarm (loss of signal, port
-        failure, reboot) makes the controller distrust its view of the switch and read it back,
-        so no rank is admitted as a no-op onto cross-connects a rebooted device lost."""
-        async for alarm in alarms:
-            log.warning("device_alarm", switch=switch_id, port=alarm.port,
-                        condition=alarm.condition, severity=alarm.severity.value)
-            metrics.DEVICE_ALARMS.labels(switch_id, alarm.severity.value).inc()
-            self.coordinator.distrust(switch_id)
-            self._reconciler.invalidate(switch_id)
-            self._start_read_back(switch_id)
+    def distrust_switch(self, switch_id: str) -> None:
+        """The rule for a device alarm (loss of signal, port failure, reboot; from the
+        driver or MQTT: ``lightrail.controller.runtime.alarms.DeviceAlarms``): distrust the
+        view of the switch and read it back, so no rank is admitted as a no-op onto
+        cross-connects a rebooted device lost."""
+        self.coordinator.distrust(switch_id)
+        self._reconciler.invalidate(switch_id)
+        self._start_read_back(switch_id)
 
     def ports_settled(self) -> asyncio.Event:
         """An event set the next time a reconfiguration, rewire or read-back completes (ports

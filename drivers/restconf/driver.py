@@ -505,7 +505,8 @@ class RestconfDriver:
             break
         if not wrote:
             return ApplyResult()
-        self._log.info("applied", removed=len(removed), added=len(added))
+        # per reconfiguration: debug (counted in metrics, recorded as an event)
+        self._log.debug("applied", removed=len(removed), added=len(added))
         if not self._settings.verify:
             return ApplyResult(tuple(removed), tuple(added))
         changed = frozenset(p for xc in removed + added for p in xc.ports())

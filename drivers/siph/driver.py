@@ -404,7 +404,7 @@ class SiphDriver:
         self._fillers = expected & fillers & lit_after
         if lit_after != expected:
             raise VerificationMismatch(sid, expected - lit_after, lit_after - expected)
-        self._log.info(
+        self._log.debug(  # per reconfiguration: debug (in metrics and events)
             "applied", removed=len(removed), added=len(added), rerouted=len(rerouted),
             fillers=len(self._fillers),
         )
