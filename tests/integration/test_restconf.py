@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import aiohttp
 import pytest
 import pytest_asyncio
+import structlog
 
 from lightrail.controller.runtime.reconciler import Reconciler, RetryPolicy
 from lightrail.drivers.base import (
@@ -729,3 +730,13 @@ async def test_lost_answer_to_a_break_is_resent_and_accounted(make_rig: RigFacto
         ("PATCH", DATA, 204),
     ]
     assert rig.device.cross_connects == {xc(1, 10)}
+
+
+async def test_a_reconfiguration_logs_nothing_at_info(rig: Rig, driver: RestconfDriver) -> None:
+    """Per-reconfiguration detail is at debug (it is in metrics and events): a controller
+    under load logs no info line per switch and reconfiguration (issue 12, "Logs")."""
+    with structlog.testing.capture_logs() as logs:
+        await driver.apply(frozenset({xc(1, 9)}), frozenset({1, 9}))
+        await driver.apply(frozenset({xc(1, 10)}), frozenset({1, 9, 10}))
+    assert any(e["event"] == "applied" and e["log_level"] == "debug" for e in logs), logs
+    assert [e for e in logs if e["log_level"] not in ("debug",)] == []
