@@ -166,3 +166,14 @@ def test_changed_paths_compare_leaves() -> None:
     b = a.model_copy(update={"logging": a.logging.model_copy(update={"level": "error"})})
     assert changed_paths(a, b) == ["logging.level"]
     assert "logging.level" in RELOADABLE
+
+
+def test_advertise_option_is_validated_like_the_config_field() -> None:
+    from lightrail.controller.cli.daemons import _with_advertise
+    from lightrail.controller.config import ConfigError
+
+    cfg = load_config(None)
+    assert _with_advertise(cfg, None, None) is cfg
+    assert _with_advertise(cfg, "10.0.0.7:50051", None).controller.advertise == "10.0.0.7:50051"
+    with pytest.raises(ConfigError, match=r"controller\.advertise.*0\.0\.0\.0:50051"):
+        _with_advertise(cfg, "0.0.0.0:50051", None)
