@@ -26,6 +26,7 @@ import gc
 import ipaddress
 import socket
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +40,7 @@ from prometheus_client import start_http_server
 from lightrail.controller.api.agent_service import AgentServicer
 from lightrail.controller.api.auth import OperatorAuth, OperatorIdentity
 from lightrail.controller.api.operator_service import VERSION, OperatorServicer
-from lightrail.controller.api.routing import LeaderRoute, add_routed_services
+from lightrail.controller.api.routing import LeaderRoute, LeaderView, add_routed_services
 from lightrail.controller.config import (
     WILDCARD_HOSTS,
     Config,
@@ -59,6 +60,7 @@ from lightrail.controller.runtime.alarms import DeviceAlarms
 from lightrail.controller.runtime.events import EventBus
 from lightrail.controller.runtime.failover import FailoverManager
 from lightrail.controller.runtime.journal import EventJournal
+from lightrail.controller.runtime.maintenance import SwitchMaintenance
 from lightrail.controller.runtime.mqtt import (
     EventOutputs,
     MqttBridge,
@@ -69,6 +71,7 @@ from lightrail.controller.runtime.mqtt import (
     read_credential,
 )
 from lightrail.controller.runtime.phase_service import PhaseService
+from lightrail.controller.runtime.ports import PortReader
 from lightrail.controller.runtime.power import PowerPoller
 from lightrail.controller.runtime.reconciler import Reconciler
 from lightrail.controller.store.client import TlsFiles
@@ -76,6 +79,7 @@ from lightrail.controller.store.election import LeaderElection
 from lightrail.controller.store.etcd import EtcdStore
 from lightrail.controller.store.health import EtcdHealthStore
 from lightrail.controller.store.jobs import CorruptJobRecord, EtcdJobRepository
+from lightrail.controller.store.maintenance import EtcdMaintenanceStore
 from lightrail.controller.store.writer import CoalescingWriter
 from lightrail.drivers.base import CommandGate, CrossConnect, Driver
 from lightrail.drivers.credentials import CredentialEnviron
@@ -239,6 +243,9 @@ async def _serve(
             await _restore_jobs(repo, core)
             health_store = EtcdHealthStore(store, core.writer.put, core.writer.delete)
             failover = await _start_failover(tg, core, repo, health_store, ccfg)
+            maintenance = SwitchMaintenance(core.service, EtcdMaintenanceStore(store),
+                                            core.events)
+            await maintenance.restore()  # before serving: a new leader keeps maintenance
             if core.coordinator.unsynced_hosts():
                 tg.create_task(_recovery_verdict(core, failover, ccfg.recovery_grace_s),
                                name="recovery-verdict")
@@ -251,7 +258,9 @@ async def _serve(
             await front.route.lead(
                 AgentServicer(core.service, repo, core.events, is_leader, failover),
                 OperatorServicer(fabric, core.service, ccfg.replica_id, is_leader, failover,
-                                 journal=core.journal, alarm_log=core.alarms.log))
+                                 journal=core.journal, alarm_log=core.alarms.log,
+                                 maintenance=maintenance,
+                                 ports=PortReader(opened.drivers, core.coordinator)))
             running = RunningController(ccfg.replica_id, front.grpc_target, front.metrics_url,
                                         fabric, core.service)
             log.info("serving", grpc=running.grpc_target, metrics=front.metrics_url,
@@ -342,8 +351,15 @@ async def _start_front(
         leader = election.leader
         return None if leader is None else leader.address
 
+    def leader_view() -> LeaderView:
+        leader, since = election.leader, election.leader_since_s
+        return LeaderView(None if leader is None else leader.replica_id,
+                          None if leader is None else leader.address, election.transitions,
+                          None if leader is None or since is None else time.monotonic() - since)
+
     front.route = LeaderRoute(leader_address, advertise,
-                              health.aio.HealthServicer())  # type: ignore[attr-defined]
+                              health.aio.HealthServicer(),  # type: ignore[attr-defined]
+                              replica_id=ccfg.replica_id, leader_view=leader_view)
     auth = _operator_auth(ccfg)
     if reloader is not None:
         reloader.attach_auth(auth)

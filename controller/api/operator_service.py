@@ -17,7 +17,9 @@ from lightrail.controller.runtime.alarms import AlarmLog
 from lightrail.controller.runtime.failover import FailoverManager, FailoverTimeline
 from lightrail.controller.runtime.journal import EventJournal
 from lightrail.controller.runtime.liveness import JobLiveness, Retire
+from lightrail.controller.runtime.maintenance import SwitchMaintenance
 from lightrail.controller.runtime.phase_service import PhaseService, ReconfigurationDone
+from lightrail.controller.runtime.ports import PortReader, PortReadError
 from lightrail.controller.store.errors import StoreError
 from lightrail.drivers.base import DriverError
 from lightrail.v1 import operator_pb2, operator_pb2_grpc
@@ -54,12 +56,16 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         alarm_log: AlarmLog | None = None,
         retire: Retire | None = None,
         liveness: JobLiveness | None = None,
+        maintenance: SwitchMaintenance | None = None,
+        ports: PortReader | None = None,
     ) -> None:
         self._journal = journal
         self._alarm_log = alarm_log
         self._failover = failover
         self._retire = retire
         self._liveness = liveness
+        self._maintenance = maintenance
+        self._ports = ports
         self._fabric = fabric
         self._service = service
         self._replica_id = replica_id
@@ -190,6 +196,7 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
     ) -> operator_pb2.ListSwitchesResponse:
         coord = self._service.coordinator
+        in_maintenance = coord.maintenance()
         out = []
         for sid in sorted(self._fabric.switches):
             sw = self._fabric.switches[sid]
@@ -204,6 +211,8 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
                     reconfiguration_delay_s=sw.reconfiguration_delay_s,
                     cross_connects=len(coord.confirmed(sid)),
                     reconfigurations=self._reconf_by_switch[sid],
+                    maintenance=sid in in_maintenance,
+                    maintenance_reason=in_maintenance.get(sid, ""),
                 )
             )
         return operator_pb2.ListSwitchesResponse(switches=out)
@@ -367,28 +376,92 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         request: operator_pb2.ListPortsRequest,
         context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
     ) -> operator_pb2.ListPortsResponse:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "ListPorts: not built yet")
+        """Every port of ``switch_id`` (empty: of every switch), read from the devices
+        (``lightrail.controller.runtime.ports``): NOT_FOUND naming an unknown switch,
+        UNAVAILABLE naming a switch that does not answer."""
+        if self._ports is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "ListPorts: no drivers here")
+        assert self._ports is not None
+        sid = request.switch_id
+        if sid and sid not in self._fabric.switches:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"switch_id: unknown switch {sid!r}")
+        out: list[operator_pb2.PortInfo] = []
+        for switch_id in [sid] if sid else sorted(self._fabric.switches):
+            try:
+                readings = await self._ports.read(switch_id)
+            except PortReadError as exc:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+            out.extend(operator_pb2.PortInfo(
+                switch_id=r.switch_id, port=r.port,
+                admin_state=r.admin.value if r.admin else "",
+                oper_state=r.oper.value if r.oper else "",
+                power_dbm=r.power_dbm, connected_to=r.connected_to,
+                endpoint=r.endpoint or "", job_id=r.job_id or "") for r in readings)
+        return operator_pb2.ListPortsResponse(ports=out)
 
     async def SetMaintenance(  # noqa: N802
         self,
         request: operator_pb2.SetMaintenanceRequest,
         context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
     ) -> operator_pb2.SetMaintenanceResponse:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "SetMaintenance: not built yet")
+        """Maintenance on/off (``lightrail.controller.runtime.maintenance``), stored in etcd
+        before it takes effect: NOT_FOUND naming an unknown switch, UNAVAILABLE when etcd
+        refuses (nothing changed then)."""
+        if self._maintenance is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                                "SetMaintenance: not served here")
+        assert self._maintenance is not None
+        try:
+            rec = await self._maintenance.set(request.switch_id, request.on, request.reason)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        except StoreError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                f"switch {request.switch_id!r}: maintenance not stored in "
+                                f"etcd, nothing changed: {exc}")
+        return operator_pb2.SetMaintenanceResponse(switch_id=request.switch_id,
+                                                   maintenance=rec is not None)
+
+    async def _known_host(self, host: str,
+                          context: grpc.aio.ServicerContext) -> FailoverManager:  # type: ignore[type-arg]
+        """The failover manager, once ``host`` is known; aborts the call otherwise."""
+        if self._failover is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "failover is not enabled")
+        assert self._failover is not None
+        if host not in self._fabric.hosts:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"host: unknown host {host!r}")
+        return self._failover
 
     async def Undrain(  # noqa: N802
         self,
         request: operator_pb2.UndrainRequest,
         context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
     ) -> operator_pb2.UndrainResponse:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Undrain: not built yet")
+        """Return a drained host's GPUs to service (``FailoverManager.undrain``): NOT_FOUND
+        naming an unknown host, FAILED_PRECONDITION naming a host that is not drained."""
+        manager = await self._known_host(request.host, context)
+        try:
+            gpus = manager.undrain(request.host)
+        except FailoverError as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        return operator_pb2.UndrainResponse(host=request.host, gpus=gpus)
 
     async def ClearGpu(  # noqa: N802
         self,
         request: operator_pb2.ClearGpuRequest,
         context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
     ) -> operator_pb2.ClearGpuResponse:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "ClearGpu: not built yet")
+        """Forget failed/degraded records (``FailoverManager.clear``); answers the GPUs
+        concerned as ``ListGpus`` shows them now. NOT_FOUND naming an unknown host or GPU."""
+        manager = await self._known_host(request.host, context)
+        gpu = request.gpu if request.HasField("gpu") else None
+        try:
+            manager.clear(request.host, gpu)
+        except FailoverError as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        listed = await self.ListGpus(operator_pb2.ListGpusRequest(), context)
+        return operator_pb2.ClearGpuResponse(gpus=[
+            g for g in listed.gpus if g.host == request.host and (gpu is None or g.gpu == gpu)])
 
     async def Reload(  # noqa: N802
         self,

@@ -16,6 +16,7 @@ on a standby, SERVING on the leader (``LeaderRoute.lead``).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
 
 import grpc
@@ -46,20 +47,38 @@ if TYPE_CHECKING:
     _Context: TypeAlias = grpc.aio.ServicerContext[Any, Any]
 
 
+@dataclass(frozen=True, slots=True)
+class LeaderView:
+    """A replica's view of the election (``GetLeader``): the leading replica's id and
+    advertised address (None while none is known), the leader changes this replica has seen,
+    and how long the current leader has led as far as it knows (s; None when unknown)."""
+
+    leader_id: str | None
+    address: str | None
+    transitions: int
+    leading_for_s: float | None
+
+
 class LeaderRoute:
     """Where a replica's calls go. ``leader_address`` returns the address the current leader
     advertises (None while none is known); ``own_address`` is this replica's own advertised
     address (a standby that sees itself named, while it starts leading or after it stopped,
     names no leader: the client tries again). ``health`` is the replica's gRPC health
-    servicer, whose statuses ``lead``/``step_down`` set."""
+    servicer, whose statuses ``lead``/``step_down`` set. ``replica_id`` and ``leader_view``
+    (None: no election known) answer ``GetLeader`` on this replica itself."""
 
     def __init__(
         self,
         leader_address: Callable[[], str | None],
         own_address: str,
         health_servicer: health.aio.HealthServicer,  # type: ignore[name-defined]
+        *,
+        replica_id: str = "",
+        leader_view: Callable[[], LeaderView] | None = None,
     ) -> None:
         self._leader_address = leader_address
+        self.replica_id = replica_id
+        self.leader_view = leader_view
         self.own_address = own_address
         self.health = health_servicer
         self.agent: AgentServicer | None = None
@@ -84,6 +103,10 @@ class LeaderRoute:
         self.agent = None
         self.operator = None
         await self.standby()
+
+    def leader_address(self) -> str | None:
+        """The address the current leader advertises, None while none is known."""
+        return self._leader_address()
 
     def redirect_status(self) -> tuple[str, tuple[tuple[str, str], ...]]:
         """The details and trailing metadata of a redirect, now: ``lightrail-leader`` holds the
@@ -302,7 +325,16 @@ class RoutedOperatorService(operator_pb2_grpc.OperatorServiceServicer):
     async def GetLeader(  # noqa: N802
         self, request: operator_pb2.GetLeaderRequest, context: _Context
     ) -> operator_pb2.GetLeaderResponse:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "GetLeader: not built yet (issue 12)")
+        """This replica's view of the election, leader or standby (never redirected)."""
+        route = self._route
+        if route.leader_view is None:
+            return operator_pb2.GetLeaderResponse(address=route.leader_address() or "",
+                                                  replica_id=route.replica_id)
+        view = route.leader_view()
+        return operator_pb2.GetLeaderResponse(
+            leader_id=view.leader_id or "", address=view.address or "",
+            replica_id=route.replica_id, transitions=view.transitions,
+            leading_for_s=view.leading_for_s)
 
 
 def add_routed_services(server: grpc.aio.Server, route: LeaderRoute,

@@ -15,7 +15,16 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 
-from lightrail.controller.cli import completion, daemons, emulate, events, operator, replay, slices
+from lightrail.controller.cli import (
+    completion,
+    daemons,
+    emulate,
+    events,
+    operator,
+    replay,
+    slices,
+    switch_ops,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_parsers(sub)
     slices.add_parsers(sub)
     operator.add_parsers(sub)
+    switch_ops.add_parsers(sub)
     events.add_parsers(sub)
     completion.add_parsers(sub, p)  # last: it reads the whole parser
     return p

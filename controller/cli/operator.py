@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 from rich.table import Table
+from rich.text import Text
 
 from lightrail.agents.leader import LeaderTargets, NoLeader
 from lightrail.controller.api.auth import AUTHORIZATION_KEY
@@ -56,7 +57,7 @@ def token_metadata(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
 
 
 def _operator(args: argparse.Namespace, call: Callable[[Any], Any],
-              render: Callable[[Any], Table | str],
+              render: Callable[[Any], Table | Text | str],
               exit_code: Callable[[Any], int] | None = None) -> int:
     try:
         tls = client_tls(args)
@@ -92,6 +93,12 @@ def _operator(args: argparse.Namespace, call: Callable[[Any], Any],
     return run_async(main())
 
 
+operator_command = _operator
+"""Run one operator call and print its answer (``render``: a table or text; ``--json``: the
+reply); the exit code from ``exit_code`` (default 0), 1 on a refused call or no leader, 2 on
+bad usage. The public name for the other operator command modules."""
+
+
 def table(title: str, cols: Sequence[str], rows: Sequence[Sequence[object]],
           caption: str | None = None) -> Table:
     """A rich table of ``rows`` under ``cols``, with ``caption`` (what the columns mean)."""
@@ -116,10 +123,12 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_switches(args: argparse.Namespace) -> int:
     def render(r: operator_pb2.ListSwitchesResponse) -> Table:
         return table("switches", ["switch", "model", "kind", "ports", "rail", "delay ms",
-                                   "cross-connects", "reconfigurations"],
+                                   "cross-connects", "reconfigurations", "maintenance"],
                       [[s.switch_id, s.model, s.kind, s.port_count,
                         s.rail if s.has_rail else "-", f"{s.reconfiguration_delay_s * 1e3:g}",
-                        s.cross_connects, s.reconfigurations] for s in r.switches])
+                        s.cross_connects, s.reconfigurations,
+                        f"yes: {s.maintenance_reason}" if s.maintenance else "-"]
+                       for s in r.switches])
     return _operator(args, lambda s: s.ListSwitches(operator_pb2.ListSwitchesRequest(),
                                                     timeout=10), render)
 
@@ -169,6 +178,9 @@ def _cmd_jobs_unregister(args: argparse.Namespace) -> int:
 
 
 def cmd_gpus(args: argparse.Namespace) -> int:
+    if args.clear:
+        return _cmd_gpus_clear(args)
+
     def render(r: operator_pb2.ListGpusResponse) -> Table:
         return table("GPUs", ["host", "gpu", "domain", "spare host", "health", "reason",
                                "job", "rank", "heartbeat age s"],
@@ -178,6 +190,29 @@ def cmd_gpus(args: argparse.Namespace) -> int:
                        for g in r.gpus])
     return _operator(args, lambda s: s.ListGpus(operator_pb2.ListGpusRequest(), timeout=10),
                      render)
+
+
+def _cmd_gpus_clear(args: argparse.Namespace) -> int:
+    """``lightrail gpus --clear HOST[:GPU]``: forget failed/degraded records (operator)."""
+    host, sep, gpu = args.clear.rpartition(":")
+    if not sep:
+        host, gpu = args.clear, ""
+    if not host or (gpu and not gpu.isdecimal()):
+        print(f"lightrail gpus: --clear: expected HOST or HOST:GPU, got {args.clear!r}",
+              file=sys.stderr)
+        return 2
+    req = operator_pb2.ClearGpuRequest(host=host, gpu=int(gpu) if gpu else None)
+    try:
+        md = token_metadata(args)
+    except CliUsageError as exc:
+        print(f"lightrail gpus: {exc}", file=sys.stderr)
+        return 2
+
+    def render(r: operator_pb2.ClearGpuResponse) -> Table:
+        return table(f"cleared {args.clear}", ["host", "gpu", "health", "reason"],
+                     [[g.host, g.gpu, g.state, g.reason or "-"] for g in r.gpus],
+                     caption="a cleared GPU is unknown until its agent reports it")
+    return _operator(args, lambda s: s.ClearGpu(req, timeout=30, metadata=md), render)
 
 
 def _timeline_table(title: str, fos: Sequence[operator_pb2.FailoverResponse]) -> Table:
@@ -210,6 +245,8 @@ def cmd_failover(args: argparse.Namespace) -> int:
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
+    if args.undo:
+        return cmd_uncordon(args)
     req = operator_pb2.DrainRequest(host=args.host, reason=args.reason)
     try:
         md = token_metadata(args)
@@ -218,6 +255,35 @@ def cmd_drain(args: argparse.Namespace) -> int:
         return 2
     return _operator(args, lambda s: s.Drain(req, timeout=120, metadata=md),
                      lambda r: _timeline_table(f"drained {args.host}", list(r.failovers)))
+
+
+def cmd_uncordon(args: argparse.Namespace) -> int:
+    """``lightrail uncordon HOST`` (``drain --undo HOST``): the drained host's GPUs return to
+    service, unknown until its agent reports (a spare host is a spare again)."""
+    req = operator_pb2.UndrainRequest(host=args.host)
+    try:
+        md = token_metadata(args)
+    except CliUsageError as exc:
+        print(f"lightrail {args.cmd}: {exc}", file=sys.stderr)
+        return 2
+    return _operator(args, lambda s: s.Undrain(req, timeout=30, metadata=md),
+                     lambda r: f"{r.host}: GPUs {', '.join(map(str, r.gpus))} back in service "
+                               "(unknown until its agent reports)")
+
+
+def cmd_leader(args: argparse.Namespace) -> int:
+    """``lightrail leader``: the election as the replica at ``--controller`` sees it (the
+    first that answers; every replica answers for itself)."""
+    def render(r: operator_pb2.GetLeaderResponse) -> Table:
+        return table("leader", ["leader", "address", "leading for s", "answered by",
+                                "transitions seen"],
+                     [[r.leader_id or "(none)", r.address or "-",
+                       f"{r.leading_for_s:.0f}" if r.HasField("leading_for_s") else "-",
+                       r.replica_id, r.transitions]],
+                     caption="transitions seen: leader changes this replica observed since "
+                             "it started; leading for: since this replica saw it take over")
+    return _operator(args, lambda s: s.GetLeader(operator_pb2.GetLeaderRequest(), timeout=10),
+                     render)
 
 
 def cmd_hosts(args: argparse.Namespace) -> int:
@@ -287,7 +353,13 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
             c.add_argument("--job", help="only the cross-connects of this job (job id)")
         if name == "jobs":
             _add_jobs_actions(c)
+        if name == "gpus":
+            c.add_argument("--clear", metavar="HOST[:GPU]", default="",
+                           help="forget the failed/degraded state of a host's GPUs (or one "
+                                "GPU), e.g. after a repair (operator)")
+            add_token_arguments(c)
         c.set_defaults(func=func)
+    _add_leader_parser(subcommands)
 
     c = subcommands.add_parser("failover", help="move a job rank to a spare GPU now")
     c.add_argument("--controller", default=DEFAULT_TARGET, help=CONTROLLER_HELP)
@@ -319,4 +391,30 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
     c.add_argument("--json", action="store_true", help=JSON_HELP)
     c.add_argument("--reason", default="operator drain",
                    help="why, for the event and the log (default: operator drain)")
+    c.add_argument("--undo", action="store_true",
+                   help="return the drained host to service instead (as uncordon)")
     c.set_defaults(func=cmd_drain)
+    _add_uncordon_parser(subcommands)
+
+
+def _add_leader_parser(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
+                       ) -> None:
+    c = subcommands.add_parser("leader", help="which replica leads, as the answering replica "
+                                              "sees it")
+    c.add_argument("--controller", default=DEFAULT_TARGET, help=CONTROLLER_HELP + "; the "
+                   "first replica that answers reports its own view")
+    add_tls_arguments(c)
+    c.add_argument("--json", action="store_true", help=JSON_HELP)
+    c.set_defaults(func=cmd_leader)
+
+
+def _add_uncordon_parser(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
+                         ) -> None:
+    c = subcommands.add_parser("uncordon", help="return a drained host to service (drain "
+                                                "--undo)")
+    c.add_argument("host", help="the host's inventory name")
+    c.add_argument("--controller", default=DEFAULT_TARGET, help=CONTROLLER_HELP)
+    add_tls_arguments(c)
+    add_token_arguments(c)
+    c.add_argument("--json", action="store_true", help=JSON_HELP)
+    c.set_defaults(func=cmd_uncordon)

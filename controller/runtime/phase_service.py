@@ -291,12 +291,12 @@ class PhaseService:
             del self._admit_hist[hkey]
         for ckey in [k for k in self._admit_count if k[0] == job_id]:
             del self._admit_count[ckey]
+
     def set_maintenance(self, switch_id: str, reason: str | None) -> None:
         """Put a switch in maintenance (``reason``) or take it out (None):
         ``PhaseCoordinator.set_maintenance``; waiting phases that need it are refused, and
         after maintenance the queue switches again. Raises ``ValueError`` (unknown switch)."""
         self._dispatch(self.coordinator.set_maintenance(switch_id, reason, self.now()))
-
 
     def refresh_switch(self, switch_id: str, cross_connects: frozenset[CrossConnect]) -> None:
         """Replace the coordinator's view of a switch with a read-back."""

@@ -441,6 +441,13 @@ OPERATOR = st.one_of(
         lambda m: ("Failover", m)),
     _msg(operator_pb2.DrainRequest, host=NAME, reason=st.text(max_size=20)).map(
         lambda m: ("Drain", m)),
+    _msg(operator_pb2.UndrainRequest, host=NAME).map(lambda m: ("Undrain", m)),
+    _msg(operator_pb2.ClearGpuRequest, host=NAME, gpu=st.one_of(SMALL, U32)).map(
+        lambda m: ("ClearGpu", m)),
+    # maintenance off only: on would stop the rig's later phases from switching
+    _msg(operator_pb2.SetMaintenanceRequest, switch_id=NAME, reason=st.text(max_size=20)).map(
+        lambda m: ("SetMaintenance", m)),
+    _msg(operator_pb2.ListPortsRequest, switch_id=NAME).map(lambda m: ("ListPorts", m)),
 )
 
 
