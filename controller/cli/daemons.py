@@ -9,7 +9,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +21,13 @@ from lightrail.controller.cli.common import (
     client_tls,
     positive_int,
     run_async,
+)
+from lightrail.controller.cli.exitcodes import (
+    ExitCode,
+    Failure,
+    leaves,
+    one_line,
+    traceback_text,
 )
 from lightrail.controller.config import Config, ConfigError, load_config, parse_config
 from lightrail.controller.logs import configure_logging
@@ -37,7 +44,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
         cfg = _with_advertise(loaded, args.advertise, path)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
-        return 2
+        return ExitCode.CONFIG_ERROR
     configure_logging(cfg.logging.level, cfg.logging.format)
     # The daemon's process only (not embedded or test runs): the hot path allocates
     # short-lived, acyclic objects (decisions, batches, messages) that reference counting
@@ -47,10 +54,8 @@ def cmd_controller(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         from lightrail.controller.app import (
-            LeadershipLost,
             RunningController,
             ServingReplica,
-            TlsSetupError,
             run_controller,
         )
         from lightrail.controller.cli.drivers import driver_registry
@@ -58,7 +63,6 @@ def cmd_controller(args: argparse.Namespace) -> int:
         from lightrail.controller.reload import ConfigReloader
         from lightrail.controller.runtime.sdnotify import SystemdNotifier
         from lightrail.controller.store.etcd_server import EmbeddedEtcd
-        from lightrail.drivers.base import DriverError
 
         stop = asyncio.Event()
         reload_requested = asyncio.Event()
@@ -104,17 +108,39 @@ def cmd_controller(args: argparse.Namespace) -> int:
                     await serve(c2.model_copy(update={"controller": cfg.controller}))
             else:
                 await serve(cfg)
-        except (LeadershipLost, TlsSetupError, DriverError) as exc:
-            # one line (a switch not opened at start names itself: DriverError), no traceback
-            print(f"lightrail controller: {exc}", file=sys.stderr)
-            return 1
-        except StoreError as exc:  # one line naming the endpoints, not a traceback
-            print(f"lightrail controller: etcd {', '.join(cfg.etcd.endpoints)}: {exc}",
-                  file=sys.stderr)
-            return 1
-        return 0
+        except Exception as exc:  # one line and a documented code, no traceback
+            # (a switch not opened at start names itself: DriverError; etcd: its endpoints)
+            end = controller_failure(exc, cfg.etcd.endpoints)
+            if args.debug:
+                print(traceback_text(exc), file=sys.stderr, end="")
+            print(f"lightrail controller: {end.message}", file=sys.stderr)
+            return end.code
+        return ExitCode.OK
 
     return run_async(main())
+
+
+def controller_failure(exc: BaseException, etcd_endpoints: Sequence[str]) -> Failure:
+    """The exit code and one line for what ended ``lightrail controller`` (README "Exit
+    codes"): fenced, etcd unreachable (naming ``etcd_endpoints``), a TLS setup error (a config
+    error), a switch not opened at start, else an internal error. Inside a task group the most
+    telling error counts, in that order."""
+    from lightrail.controller.app import LeadershipLost, TlsSetupError
+    from lightrail.drivers.base import DriverError
+
+    found = leaves(exc)
+    kinds: tuple[tuple[type[BaseException], ExitCode], ...] = (
+        (LeadershipLost, ExitCode.FENCED), (StoreError, ExitCode.STORE_UNAVAILABLE),
+        (TlsSetupError, ExitCode.CONFIG_ERROR), (DriverError, ExitCode.DEVICE_UNAVAILABLE))
+    for kind, code in kinds:
+        for leaf in found:
+            if isinstance(leaf, kind):
+                where = f"etcd {', '.join(etcd_endpoints)}: " if kind is StoreError else ""
+                return Failure(code, f"{where}{one_line(leaf)}")
+    first = found[0] if found else exc
+    return Failure(ExitCode.INTERNAL_ERROR,
+                   f"internal error: {type(first).__name__}: {one_line(first)} (a bug: run "
+                   "with --debug for the traceback and report it)")
 
 
 def _with_advertise(cfg: Config, advertise: str | None, path: Path | None) -> Config:
@@ -267,6 +293,9 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
                         "once this replica leads and serves phase calls (--announce or "
                         "--announce leader), or once it serves gRPC and /metrics, as a standby "
                         "(--announce serving) (for supervisors and the embedded demo)")
+    c.add_argument("--debug", action="store_true",
+                   help="print the traceback of what ended the daemon, not only its one-line "
+                        "message (exit codes: README \"Exit codes\")")
     c.add_argument("--advertise", metavar="HOST:PORT", default=None,
                    help="the address this replica publishes while it leads, over the config's "
                         "controller.advertise (one config for every replica, e.g. "
