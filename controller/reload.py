@@ -121,8 +121,10 @@ class ConfigReloader:
         return "<defaults>" if self.path is None else str(self.path)
 
     def attach_auth(self, auth: OperatorAuth) -> None:
-        """The operator check a reload of ``controller.operators`` replaces."""
+        """The operator check a reload of ``controller.operators`` replaces; it takes the
+        current operators at once (a reload may have come before the gRPC server started)."""
         self._auth = auth
+        auth.replace(operator_identities(self.current.controller.operators))
 
     def lead(self, coordinator: PhaseCoordinator, events: EventBus) -> None:
         """This replica leads: apply the current admission timeout to ``coordinator`` (a

@@ -177,3 +177,12 @@ def test_advertise_option_is_validated_like_the_config_field() -> None:
     assert _with_advertise(cfg, "10.0.0.7:50051", None).controller.advertise == "10.0.0.7:50051"
     with pytest.raises(ConfigError, match=r"controller\.advertise.*0\.0\.0\.0:50051"):
         _with_advertise(cfg, "0.0.0.0:50051", None)
+
+
+def test_the_operator_check_takes_the_operators_of_the_current_config(cfg_path: Path) -> None:
+    write(cfg_path, with_("controller", operators=[
+        {"name": "oncall", "token_sha256": token_sha256(TOKEN)}]))
+    reloader = ConfigReloader(cfg_path, load_config(cfg_path))
+    auth = OperatorAuth(())
+    reloader.attach_auth(auth)
+    assert [o.name for o in auth.operators] == ["oncall"]
