@@ -27,7 +27,9 @@ from lightrail.controller.cli.common import (
     DEFAULT_TARGET,
     CliUsageError,
     add_tls_arguments,
+    address_hint,
     client_tls,
+    controller_address,
     make_console,
     run_async,
 )
@@ -45,12 +47,18 @@ def _targets(args: argparse.Namespace) -> LeaderTargets | None:
     """The controller replicas of ``--controller`` with ``--tls-*``; None (message printed)
     when they are malformed."""
     try:
-        return LeaderTargets(args.controller, tls=client_tls(args))
+        where = controller_address(args.controller)
+        return LeaderTargets(where.address, tls=client_tls(args))
     except CliUsageError as exc:
         print(f"lightrail {args.cmd}: {exc}", file=sys.stderr)
     except ValueError as exc:
-        print(f"lightrail {args.cmd}: --{exc}", file=sys.stderr)
+        print(f"lightrail {args.cmd}: --{exc} {address_hint(where)}", file=sys.stderr)
     return None
+
+
+def _hint(args: argparse.Namespace) -> str:
+    """Where the address came from and how to set it (``common.address_hint``)."""
+    return address_hint(controller_address(args.controller))
 
 
 def event_line(ev: operator_pb2.FabricEvent) -> str:
@@ -98,7 +106,7 @@ def cmd_events(args: argparse.Namespace) -> int:
                     return 0
                 problem = "the stream ended"
             except NoLeader as exc:
-                problem = f"{exc} (the address comes from --controller or $LIGHTRAIL_CONTROLLER)"
+                problem = f"{exc} {_hint(args)}"
             except grpc.aio.AioRpcError as exc:
                 problem = f"{targets.current}: {exc.code().name}: {exc.details()}"
                 if exc.code() is not grpc.StatusCode.UNAVAILABLE:
@@ -128,8 +136,7 @@ def cmd_alarms(args: argparse.Namespace) -> int:
         try:
             resp: Any = await operator_call(targets, lambda s: s.ListAlarms(request, timeout=10))
         except NoLeader as exc:
-            print(f"lightrail alarms: {exc} (the address comes from --controller or "
-                  "$LIGHTRAIL_CONTROLLER)", file=sys.stderr)
+            print(f"lightrail alarms: {exc} {_hint(args)}", file=sys.stderr)
             return 1
         except grpc.aio.AioRpcError as exc:
             print(f"lightrail alarms: {targets.current}: {exc.code().name}: {exc.details()}",

@@ -90,13 +90,14 @@ def test_status_without_controller_names_the_address_and_the_file(tmp_path: Path
     port = closed_port()
     config = tmp_path / "cli.yaml"
     config.write_text(f"controller: 127.0.0.1:{port}\n", encoding="utf-8")
-    done = lightrail({"LIGHTRAIL_CLI_CONFIG": str(config)}, "status")
-    assert done.returncode == 1, done.stderr
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("lightrail status: "), done.stderr
-    assert f"127.0.0.1:{port}" in lines[0]
-    assert f"address from 'controller:' in {config}" in lines[0]
-    assert "--controller, $LIGHTRAIL_CONTROLLER" in lines[0]
+    for verb in ("status", "events", "alarms"):  # events/alarms: their own stream code
+        done = lightrail({"LIGHTRAIL_CLI_CONFIG": str(config)}, verb)
+        assert done.returncode == 1, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"lightrail {verb}: "), done.stderr
+        assert f"127.0.0.1:{port}" in lines[0]
+        assert f"address from 'controller:' in {config}" in lines[0]
+        assert "--controller, $LIGHTRAIL_CONTROLLER" in lines[0]
     config.write_text("controller: 5\n", encoding="utf-8")
     done = lightrail({"LIGHTRAIL_CLI_CONFIG": str(config)}, "status")
     assert done.returncode == 2
