@@ -44,7 +44,7 @@ demo: $(STAMP) system-deps
 	$(VENV)/bin/lightrail demo
 
 test: $(STAMP) system-deps nccl-plugin
-	LIGHTRAIL_REQUIRE_ETCD=1 $(PY) -m pytest -q
+	LIGHTRAIL_REQUIRE_ETCD=1 LIGHTRAIL_REQUIRE_SYSTEMD=1 $(PY) -m pytest -q
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
