@@ -42,7 +42,8 @@ def report_of(host: str, snapshot: dict[GpuId, GpuHealth]) -> agent_pb2.HealthRe
     gpus = []
     for gid, h in sorted(snapshot.items()):
         g = agent_pb2.GpuHealth(gpu=gid.index, state=_STATE_TO_PB[h.state], reason=h.reason,
-                                controller_record=h.source is EventSource.RESTORED)
+                                controller_record=h.state is HealthState.FAILED
+                                and h.source is EventSource.RESTORED)
         if h.xid is not None:
             g.xid = h.xid
             g.has_xid = True

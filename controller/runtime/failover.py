@@ -152,14 +152,14 @@ class FailoverManager:
         """A GPU's health as its agent sees it. A transition to FAILED starts a failover for
         every rank on it; the same failure reported again (e.g. a kernel message and XID 79)
         starts nothing new. The controller's FAILED record is not cleared by a later
-        "healthy" report of a restarted agent. ``echoed``: the report repeats the
-        controller's own record (``GpuHealth.controller_record``), which records nothing new:
-        after an operator cleared the record it stays cleared."""
+        "healthy" report of a restarted agent. ``echoed``: a FAILED report that repeats the
+        controller's own record (``GpuHealth.controller_record``) records nothing new: after
+        an operator cleared the record it stays cleared."""
         key = (host, gpu)
         prev = self._gpus.get(key)
         if prev is not None and prev.state is GpuState.FAILED:
             return  # the controller's record wins; only an operator clears a failure
-        if echoed:
+        if echoed and state is GpuState.FAILED:
             return
         if prev is not None and prev.state is state:
             return

@@ -19,6 +19,8 @@ import pytest_asyncio
 
 from lightrail.agents.client import ControllerClient
 from lightrail.agents.errors import PhaseError, SwitchInMaintenance
+from lightrail.agents.host.health import HealthState
+from lightrail.agents.host.reporter import HealthReporter
 from lightrail.controller.app import RunningController, ServingReplica, run_controller
 from lightrail.controller.cli.drivers import driver_registry
 from lightrail.controller.cli.embedded import embedded_config, running_controller
@@ -29,6 +31,7 @@ from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup
 from lightrail.controller.store.etcd import EtcdStore
 from lightrail.controller.store.etcd_server import EmbeddedEtcd
 from lightrail.drivers.base import CrossConnect
+from lightrail.emulator.gpus import EmulatedHealthSource
 from lightrail.emulator.ocs import EmulatedFabricDevices
 from lightrail.v1 import agent_pb2, agent_pb2_grpc, operator_pb2, operator_pb2_grpc
 
@@ -316,6 +319,32 @@ async def test_undrain_and_clear_return_gpus_to_service(
     assert rc == 1 and "host: unknown host 'ghost'" in err
     rc, _, err = await cli("gpus", "--clear", "host2:x", "--controller", target)
     assert rc == 2 and "--clear: expected HOST or HOST:GPU, got 'host2:x'" in err
+
+
+async def test_an_agent_follows_an_undrain(ctl: RunningController) -> None:
+    """A real host agent's reporter: it adopts the controller's drain record as its own
+    (RESTORED), and after uncordon drops it, so the GPUs come back healthy rather than the
+    echo failing them again."""
+    src = EmulatedHealthSource("host3", 2)
+    reporter = HealthReporter(src, ctl.grpc_target, interval_s=0.05)
+    task = asyncio.create_task(reporter.run())
+    try:
+        await asyncio.wait_for(reporter.acked.wait(), 10)
+        assert (await cli("drain", "host3", "--controller", ctl.grpc_target))[0] == 0
+
+        async def adopted() -> bool:
+            return all(h.state is HealthState.FAILED for h in src.snapshot().values())
+        await until(adopted)
+        assert (await cli("uncordon", "host3", "--controller", ctl.grpc_target))[0] == 0
+
+        async def healthy() -> bool:
+            return await gpu_states(ctl.grpc_target, "host3") == {0: "healthy", 1: "healthy"}
+        await until(healthy)
+        assert {h.state for h in src.snapshot().values()} == {HealthState.HEALTHY}
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 async def test_switch_show_draws_the_cross_connects(
