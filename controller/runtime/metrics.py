@@ -178,6 +178,7 @@ CONFIG_LAST_RELOAD_SUCCESSFUL = Gauge(
     "1 when the last config load (start or reload) was applied, 0 when it was refused.",
     registry=REGISTRY,
 )
+CONFIG_LAST_RELOAD_SUCCESSFUL.set(1)  # a process runs the config it started with
 DEVICE_REACHABLE = Gauge(
     "lightrail_device_reachable",
     "1 while the switch answers, 0 after its last command, read-back or power poll failed "
