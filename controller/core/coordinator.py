@@ -300,6 +300,10 @@ class PhaseCoordinator:
         """Switches in maintenance: switch id -> the operator's reason."""
         return dict(self._s.maintenance)
 
+    def switching(self, switch_id: str) -> bool:
+        """True while a reconfiguration or rewire is in flight on ``switch_id``."""
+        return bool(self._s.views.inflight.get(switch_id))
+
     def schedule(self, now: float) -> list[Decision]:
         """Re-examine waiting phases (after ``set_confirmed`` made ports known again)."""
         return schedule(self._s, now)

@@ -11,6 +11,8 @@ leading, before it serves, so maintenance survives a failover and a restart.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Mapping
 from typing import Protocol
@@ -40,14 +42,17 @@ class MaintenanceStore(Protocol):
 
 class SwitchMaintenance:
     """Maintenance state of the leader's switches. ``clock``: wall-clock seconds (the
-    records' ``since_unix_s``)."""
+    records' ``since_unix_s``); ``settle_timeout_s``: how long ``set`` waits at most for a
+    reconfiguration already in flight on the switch."""
 
     def __init__(self, service: PhaseService, store: MaintenanceStore, events: EventBus,
-                 *, clock: Callable[[], float] = time.time) -> None:
+                 *, clock: Callable[[], float] = time.time,
+                 settle_timeout_s: float = 30.0) -> None:
         self._service = service
         self._store = store
         self._events = events
         self._clock = clock
+        self._settle_timeout_s = settle_timeout_s
         self._records: dict[str, MaintenanceRecord] = {}
 
     def records(self) -> Mapping[str, MaintenanceRecord]:
@@ -67,8 +72,11 @@ class SwitchMaintenance:
 
     async def set(self, switch_id: str, on: bool, reason: str = "") -> MaintenanceRecord | None:
         """Put ``switch_id`` in maintenance (``on``; ``reason`` empty: ``DEFAULT_REASON``) or
-        take it out; returns its record, None when it is in service now. Idempotent. Raises
-        ``ValueError`` naming an unknown switch and ``StoreError`` (nothing changed then)."""
+        take it out; returns its record, None when it is in service now. Idempotent. Going
+        into maintenance returns once no reconfiguration decided before is in flight on the
+        switch (at most ``settle_timeout_s``; logged when one still is), so the switch is left
+        alone from then on. Raises ``ValueError`` naming an unknown switch and ``StoreError``
+        (nothing changed then)."""
         if switch_id not in self._service.coordinator.fabric.switches:
             raise ValueError(f"switch_id: unknown switch {switch_id!r}")
         if on:
@@ -76,6 +84,7 @@ class SwitchMaintenance:
             await self._store.put(rec)
             self._records[switch_id] = rec
             self._service.set_maintenance(switch_id, rec.reason)
+            await self._settled(switch_id)
             message = f"switch {switch_id} in maintenance: {rec.reason}"
         else:
             rec = None
@@ -89,3 +98,20 @@ class SwitchMaintenance:
             fields={"maintenance": "on" if on else "off",
                     "reason": rec.reason if rec else ""}))
         return rec
+
+    async def _settled(self, switch_id: str) -> None:
+        """Wait until no reconfiguration is in flight on ``switch_id`` (bounded)."""
+        coord = self._service.coordinator
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._settle_timeout_s
+        while coord.switching(switch_id):
+            settled = self._service.ports_settled()
+            if not coord.switching(switch_id):
+                return
+            left = deadline - loop.time()
+            if left <= 0:
+                log.warning("maintenance_switch_still_switching", switch=switch_id,
+                            waited_s=self._settle_timeout_s)
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(settled.wait(), left)

@@ -133,6 +133,31 @@ async def test_maintenance_refuses_what_needs_the_switch_and_admits_the_rest(
     assert events[0].fields["reason"] == "fibre cleaning"
 
 
+async def test_maintenance_on_returns_once_the_switch_is_left_alone(
+    etcd: EmbeddedEtcd, devices: EmulatedFabricDevices
+) -> None:
+    """A reconfiguration decided before maintenance (here a slow 0.5 s switch) completes, and
+    ``maintenance on`` answers only after it: from then on nothing changes the switch."""
+    cfg = embedded_config(etcd.endpoint, FabricSection.model_validate(
+        {"builtin": "demo-4x2", "reconfiguration_delay_ms": 500}), admission_timeout_s=5.0)
+    async with running_controller(cfg, devices=devices) as ctl, \
+            ControllerClient(ctl.grpc_target, retry_budget_s=2.0) as c:
+        await c.register_job("job", PLACE)
+        ring = asyncio.ensure_future(enter_all(c, RING, range(8)))
+        coord = ctl.service.coordinator
+
+        async def switching() -> bool:
+            return coord.switching("ocs-rail0")
+        await until(switching)
+        rc, _, err = await cli("maintenance", "on", "ocs-rail0", "--controller", ctl.grpc_target)
+        assert rc == 0, err
+        assert not coord.switching("ocs-rail0")
+        ring_xcs = {CrossConnect(i + 1, N + (i + 1) % 4 + 1) for i in range(4)}
+        assert devices["ocs-rail0"].cross_connects == ring_xcs
+        adms = await ring  # decided before maintenance: admitted on confirmed circuits
+        assert not any(isinstance(a, BaseException) for a in adms), adms
+
+
 async def test_maintenance_bad_input_names_the_switch_and_stores_nothing(
     ctl: RunningController, etcd: EmbeddedEtcd
 ) -> None:
