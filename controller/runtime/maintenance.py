@@ -76,7 +76,9 @@ class SwitchMaintenance:
         into maintenance returns once no reconfiguration decided before is in flight on the
         switch (at most ``settle_timeout_s``; logged when one still is), so the switch is left
         alone from then on. Raises ``ValueError`` naming an unknown switch and ``StoreError``
-        (nothing changed then)."""
+        (nothing changed then). Leaving maintenance distrusts the switch and reads it back
+        (work on it may have changed its cross-connects): nothing is admitted onto its
+        circuits before the read-back confirms them."""
         if switch_id not in self._service.coordinator.fabric.switches:
             raise ValueError(f"switch_id: unknown switch {switch_id!r}")
         if on:
@@ -90,6 +92,9 @@ class SwitchMaintenance:
             rec = None
             await self._store.delete(switch_id)
             self._records.pop(switch_id, None)
+            if self._service.coordinator.maintenance().get(switch_id) is not None:
+                # hands may have re-patched it: nothing joins its circuits before a read-back
+                self._service.distrust_switch(switch_id)
             self._service.set_maintenance(switch_id, None)
             message = f"switch {switch_id} back in service"
         log.info("maintenance", switch=switch_id, on=on, reason=rec.reason if rec else "")
