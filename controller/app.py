@@ -60,6 +60,7 @@ from lightrail.controller.runtime.alarms import DeviceAlarms
 from lightrail.controller.runtime.events import EventBus
 from lightrail.controller.runtime.failover import FailoverManager
 from lightrail.controller.runtime.journal import EventJournal
+from lightrail.controller.runtime.liveness import JobLiveness, expire_idle_jobs
 from lightrail.controller.runtime.maintenance import SwitchMaintenance
 from lightrail.controller.runtime.mqtt import (
     EventOutputs,
@@ -255,12 +256,23 @@ async def _serve(
 
             if reloader is not None:  # reloads now reach the coordinator and the event bus
                 reloader.lead(core.coordinator, core.events)
+            expiry_s = ccfg.job_idle_expiry_s
+            liveness = JobLiveness(time.monotonic) if expiry_s else None
+            agents = AgentServicer(core.service, repo, core.events, is_leader, failover,
+                                   liveness)
+            expiry = None
+            if liveness is not None and expiry_s:
+                expiry = tg.create_task(
+                    expire_idle_jobs(liveness, core.coordinator.job_ids, agents.retire_job,
+                                     expiry_s, asyncio.sleep), name="job-expiry")
             await front.route.lead(
-                AgentServicer(core.service, repo, core.events, is_leader, failover),
+                agents,
                 OperatorServicer(fabric, core.service, ccfg.replica_id, is_leader, failover,
                                  journal=core.journal, alarm_log=core.alarms.log,
+                                 retire=agents.retire_job, liveness=liveness,
                                  maintenance=maintenance,
-                                 ports=PortReader(opened.drivers, core.coordinator)))
+                                 ports=PortReader(opened.drivers, core.coordinator),
+                                 contacts=core.reconciler.contact_of))
             running = RunningController(ccfg.replica_id, front.grpc_target, front.metrics_url,
                                         fabric, core.service)
             log.info("serving", grpc=running.grpc_target, metrics=front.metrics_url,
@@ -271,6 +283,8 @@ async def _serve(
             core.events.publish_fabric(leadership_event(
                 ccfg.replica_id, front.route.own_address, leading=True, reason="elected"))
             lost = await _until_stopped_or_fenced(election, stop)
+            if expiry is not None:  # no job is expired by a replica on its way out
+                expiry.cancel()
             core.events.publish_fabric(leadership_event(
                 ccfg.replica_id, front.route.own_address, leading=False,
                 reason="leader lease lost" if lost else "shutdown"))
@@ -523,10 +537,12 @@ def _start_core(
     coordinator = PhaseCoordinator(fabric, default_timeout_s=ccfg.admission_timeout_s,
                                    provisioning=ccfg.provisioning,
                                    learn_iterations=ccfg.learn_iterations,
-                                   advisor=advisor)
+                                   advisor=advisor, device_wait_s=ccfg.device_wait_s)
     events = EventBus()
     service = PhaseService(coordinator, reconciler, events, state_writer=writer.put)
     service.start(tg)
+    # fail fast on a switch that stops answering (issue 14): the service tells the coordinator
+    reconciler.reachability_listeners.append(service.switch_reachability)
     alarms = DeviceAlarms(service, events)
     journal = EventJournal(events, ccfg.replica_id)
     alarm_watchers = [
@@ -680,7 +696,7 @@ async def _recover_jobs(repo: EtcdJobRepository, coordinator: PhaseCoordinator) 
 
 
 __all__ = ["LeadershipLost", "MqttSetupError", "RunningController",
-            "ServingReplica", "TlsSetupError",
+           "ServingReplica", "TlsSetupError",
            "run_controller"]
 
 

@@ -113,6 +113,17 @@ class ControllerSection(_Strict):
         description="how often the leader reads the optical power of the ports that carry a "
                     "cross-connect (lightrail_port_power_dbm), seconds; 0 turns polling off")
     admission_timeout_s: float = Field(default=30.0, gt=0, le=24 * 3600)
+    device_wait_s: float = Field(
+        default=2.0, ge=0, le=3600,
+        description="how long a phase may wait for a switch its driver cannot reach before it "
+                    "is refused DEVICE_FAILURE naming the switch, seconds (below "
+                    "admission_timeout_s; 0: at once); phases on confirmed circuits and on "
+                    "other switches are not affected")
+    job_idle_expiry_s: float | None = Field(
+        default=600.0, gt=0, le=30 * 24 * 3600,
+        description="unregister a job with no open phase stream, waiting call or watch for "
+                    "this long, seconds (its client is gone: its holds are released, its "
+                    "circuits stay); null turns expiry off")
     shutdown_timeout_s: float = Field(default=10.0, gt=0, le=600)
     provisioning: bool = Field(
         default=True,
@@ -141,6 +152,15 @@ class ControllerSection(_Strict):
                     "back: a host not heard from by then is declared dead and its ranks stop "
                     "keeping the job's circuits frozen (a live host's ranks stay frozen until "
                     "they resync or its heartbeat deadline passes: no timer is a go-ahead)")
+
+    @model_validator(mode="after")
+    def _device_wait_below_timeout(self) -> ControllerSection:
+        if self.device_wait_s >= self.admission_timeout_s:
+            raise ValueError(
+                f"device_wait_s: {self.device_wait_s:g} s must be below admission_timeout_s "
+                f"({self.admission_timeout_s:g} s), or a phase would time out before it is "
+                "told which switch it waits for")
+        return self
 
     @model_validator(mode="after")
     def _operators_identifiable(self) -> ControllerSection:

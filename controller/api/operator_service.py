@@ -20,6 +20,8 @@ from lightrail.controller.runtime.liveness import JobLiveness, Retire
 from lightrail.controller.runtime.maintenance import SwitchMaintenance
 from lightrail.controller.runtime.phase_service import PhaseService, ReconfigurationDone
 from lightrail.controller.runtime.ports import PortReader, PortReadError
+from lightrail.controller.runtime.reconciler import DeviceContact
+from lightrail.controller.runtime.switch_health import SwitchState, switch_state
 from lightrail.controller.store.errors import StoreError
 from lightrail.drivers.base import DriverError
 from lightrail.v1 import operator_pb2, operator_pb2_grpc
@@ -58,7 +60,9 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         liveness: JobLiveness | None = None,
         maintenance: SwitchMaintenance | None = None,
         ports: PortReader | None = None,
+        contacts: Callable[[str], DeviceContact] | None = None,
     ) -> None:
+        self._contacts = contacts
         self._journal = journal
         self._alarm_log = alarm_log
         self._failover = failover
@@ -91,7 +95,11 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
     ) -> operator_pb2.GetStatusResponse:
         coord = self._service.coordinator
+        not_up = [f"{sid}: {state.value}" for sid, state in
+                  ((sid, self._switch_health(sid)[0]) for sid in sorted(self._fabric.switches))
+                  if state is not SwitchState.UP]
         return operator_pb2.GetStatusResponse(
+            switches_not_up=not_up,
             replica_id=self._replica_id,
             leader=self._is_leader(),
             fabric=self._fabric.name,
@@ -200,8 +208,15 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
         out = []
         for sid in sorted(self._fabric.switches):
             sw = self._fabric.switches[sid]
+            state, contact, down_s = self._switch_health(sid)
+            known = state is not SwitchState.UNREACHABLE and not coord.unknown_ports(sid)
             out.append(
                 operator_pb2.SwitchInfo(
+                    state=state.value,
+                    last_error=contact.last_error or "",
+                    last_error_unix_s=contact.last_error_unix_s,
+                    last_contact_unix_s=contact.last_ok_unix_s,
+                    unreachable_for_s=down_s,
                     switch_id=sid,
                     model=sw.model,
                     kind=sw.capabilities.kind.value,
@@ -209,13 +224,27 @@ class OperatorServicer(operator_pb2_grpc.OperatorServiceServicer):
                     rail=sw.rail if sw.rail is not None else 0,
                     has_rail=sw.rail is not None,
                     reconfiguration_delay_s=sw.reconfiguration_delay_s,
-                    cross_connects=len(coord.confirmed(sid)),
+                    cross_connects=len(coord.confirmed(sid)) if known else None,
                     reconfigurations=self._reconf_by_switch[sid],
                     maintenance=sid in in_maintenance,
                     maintenance_reason=in_maintenance.get(sid, ""),
                 )
             )
         return operator_pb2.ListSwitchesResponse(switches=out)
+
+    def _switch_health(self, switch_id: str) -> tuple[SwitchState, DeviceContact, float | None]:
+        """The switch's state (``switch_health.switch_state``), how its device last answered,
+        and for how long it has been unreachable (None unless it is)."""
+        coord = self._service.coordinator
+        contact = (self._contacts(switch_id) if self._contacts is not None
+                   else DeviceContact(None, None, None, None))
+        outage = coord.unreachable().get(switch_id)
+        state = switch_state(contact, maintenance=switch_id in coord.maintenance(),
+                             unreachable=outage is not None,
+                             unknown_ports=bool(coord.unknown_ports(switch_id)))
+        down_s = (self._service.now() - outage.since_s if outage is not None
+                  and state is SwitchState.UNREACHABLE else None)
+        return state, contact, down_s
 
     async def ListCircuits(  # noqa: N802
         self,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -113,8 +114,10 @@ def table(title: str, cols: Sequence[str], rows: Sequence[Sequence[object]],
 def cmd_status(args: argparse.Namespace) -> int:
     def render(r: operator_pb2.GetStatusResponse) -> Table:
         return table("controller", ["replica", "leader", "fabric", "jobs", "switches",
-                                     "cross-connects", "reconfigurations", "uptime s"],
-                      [[r.replica_id, r.leader, r.fabric, r.jobs, r.switches, r.cross_connects,
+                                     "not up", "cross-connects", "reconfigurations",
+                                     "uptime s"],
+                      [[r.replica_id, r.leader, r.fabric, r.jobs, r.switches,
+                        ", ".join(r.switches_not_up) or "-", r.cross_connects,
                         r.reconfigurations, f"{r.uptime_s:.0f}"]])
     return _operator(args, lambda s: s.GetStatus(operator_pb2.GetStatusRequest(), timeout=10),
                      render)
@@ -122,15 +125,33 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_switches(args: argparse.Namespace) -> int:
     def render(r: operator_pb2.ListSwitchesResponse) -> Table:
+        now = time.time()
         return table("switches", ["switch", "model", "kind", "ports", "rail", "delay ms",
-                                   "cross-connects", "reconfigurations", "maintenance"],
+                                   "state", "cross-connects", "reconfigurations",
+                                   "last contact s ago", "last error", "maintenance"],
                       [[s.switch_id, s.model, s.kind, s.port_count,
                         s.rail if s.has_rail else "-", f"{s.reconfiguration_delay_s * 1e3:g}",
-                        s.cross_connects, s.reconfigurations,
+                        _state_text(s),
+                        s.cross_connects if s.HasField("cross_connects") else "unknown",
+                        s.reconfigurations,
+                        f"{now - s.last_contact_unix_s:.0f}"
+                        if s.HasField("last_contact_unix_s") else "-",
+                        s.last_error or "-",
                         f"yes: {s.maintenance_reason}" if s.maintenance else "-"]
-                       for s in r.switches])
+                       for s in r.switches],
+                      caption="state: up; unreachable (phases that need it are refused after "
+                              "controller.device_wait_s; its confirmed circuits still carry "
+                              "traffic); degraded (its last command failed, or ports await a "
+                              "read-back); maintenance. cross-connects: unknown while the "
+                              "controller cannot tell")
     return _operator(args, lambda s: s.ListSwitches(operator_pb2.ListSwitchesRequest(),
                                                     timeout=10), render)
+
+
+def _state_text(s: operator_pb2.SwitchInfo) -> str:
+    if s.HasField("unreachable_for_s"):
+        return f"{s.state} for {s.unreachable_for_s:.0f} s"
+    return s.state or "-"
 
 
 def cmd_circuits(args: argparse.Namespace) -> int:

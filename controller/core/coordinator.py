@@ -54,6 +54,7 @@ from lightrail.controller.core.records import (
     Instance,
     JobRecord,
     JobStats,
+    Outage,
     ProvisioningScore,
     RankState,
     Recovery,
@@ -110,12 +111,14 @@ class PhaseCoordinator:
         provisioning: bool = True,
         learn_iterations: int = 2,
         advisor: Advisor | None = None,
+        device_wait_s: float = 0.0,
     ) -> None:
         self.fabric = fabric
         self.default_timeout_s = default_timeout_s
         self.provisioning = provisioning
         self.advisor = advisor
         self._s = CoordinatorState(fabric)
+        self._s.device_wait_s = device_wait_s
         self._prov = Provisioner(self._s, learn_iterations, advisor)
 
     # --- jobs -------------------------------------------------------------------------------
@@ -295,6 +298,38 @@ class PhaseCoordinator:
         else:
             self._s.maintenance[switch_id] = reason
         return schedule(self._s, now)
+
+    def set_unreachable(self, switch_id: str, error: str | None, now: float) -> list[Decision]:
+        """Record that the driver of ``switch_id`` cannot reach it (``error``: its last error,
+        one line) or reaches it again (None). ``device_wait_s`` after the first report, a
+        phase that needs a change or a read-back there is refused ``DEVICE_FAILURE`` naming the
+        switch (``scheduling.unreachable_block``; the caller calls ``schedule`` at that time),
+        and provisioning leaves it alone; phases on its confirmed circuits still admit. A
+        repeated report keeps the first one's time. Raises ``ValueError`` naming an unknown
+        switch."""
+        if switch_id not in self.fabric.switches:
+            raise ValueError(f"switch_id: unknown switch {switch_id!r}")
+        s = self._s
+        if error is None:
+            if s.unreachable.pop(switch_id, None) is None:
+                return []
+        else:
+            before = s.unreachable.get(switch_id)
+            s.unreachable[switch_id] = Outage(error, now if before is None else before.since_s)
+        return schedule(s, now)
+
+    def unknown_ports(self, switch_id: str) -> frozenset[int]:
+        """Ports of ``switch_id`` whose state only a read-back can tell (a failed apply, an
+        alarm); nothing is admitted or switched there until then."""
+        return frozenset(self._s.views.unknown.get(switch_id, ()))
+
+    def unreachable(self) -> Mapping[str, Outage]:
+        """Switches their drivers cannot reach: switch id -> the outage."""
+        return dict(self._s.unreachable)
+
+    def device_wait_s(self) -> float:
+        """How long a phase waits for an unreachable switch before it is refused, s."""
+        return self._s.device_wait_s
 
     def maintenance(self) -> Mapping[str, str]:
         """Switches in maintenance: switch id -> the operator's reason."""

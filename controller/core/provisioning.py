@@ -17,7 +17,11 @@ from __future__ import annotations
 from lightrail.controller.core.decisions import Advisor, Decided, Decision, Reconfigure
 from lightrail.controller.core.planner import Plan, PlanError
 from lightrail.controller.core.records import JobRecord, Op, Successor, SwitchPort
-from lightrail.controller.core.scheduling import maintenance_block, schedule
+from lightrail.controller.core.scheduling import (
+    maintenance_block,
+    schedule,
+    unreachable_block,
+)
 from lightrail.controller.core.state import CoordinatorState
 from lightrail.controller.domain.model import PhaseKey
 
@@ -161,8 +165,9 @@ class Provisioner:
         except PlanError:
             return []
         views = s.views
-        if plan.empty or views.ready(plan) or maintenance_block(s, plan) is not None:
-            return []  # nothing to switch, or a switch it changes is in maintenance
+        if plan.empty or views.ready(plan) or maintenance_block(s, plan) is not None or (
+                s.unreachable and unreachable_block(s, plan, None) is not None):
+            return []  # nothing to switch, or a switch it changes is in maintenance or down
         for inst in job.instances.values():
             if inst.phase == phase and (inst.waiting or inst.op_id is not None):
                 return []  # its ranks are already asking: the normal path serves them

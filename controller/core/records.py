@@ -177,6 +177,15 @@ class Op:
     ports: dict[str, frozenset[int]]
 
 
+@dataclass(frozen=True, slots=True)
+class Outage:
+    """A switch its driver cannot reach: the last error (one line) and since when, on the
+    coordinator's clock (seconds)."""
+
+    error: str
+    since_s: float
+
+
 @dataclass(frozen=True, slots=True, order=True)
 class Deadline:
     """A waiting batch's deadline, an entry of the coordinator's heap: ordered by ``at_s`` (s),

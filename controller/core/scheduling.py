@@ -5,14 +5,16 @@ held, none of its ports is being switched or unknown, and no older waiting phase
 its ports (FIFO on ports, so a repeating phase cannot starve a reconfiguration its peers wait
 on). A phase whose circuits are there is admitted without a switch (DESIGN.md "Phase
 protocol"). A phase that would change a switch in maintenance is refused
-``SWITCH_MAINTENANCE`` instead of switching (``maintenance_block``).
+``SWITCH_MAINTENANCE`` instead of switching (``maintenance_block``); one that needs an
+unreachable switch is refused ``DEVICE_FAILURE`` once that switch has been unreachable for
+``device_wait_s`` (``unreachable_block``, issue 14: fail fast and name the switch).
 """
 
 from __future__ import annotations
 
 from lightrail.controller.core.decisions import Decision, Reconfigure
 from lightrail.controller.core.planner import Plan
-from lightrail.controller.core.records import Instance, JobRecord
+from lightrail.controller.core.records import Instance, JobRecord, Outage
 from lightrail.controller.core.state import CoordinatorState
 from lightrail.controller.domain.errors import ErrorCode
 
@@ -48,12 +50,7 @@ def schedule(
         ):
             out.extend(_admit_waiters(state, job, inst, now, switched_s))
             continue
-        block = maintenance_block(state, inst.plan)
-        if block is not None:
-            out.extend(state.refuse_waiting(job, inst, ErrorCode.SWITCH_MAINTENANCE,
-                                            f"phase {inst.phase}: {block}"))
-            state.dequeue(inst)
-            state.maybe_drop(job, inst)
+        if _switch_unavailable(state, job, inst, now, claimed, out):
             continue
         if not _claim_ports(state, inst, claimed):
             continue
@@ -61,6 +58,32 @@ def schedule(
         inst.op_id = op_id
         out.append(Reconfigure(op_id, inst.job_id, inst.phase, targets, plan=inst.plan))
     return out
+
+
+def _switch_unavailable(
+    state: CoordinatorState, job: JobRecord, inst: Instance, now: float,
+    claimed: dict[str, set[int]], out: list[Decision],
+) -> bool:
+    """True when ``inst`` may not switch because a switch it needs is unavailable: in
+    maintenance (refused ``SWITCH_MAINTENANCE``), unreachable for ``device_wait_s`` (refused
+    ``DEVICE_FAILURE``; refusals appended to ``out``, ``inst`` dequeued), or unreachable for
+    less than that (it waits, sending nothing to a switch that does not answer, and holds its
+    ports against younger phases in ``claimed``)."""
+    block = maintenance_block(state, inst.plan)
+    code = ErrorCode.SWITCH_MAINTENANCE
+    if block is None and state.unreachable:
+        block = unreachable_block(state, inst.plan, now)
+        code = ErrorCode.DEVICE_FAILURE
+    if block is not None:
+        out.extend(state.refuse_waiting(job, inst, code, f"phase {inst.phase}: {block}"))
+        state.dequeue(inst)
+        state.maybe_drop(job, inst)
+        return True
+    if state.unreachable and unreachable_need(state, inst.plan) is not None:
+        for t in inst.plan.targets:
+            claimed.setdefault(t.switch_id, set()).update(t.ports)
+        return True
+    return False
 
 
 def _admit_waiters(
@@ -98,6 +121,44 @@ def maintenance_block(state: CoordinatorState, plan: Plan) -> str | None:
                     f"{sorted(change.ports)[:8]} changed there; it is admitted when the "
                     f"switch leaves maintenance or its circuits are in place")
     return None
+
+
+def unreachable_need(state: CoordinatorState, plan: Plan) -> tuple[str, Outage, str] | None:
+    """The first unreachable switch ``plan`` needs (a cross-connect to make or break there, or
+    ports whose state only a read-back can tell): its id, its outage and what the plan needs
+    there; None when ``plan`` needs no unreachable switch. Circuits confirmed before the
+    outage need nothing (``SwitchViews.ready``): an optical switch keeps its cross-connects
+    while its management port is down."""
+    views = state.views
+    for t in plan.targets:
+        outage = state.unreachable.get(t.switch_id)
+        if outage is None:
+            continue
+        change = views.changes(t)
+        if change.cross_connects:
+            return t.switch_id, outage, f"{len(change.cross_connects)} cross-connect(s) made there"
+        if change.ports or views.blocked(t.switch_id, t.ports):
+            return t.switch_id, outage, "its ports switched or read back there"
+    return None
+
+
+def unreachable_block(
+    state: CoordinatorState, plan: Plan, now: float | None
+) -> str | None:
+    """Why a phase on ``plan`` is refused rather than left waiting: it needs an unreachable
+    switch (``unreachable_need``) that has been unreachable for ``state.device_wait_s``
+    (``now`` None: whatever the wait, as provisioning asks). A message naming the switch, its
+    last error and how long it has been unreachable; None otherwise (within the wait the
+    phase waits, and switches nothing there)."""
+    need = unreachable_need(state, plan)
+    if need is None:
+        return None
+    sid, outage, what = need
+    down_s = 0.0 if now is None else now - outage.since_s
+    if now is not None and down_s < state.device_wait_s:
+        return None
+    return (f"switch {sid!r} is unreachable ({outage.error}) for {down_s:.1f} s: the phase "
+            f"needs {what}; phases on its confirmed circuits and on other switches go on")
 
 
 def held_back(inst: Instance) -> bool:
@@ -181,4 +242,42 @@ def blocking_reason(state: CoordinatorState, inst: Instance) -> str:
                             held_by.add(f"{other.job_id} ranks {ranks} in {other.phase}")
     if held_by:
         return "cross-connects still held by " + "; ".join(sorted(held_by))
+    return _port_wait(state, inst)
+
+
+def _port_wait(state: CoordinatorState, inst: Instance) -> str:
+    """What the ports of ``inst`` wait for: an unreachable switch, a read-back of ports left
+    unknown by a failed apply, another phase switching them, or an older waiting phase that
+    claims them (named)."""
+    views = state.views
+    waits: list[str] = []
+    for t in inst.plan.targets:
+        sid = t.switch_id
+        outage = state.unreachable.get(sid)
+        if outage is not None:
+            waits.append(f"switch {sid!r} unreachable ({outage.error}); a phase that needs it "
+                         f"is refused after controller.device_wait_s = "
+                         f"{state.device_wait_s:g} s")
+            continue
+        unknown = sorted(t.ports & views.unknown[sid])
+        if unknown:
+            waits.append(f"ports {unknown[:8]} of switch {sid!r} unknown after a failed "
+                         "apply: waiting for the switch to be read back")
+        inflight = sorted(t.ports & views.inflight[sid])
+        if inflight:
+            waits.append(f"ports {inflight[:8]} of switch {sid!r} being switched for "
+                         "another phase")
+    if waits:
+        return "; ".join(waits)
+    for q in state.queue:
+        if q is inst:
+            break
+        if q.op_id is None and (not q.waiting or held_back(q)):
+            continue
+        for qt in q.plan.targets:
+            for t in inst.plan.targets:
+                if t.switch_id == qt.switch_id and not t.ports.isdisjoint(qt.ports):
+                    shared = sorted(t.ports & qt.ports)[:8]
+                    return (f"ports {shared} of switch {t.switch_id!r} claimed by an earlier "
+                            f"waiting phase ({q.job_id} {q.phase})")
     return "ports claimed by an earlier waiting phase or being switched"

@@ -26,6 +26,7 @@ from lightrail.controller.core.records import (
     Instance,
     JobRecord,
     Op,
+    Outage,
     RankSlot,
     RankState,
     Recovery,
@@ -55,6 +56,13 @@ class CoordinatorState:
         self.maintenance: dict[str, str] = {}
         """Switch id -> the operator's reason, for switches in maintenance: no reconfiguration
         changes them (``scheduling.maintenance_block``); circuits already there still admit."""
+        self.unreachable: dict[str, Outage] = {}
+        """Switch id -> its outage, for switches whose driver cannot reach them: after
+        ``device_wait_s`` a phase that needs a change or a read-back there is refused
+        ``DEVICE_FAILURE`` (``scheduling.unreachable_block``); confirmed circuits still admit
+        (an OCS keeps its cross-connects while its management port is down)."""
+        self.device_wait_s = 0.0
+        """How long a phase may wait for an unreachable switch before it is refused, s."""
         self._next_op = 1
         self._deadline_seq = 0
 

@@ -39,6 +39,8 @@ class FabricEventKind(enum.Enum):
     LEADERSHIP = "leadership"
     MAINTENANCE = "maintenance"
     CONFIG_RELOAD = "config_reload"
+    SWITCH_STATE = "switch_state"
+    """A switch stopped answering its driver, or answers again (issue 14)."""
 
 
 @dataclass(frozen=True, slots=True)

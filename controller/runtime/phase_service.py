@@ -27,7 +27,12 @@ from lightrail.controller.core.decisions import (
     Rewire,
 )
 from lightrail.controller.domain.errors import ErrorCode, UnknownJob
-from lightrail.controller.domain.events import JobEvent, JobEventKind
+from lightrail.controller.domain.events import (
+    FabricEvent,
+    FabricEventKind,
+    JobEvent,
+    JobEventKind,
+)
 from lightrail.controller.domain.model import PhaseKey
 from lightrail.controller.domain.timing import Backoff, BackoffState
 from lightrail.controller.runtime import metrics
@@ -406,6 +411,46 @@ class PhaseService:
         self._dispatch(decisions)
         return fut
 
+    def switch_reachability(self, switch_id: str, error: DriverError | None) -> None:
+        """A switch's driver stopped reaching it (``error``: ``DeviceUnreachable`` or
+        ``DeviceTimeout``) or reaches it again (None): the reconciler's reachability listener.
+        Fail fast (issue 14): ``device_wait_s`` later, a phase that needs a change or a
+        read-back there is refused ``DEVICE_FAILURE`` naming the switch and the error
+        (``scheduling.unreachable_block``), and so is every such phase that comes while it
+        stays unreachable; phases on its confirmed circuits and on other switches go on. The
+        loss and the recovery are logged once each and published as a ``switch_state``
+        event."""
+        now = self.now()
+        outage = self.coordinator.unreachable().get(switch_id)
+        if error is not None:
+            message = " ".join(str(error).split())
+            prefix = f"switch {switch_id!r}: "  # DriverError's own; the outage names the switch
+            message = message.removeprefix(prefix)
+            self._dispatch(self.coordinator.set_unreachable(switch_id, message, now))
+            if outage is not None:
+                return
+            wait_s = self.coordinator.device_wait_s()
+            log.warning("switch_unreachable", switch=switch_id, error=message,
+                        refusing_after_s=wait_s)
+            self._events.publish_fabric(FabricEvent(
+                FabricEventKind.SWITCH_STATE, f"switch {switch_id!r} unreachable: {message}",
+                switch_id=switch_id, fields={"state": "unreachable", "error": message}))
+            if self._loop is not None:  # refuse what waits for it once device_wait_s is over
+                self._loop.call_later(wait_s, self._reschedule)
+            return
+        if outage is None:
+            return
+        self._dispatch(self.coordinator.set_unreachable(switch_id, None, now))
+        down_s = now - outage.since_s
+        log.info("switch_reachable", switch=switch_id, unreachable_for_s=round(down_s, 3))
+        self._events.publish_fabric(FabricEvent(
+            FabricEventKind.SWITCH_STATE,
+            f"switch {switch_id!r} answers again after {down_s:.1f} s", switch_id=switch_id,
+            fields={"state": "up", "unreachable_for_s": f"{down_s:.3f}"}))
+
+    def _reschedule(self) -> None:
+        self._dispatch(self.coordinator.schedule(self.now()))
+
     def distrust_switch(self, switch_id: str) -> None:
         """The rule for a device alarm (loss of signal, port failure, reboot; from the
         driver or MQTT: ``lightrail.controller.runtime.alarms.DeviceAlarms``): distrust the
@@ -562,7 +607,12 @@ class PhaseService:
         task.add_done_callback(self._read_back_tasks.discard)
 
     async def _read_back(self, switch_id: str) -> None:
+        """Read ``switch_id`` back until it answers. The first failure is a warning; later
+        ones with the same error are logged at debug (the outage is on record once:
+        ``switch_unreachable``), and the success after failures says how many there were."""
         backoff = BackoffState(READ_BACK_BACKOFF)
+        failures = 0
+        last = ""
         try:
             while True:
                 try:
@@ -571,10 +621,16 @@ class PhaseService:
                     return  # shutting down
                 except DriverError as exc:
                     delay_s = backoff.next_s()
-                    log.warning("read_back_failed", switch=switch_id, error=str(exc),
-                                retry_in_s=delay_s)
+                    failures += 1
+                    error = str(exc)
+                    emit = log.warning if error != last else log.debug
+                    emit("read_back_failed", switch=switch_id, error=error, attempt=failures,
+                         retry_in_s=delay_s)
+                    last = error
                     await asyncio.sleep(delay_s)
                     continue
+                if failures:
+                    log.info("read_back_done", switch=switch_id, failed_attempts=failures)
                 self.refresh_switch(switch_id, state)
                 return
         finally:

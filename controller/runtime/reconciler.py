@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from lightrail.controller.domain.timing import Backoff, Clock, Sleep
+from lightrail.controller.domain.timing import Backoff, Clock, Sleep, WallClock
 from lightrail.controller.runtime import metrics
 from lightrail.drivers.base import (
     ApplyMode,
@@ -77,6 +77,23 @@ class ReconfigurationRecord:
     added: frozenset[CrossConnect]
     started_s: float
     confirmed_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceContact:
+    """How a switch's device last answered: ``reachable`` (None: not asked yet; False: its last
+    command met ``DeviceUnreachable`` or ``DeviceTimeout``), its last error (one line) and when,
+    and when it last answered a command, wall-clock seconds since the epoch."""
+
+    reachable: bool | None
+    last_error: str | None
+    last_error_unix_s: float | None
+    last_ok_unix_s: float | None
+
+
+ReachabilityListener = Callable[[str, "DriverError | None"], None]
+"""Told (switch id, the error) when a switch stops answering, (switch id, None) when it answers
+again after that."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +173,10 @@ class _Worker:
         "driver",
         "idle",
         "index",
+        "last_error",
+        "last_error_unix_s",
+        "last_ok_unix_s",
+        "listeners",
         "log",
         "makes",
         "pending",
@@ -167,11 +188,18 @@ class _Worker:
         "switch_id",
         "task",
         "view",
+        "wall_clock",
     )
 
-    def __init__(self, switch_id: str, driver: Driver) -> None:
+    def __init__(self, switch_id: str, driver: Driver, wall_clock: WallClock,
+                 listeners: list[ReachabilityListener]) -> None:
         self.switch_id = switch_id
         self.driver = driver
+        self.wall_clock = wall_clock
+        self.listeners = listeners
+        self.last_error: str | None = None
+        self.last_error_unix_s: float | None = None
+        self.last_ok_unix_s: float | None = None
         self.log = _log.bind(switch=switch_id)
         self.queue: asyncio.Queue[_Request | None] = asyncio.Queue()
         self.task: asyncio.Task[None] | None = None
@@ -203,10 +231,24 @@ class _Worker:
         (refused before anything was sent: no news of the device)."""
         if isinstance(error, NotLeader):
             return
-        reached = error is None or not isinstance(error, DeviceUnreachable | DeviceTimeout)
+        if error is None:
+            self.last_ok_unix_s = self.wall_clock()
+            reached = True
+        else:
+            self.last_error = " ".join(str(error).split())
+            self.last_error_unix_s = self.wall_clock()
+            reached = not isinstance(error, DeviceUnreachable | DeviceTimeout)
         if reached is not self.reached:
+            before = self.reached
             self.reached = reached
             self.reachable.set(1 if reached else 0)
+            if not reached or before is False:  # lost, or back after a loss
+                for listener in self.listeners:
+                    listener(self.switch_id, None if reached else error)
+
+    def health(self) -> DeviceContact:
+        return DeviceContact(self.reached, self.last_error, self.last_error_unix_s,
+                             self.last_ok_unix_s)
 
     def set_view(self, xcs: frozenset[CrossConnect]) -> None:
         self.view = set(xcs)
@@ -308,9 +350,15 @@ class Reconciler:
         sleep: Sleep = asyncio.sleep,
         on_reconfigured: Callable[[ReconfigurationRecord], None] | None = None,
         may_command: Callable[[], bool] = lambda: True,
+        wall_clock: WallClock = time.time,
     ) -> None:
         self._may_command = may_command
-        self._workers = {sid: _Worker(sid, driver) for sid, driver in drivers.items()}
+        self.reachability_listeners: list[ReachabilityListener] = []
+        """Called with (switch id, the error) when a switch stops answering (DeviceUnreachable,
+        DeviceTimeout) and with (switch id, None) when it answers again; they must not block
+        or raise."""
+        self._workers = {sid: _Worker(sid, driver, wall_clock, self.reachability_listeners)
+                         for sid, driver in drivers.items()}
         self._retry = retry or RetryPolicy()
         self._clock = clock
         self._sleep = sleep
@@ -474,6 +522,11 @@ class Reconciler:
         still trusted. Raises ``UnknownSwitch``."""
         self._worker(switch_id).contact(error)
 
+    def contact_of(self, switch_id: str) -> DeviceContact:
+        """Whether ``switch_id`` answered its last command, its last error and when it last
+        answered. Raises ``UnknownSwitch``."""
+        return self._worker(switch_id).health()
+
     def invalidate(self, switch_id: str) -> None:
         """Distrust the view of ``switch_id`` (e.g. on a reboot alarm): the next request reads
         the device back first. Raises ``UnknownSwitch``."""
@@ -552,7 +605,9 @@ class Reconciler:
             worker.stale = True
             metrics.DEVICE_ERRORS.labels(worker.switch_id, type(e).__name__).inc()
             worker.contact(e)
-            worker.log.warning("read-back failed", error=str(e))
+            # the caller says what failed (the phase service once per outage, start-up in its
+            # one-line exit): one line per failed read-back, not two
+            worker.log.debug("read-back failed", error=str(e))
             raise
 
     async def _reconcile_now(

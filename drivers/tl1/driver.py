@@ -178,6 +178,10 @@ class Tl1Driver:
         self._connect_lock = asyncio.Lock()
         self._apply_lock = asyncio.Lock()
         self._opened = False
+        self._session_up = False
+        """A session was open since the last loss was logged: the next loss is news (warning);
+        later ones, while every reconnect fails, are logged at debug (one warning per outage,
+        not one per attempt)."""
         self._subscribers: set[AlarmStream] = set()
         self._reconnect_task: asyncio.Task[None] | None = None
         self._log = _log.bind(switch=spec.switch_id)
@@ -514,8 +518,8 @@ class Tl1Driver:
         ports outside them: a conflict), or None when that read fails too."""
         try:
             return await self._read_patches(ports)
-        except DriverError as e:
-            self._log.warning("tl1 read-back after a failed command failed too", error=str(e))
+        except DriverError as e:  # the caller raises the command's error, which says enough
+            self._log.debug("tl1 read-back after a failed command failed too", error=str(e))
             return None
 
     def _chunks(self, xcs: list[CrossConnect]) -> list[list[CrossConnect]]:
@@ -672,6 +676,7 @@ class Tl1Driver:
             raise AuthenticationFailed(sid, f"login rejected (DENY {resp.error_code})")
         self._username = username
         self._log.info("tl1 session open", host=opts.host, port=opts.port)
+        self._session_up = True
         return session
 
     def _credentials(self) -> tuple[str, str]:
@@ -692,7 +697,11 @@ class Tl1Driver:
     def _on_lost(self, error: DriverError) -> None:
         if not self._opened:
             return
-        self._log.warning("tl1 connection lost", error=str(error))
+        if self._session_up:
+            self._session_up = False
+            self._log.warning("tl1 connection lost", error=str(error))
+        else:  # still down: the outage was logged when it began
+            self._log.debug("tl1 connection lost", error=str(error))
         if self._subscribers:
             self._start_reconnect()
 

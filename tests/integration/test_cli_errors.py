@@ -47,7 +47,7 @@ def test_controller_with_etcd_unreachable_says_so_in_one_line(tmp_path: Path) ->
         encoding="utf-8")
     done = lightrail("controller", "--config", str(config))
     lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert done.returncode == 1, done.stderr
+    assert done.returncode == 3, done.stderr  # etcd unreachable at start (README "Exit codes")
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith(f"lightrail controller: etcd 127.0.0.1:{port}: ")
     assert "etcd unavailable" in lines[0] and "Traceback" not in done.stderr

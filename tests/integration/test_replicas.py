@@ -331,7 +331,7 @@ async def test_a_fenced_leader_exits_with_leadership_lost_and_a_standby_takes_ov
 ) -> None:
     """The leader key deleted under the leader (as when etcd expires its lease): it fences
     itself, steps down and ``run_controller`` raises ``LeadershipLost`` (``lightrail
-    controller`` exits 1); the standby, watching the key, leads in its running process."""
+    controller`` exits 4); the standby, watching the key, leads in its running process."""
     async with AsyncExitStack() as stack:
         first = await stack.enter_async_context(replica(replica_config(etcd, "f0"), devices))
         await asyncio.wait_for(asyncio.shield(first.leading), WAIT_S)

@@ -14,7 +14,7 @@ def test_numbers_are_numbers_and_keys_keep_the_proto_order() -> None:
     doc = to_plain(operator_pb2.GetStatusResponse(
         replica_id="r1", leader=True, reconfigurations=2**40, uptime_s=1.5))
     assert list(doc) == ["replica_id", "leader", "fabric", "jobs", "switches", "cross_connects",
-                         "reconfigurations", "uptime_s", "version"]
+                         "reconfigurations", "uptime_s", "version", "switches_not_up"]
     assert doc["reconfigurations"] == 2**40 and isinstance(doc["reconfigurations"], int)
     assert json.loads(dumps(operator_pb2.GetStatusResponse(jobs=3)))["jobs"] == 3
 
@@ -30,3 +30,4 @@ def test_absent_values_are_null() -> None:
     assert second["rank"] == 0 and second["heartbeat_age_s"] == 0.25
     switch = to_plain(operator_pb2.SwitchInfo(switch_id="s", rail=0, has_rail=False))
     assert switch["rail"] is None and "has_rail" not in switch
+    assert switch["cross_connects"] is None  # unknown (an unreachable switch), never a false 0

@@ -46,6 +46,7 @@ class GetStatusResponse(_message.Message):
     RECONFIGURATIONS_FIELD_NUMBER: _builtins.int
     UPTIME_S_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
+    SWITCHES_NOT_UP_FIELD_NUMBER: _builtins.int
     replica_id: _builtins.str
     leader: _builtins.bool
     fabric: _builtins.str
@@ -55,6 +56,10 @@ class GetStatusResponse(_message.Message):
     reconfigurations: _builtins.int
     uptime_s: _builtins.float
     version: _builtins.str
+    @_builtins.property
+    def switches_not_up(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Switches whose state is not up (see SwitchInfo.state), as "id: state"."""
+
     def __init__(
         self,
         *,
@@ -67,10 +72,11 @@ class GetStatusResponse(_message.Message):
         reconfigurations: _builtins.int = ...,
         uptime_s: _builtins.float = ...,
         version: _builtins.str = ...,
+        switches_not_up: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cross_connects", b"cross_connects", "fabric", b"fabric", "jobs", b"jobs", "leader", b"leader", "reconfigurations", b"reconfigurations", "replica_id", b"replica_id", "switches", b"switches", "uptime_s", b"uptime_s", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cross_connects", b"cross_connects", "fabric", b"fabric", "jobs", b"jobs", "leader", b"leader", "reconfigurations", b"reconfigurations", "replica_id", b"replica_id", "switches", b"switches", "switches_not_up", b"switches_not_up", "uptime_s", b"uptime_s", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -106,6 +112,11 @@ class SwitchInfo(_message.Message):
     RECONFIGURATIONS_FIELD_NUMBER: _builtins.int
     MAINTENANCE_FIELD_NUMBER: _builtins.int
     MAINTENANCE_REASON_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    LAST_ERROR_FIELD_NUMBER: _builtins.int
+    LAST_ERROR_UNIX_S_FIELD_NUMBER: _builtins.int
+    LAST_CONTACT_UNIX_S_FIELD_NUMBER: _builtins.int
+    UNREACHABLE_FOR_S_FIELD_NUMBER: _builtins.int
     switch_id: _builtins.str
     model: _builtins.str
     kind: _builtins.str
@@ -115,12 +126,27 @@ class SwitchInfo(_message.Message):
     has_rail: _builtins.bool
     reconfiguration_delay_s: _builtins.float
     cross_connects: _builtins.int
+    """Confirmed cross-connects; absent while unknown (the switch unreachable, or ports whose
+    state only a read-back can tell): never a false 0.
+    """
     reconfigurations: _builtins.int
     maintenance: _builtins.bool
     """In maintenance (SetMaintenance): the controller sends the switch nothing; phases that need
     it are refused with an explicit error.
     """
     maintenance_reason: _builtins.str
+    state: _builtins.str
+    """up, unreachable (its driver cannot reach it: phases needing it are refused after
+    controller.device_wait_s), degraded (it answers, but its last command failed or some
+    ports await a read-back), maintenance.
+    """
+    last_error: _builtins.str
+    """The device's last error (one line), and when; empty / absent when none."""
+    last_error_unix_s: _builtins.float
+    last_contact_unix_s: _builtins.float
+    """When the device last answered a command; absent before the first."""
+    unreachable_for_s: _builtins.float
+    """Seconds it has been unreachable; absent unless state is unreachable."""
     def __init__(
         self,
         *,
@@ -131,16 +157,36 @@ class SwitchInfo(_message.Message):
         rail: _builtins.int = ...,
         has_rail: _builtins.bool = ...,
         reconfiguration_delay_s: _builtins.float = ...,
-        cross_connects: _builtins.int = ...,
+        cross_connects: _builtins.int | None = ...,
         reconfigurations: _builtins.int = ...,
         maintenance: _builtins.bool = ...,
         maintenance_reason: _builtins.str = ...,
+        state: _builtins.str = ...,
+        last_error: _builtins.str = ...,
+        last_error_unix_s: _builtins.float | None = ...,
+        last_contact_unix_s: _builtins.float | None = ...,
+        unreachable_for_s: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cross_connects", b"_cross_connects", "_last_contact_unix_s", b"_last_contact_unix_s", "_last_error_unix_s", b"_last_error_unix_s", "_unreachable_for_s", b"_unreachable_for_s", "cross_connects", b"cross_connects", "last_contact_unix_s", b"last_contact_unix_s", "last_error_unix_s", b"last_error_unix_s", "unreachable_for_s", b"unreachable_for_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cross_connects", b"cross_connects", "has_rail", b"has_rail", "kind", b"kind", "maintenance", b"maintenance", "maintenance_reason", b"maintenance_reason", "model", b"model", "port_count", b"port_count", "rail", b"rail", "reconfiguration_delay_s", b"reconfiguration_delay_s", "reconfigurations", b"reconfigurations", "switch_id", b"switch_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cross_connects", b"_cross_connects", "_last_contact_unix_s", b"_last_contact_unix_s", "_last_error_unix_s", b"_last_error_unix_s", "_unreachable_for_s", b"_unreachable_for_s", "cross_connects", b"cross_connects", "has_rail", b"has_rail", "kind", b"kind", "last_contact_unix_s", b"last_contact_unix_s", "last_error", b"last_error", "last_error_unix_s", b"last_error_unix_s", "maintenance", b"maintenance", "maintenance_reason", b"maintenance_reason", "model", b"model", "port_count", b"port_count", "rail", b"rail", "reconfiguration_delay_s", b"reconfiguration_delay_s", "reconfigurations", b"reconfigurations", "state", b"state", "switch_id", b"switch_id", "unreachable_for_s", b"unreachable_for_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__cross_connects: _TypeAlias = _typing.Literal["cross_connects"]  # noqa: Y015
+    _WhichOneofArgType__cross_connects: _TypeAlias = _typing.Literal["_cross_connects", b"_cross_connects"]  # noqa: Y015
+    _WhichOneofReturnType__last_contact_unix_s: _TypeAlias = _typing.Literal["last_contact_unix_s"]  # noqa: Y015
+    _WhichOneofArgType__last_contact_unix_s: _TypeAlias = _typing.Literal["_last_contact_unix_s", b"_last_contact_unix_s"]  # noqa: Y015
+    _WhichOneofReturnType__last_error_unix_s: _TypeAlias = _typing.Literal["last_error_unix_s"]  # noqa: Y015
+    _WhichOneofArgType__last_error_unix_s: _TypeAlias = _typing.Literal["_last_error_unix_s", b"_last_error_unix_s"]  # noqa: Y015
+    _WhichOneofReturnType__unreachable_for_s: _TypeAlias = _typing.Literal["unreachable_for_s"]  # noqa: Y015
+    _WhichOneofArgType__unreachable_for_s: _TypeAlias = _typing.Literal["_unreachable_for_s", b"_unreachable_for_s"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__cross_connects) -> _WhichOneofReturnType__cross_connects | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__last_contact_unix_s) -> _WhichOneofReturnType__last_contact_unix_s | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__last_error_unix_s) -> _WhichOneofReturnType__last_error_unix_s | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__unreachable_for_s) -> _WhichOneofReturnType__unreachable_for_s | None: ...
 
 Global___SwitchInfo: _TypeAlias = SwitchInfo  # noqa: Y015
 
