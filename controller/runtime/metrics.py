@@ -179,8 +179,8 @@ CONFIG_LAST_RELOAD_SUCCESSFUL = Gauge(
     registry=REGISTRY,
 )
 CONFIG_LAST_RELOAD_SUCCESSFUL.set(1)  # a process runs the config it started with
-DEVICE_REACHABLE = Gauge(
-    "lightrail_device_reachable",
+SWITCH_UP = Gauge(
+    "lightrail_switch_up",
     "1 while the switch answers, 0 after its last command, read-back or power poll failed "
     "to reach it (DeviceUnreachable, DeviceTimeout); absent until first contact.",
     ["switch"],

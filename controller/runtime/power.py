@@ -9,7 +9,7 @@ multiply series.
 A failed poll never touches the phase path: no read-back, no distrust of the reconciler's view,
 no retry; it is counted in ``lightrail_device_errors_total``, reported to the reconciler's
 reachability record (``Reconciler.contact``: ``DeviceUnreachable`` and ``DeviceTimeout`` set
-``lightrail_device_reachable`` to 0, a successful poll back to 1), and the switch's power series
+``lightrail_switch_up`` to 0, a successful poll back to 1), and the switch's power series
 are removed until the next reading (a value not read again is no measurement). ``NotLeader``
 (the controller fenced itself) ends nothing and records nothing: the shutdown follows. The poll
 relies on each driver's own command deadline (``DeviceTimeout``) and never cancels a command in

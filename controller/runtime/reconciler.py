@@ -219,14 +219,14 @@ class _Worker:
         self.breaks = metrics.CROSS_CONNECT_CHANGES.labels(switch_id, "break")
         self.apply_seconds = metrics.DEVICE_APPLY_SECONDS.labels(switch_id)
         self.circuits = metrics.CIRCUITS.labels(switch_id)
-        self.reachable = metrics.DEVICE_REACHABLE.labels(switch_id)
+        self.reachable = metrics.SWITCH_UP.labels(switch_id)
         self.reached: bool | None = None
         """Whether the device answered the last command (None: not asked yet): the gauge is
         set only when this changes, so a successful apply costs one comparison."""
 
     def contact(self, error: DriverError | None) -> None:
         """Record the outcome of a device command (``error`` None: it answered) in
-        ``lightrail_device_reachable``: only ``DeviceUnreachable`` and ``DeviceTimeout`` say
+        ``lightrail_switch_up``: only ``DeviceUnreachable`` and ``DeviceTimeout`` say
         the device was not reached; any other error is an answer, except ``NotLeader``
         (refused before anything was sent: no news of the device)."""
         if isinstance(error, NotLeader):
@@ -518,7 +518,7 @@ class Reconciler:
 
     def contact(self, switch_id: str, error: DriverError | None) -> None:
         """Record a device command made beside the reconciler (the power poll): ``error`` None
-        when the device answered. Only ``lightrail_device_reachable`` changes; the view is
+        when the device answered. Only ``lightrail_switch_up`` changes; the view is
         still trusted. Raises ``UnknownSwitch``."""
         self._worker(switch_id).contact(error)
 

@@ -93,7 +93,7 @@ async def test_reachability_follows_a_switch_that_stops_answering(
     ctl: RunningController, client: ControllerClient, devices: EmulatedFabricDevices
 ) -> None:
     def reachable(samples: Samples, switch: str) -> float:
-        return samples[("lightrail_device_reachable", (("switch", switch),))]
+        return samples[("lightrail_switch_up", (("switch", switch),))]
 
     samples = await scrape(ctl)
     assert reachable(samples, "ocs-rail0") == reachable(samples, "ocs-rail1") == 1.0

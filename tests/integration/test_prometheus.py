@@ -239,7 +239,7 @@ async def test_a_real_prometheus_runs_every_dashboard_and_rule_expression(
     assert unknown == set()
     # and the data is there, as Prometheus stored it
     assert _values(prom.query("sum(lightrail_leader)")) == [1.0]
-    assert _values(prom.query('lightrail_device_reachable{switch=~"ocs-rail[01]"}')
+    assert _values(prom.query('lightrail_switch_up{switch=~"ocs-rail[01]"}')
                    ) == [1.0, 1.0]
     assert _values(prom.query('lightrail_build_info{version!=""}')) == [1.0]
     assert _values(prom.query('sum(lightrail_phase_admissions_total{job_id="prom-job"})')

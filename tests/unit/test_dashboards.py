@@ -96,7 +96,7 @@ def test_each_dashboard_covers_its_topic() -> None:
             "lightrail_stall_seconds_total", "lightrail_provisioning_phases_total"
             } <= _names_in("lightrail-jobs.json")
     assert {"lightrail_device_apply_seconds_bucket", "lightrail_device_errors_total",
-            "lightrail_device_reachable", "lightrail_port_power_dbm"
+            "lightrail_switch_up", "lightrail_port_power_dbm"
             } <= _names_in("lightrail-devices.json")
     assert {"lightrail_failover_seconds_bucket", "lightrail_failover_no_spare_total"
             } <= _names_in("lightrail-failovers.json")

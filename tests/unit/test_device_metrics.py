@@ -1,5 +1,5 @@
 """Device metrics against emulated switches on a manual clock: reachability
-(``lightrail_device_reachable``) from applies, read-backs and the power poll, and the power poll
+(``lightrail_switch_up``) from applies, read-backs and the power poll, and the power poll
 (``lightrail_port_power_dbm``) of the ports in use, whose failures leave the phase path alone."""
 
 from __future__ import annotations
@@ -76,19 +76,19 @@ PAIR = frozenset({CrossConnect(1, 10), CrossConnect(2, 9)})
 
 async def test_reachability_follows_applies_and_read_backs() -> None:
     async with world(1) as ([sid], devices, _, rec):
-        assert sample("lightrail_device_reachable", switch=sid) == 0.0  # no contact yet
+        assert sample("lightrail_switch_up", switch=sid) == 0.0  # no contact yet
         await rec.read_back(sid)
-        assert sample("lightrail_device_reachable", switch=sid) == 1.0
+        assert sample("lightrail_switch_up", switch=sid) == 1.0
         devices[sid].set_unreachable(True)
         with pytest.raises(DeviceUnreachable):
             await rec.reconcile(sid, PORTS, PAIR)
-        assert sample("lightrail_device_reachable", switch=sid) == 0.0
+        assert sample("lightrail_switch_up", switch=sid) == 0.0
         with pytest.raises(DeviceUnreachable):
             await rec.read_back(sid)
-        assert sample("lightrail_device_reachable", switch=sid) == 0.0
+        assert sample("lightrail_switch_up", switch=sid) == 0.0
         devices[sid].set_unreachable(False)
         await rec.reconcile(sid, PORTS, PAIR)  # reads back first (stale), then applies
-        assert sample("lightrail_device_reachable", switch=sid) == 1.0
+        assert sample("lightrail_switch_up", switch=sid) == 1.0
 
 
 async def test_power_poll_exports_the_ports_in_use_only() -> None:
@@ -120,11 +120,11 @@ async def test_a_failed_power_poll_leaves_the_phase_path_alone() -> None:
         await rec.reconcile(sid, PORTS, PAIR)
         poller = PowerPoller(drivers, rec, 1.0)
         await poller.poll_once()
-        assert sample("lightrail_device_reachable", switch=sid) == 1.0
+        assert sample("lightrail_switch_up", switch=sid) == 1.0
         before = errors(sid, "DeviceUnreachable")
         devices[sid].set_unreachable(True)
         await poller.poll_once()
-        assert sample("lightrail_device_reachable", switch=sid) == 0.0
+        assert sample("lightrail_switch_up", switch=sid) == 0.0
         assert errors(sid, "DeviceUnreachable") == before + 1
         assert poller.exported(sid) == frozenset() and power(sid, 1) is None  # no stale value
         # the view is still trusted: no read-back queued, a satisfied request is a no-op
@@ -134,7 +134,7 @@ async def test_a_failed_power_poll_leaves_the_phase_path_alone() -> None:
         assert devices[sid].command_count == commands
         devices[sid].set_unreachable(False)
         await poller.poll_once()
-        assert sample("lightrail_device_reachable", switch=sid) == 1.0
+        assert sample("lightrail_switch_up", switch=sid) == 1.0
         assert power(sid, 10) == CONNECTED_POWER_DBM
 
 
@@ -153,7 +153,7 @@ async def test_a_fenced_poll_records_nothing() -> None:
     poller = PowerPoller({sid: driver}, rec, 1.0)
     leading[0] = False
     await poller.poll_once()
-    assert sample("lightrail_device_reachable", switch=sid) == 1.0
+    assert sample("lightrail_switch_up", switch=sid) == 1.0
     assert not [s for m in REGISTRY.collect() if m.name == "lightrail_device_errors"
                 for s in m.samples if s.labels.get("switch") == sid]
     assert poller.exported(sid) == frozenset()
