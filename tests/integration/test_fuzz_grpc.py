@@ -224,6 +224,8 @@ async def view(r: Rig) -> dict[str, bytes | dict[str, object]]:
     """What a refused request must leave as it was: the operator's views (heartbeat ages
     aside) and the job and GPU records in etcd. Fails if the controller stopped serving."""
     jobs = await r.op.ListJobs(operator_pb2.ListJobsRequest(), timeout=5)
+    for j in jobs.jobs:
+        j.ClearField("idle_s")  # a clock reading (job expiry), not stored state
     gpus = await r.op.ListGpus(operator_pb2.ListGpusRequest(), timeout=5)
     for g in gpus.gpus:
         g.ClearField("heartbeat_age_s")
