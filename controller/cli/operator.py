@@ -57,6 +57,24 @@ def token_metadata(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
     return () if token is None else ((AUTHORIZATION_KEY, f"Bearer {token}"),)
 
 
+Metadata = tuple[tuple[str, str], ...]
+
+
+def operator_mutation(args: argparse.Namespace, call: Callable[[Any, Metadata], Any],
+                      render: Callable[[Any], Table | Text | str],
+                      exit_code: Callable[[Any], int] | None = None) -> int:
+    """A mutating operator call (failover, drain, reload, ...): ``call(stub, metadata)`` with
+    the operator's bearer token (``token_metadata``), then as ``_operator``. A bad
+    ``--token``/``--token-file`` is exit 2 naming the command."""
+    try:
+        md = token_metadata(args)
+    except CliUsageError as exc:
+        verb = " ".join(v for v in (args.cmd, getattr(args, "jobs_action", None)) if v)
+        print(f"lightrail {verb}: {exc}", file=sys.stderr)
+        return 2
+    return _operator(args, lambda stub: call(stub, md), render, exit_code)
+
+
 def _operator(args: argparse.Namespace, call: Callable[[Any], Any],
               render: Callable[[Any], Table | Text | str],
               exit_code: Callable[[Any], int] | None = None) -> int:
@@ -189,12 +207,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 def _cmd_jobs_unregister(args: argparse.Namespace) -> int:
     req = operator_pb2.RemoveJobRequest(job_id=args.job_id, reason=args.reason)
-    try:
-        md = token_metadata(args)
-    except CliUsageError as exc:
-        print(f"lightrail jobs unregister: {exc}", file=sys.stderr)
-        return 2
-    return _operator(args, lambda s: s.RemoveJob(req, timeout=30, metadata=md),
+    return operator_mutation(args, lambda s, md: s.RemoveJob(req, timeout=30, metadata=md),
                      lambda r: f"job {r.job_id} unregistered")
 
 
@@ -223,17 +236,12 @@ def _cmd_gpus_clear(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     req = operator_pb2.ClearGpuRequest(host=host, gpu=int(gpu) if gpu else None)
-    try:
-        md = token_metadata(args)
-    except CliUsageError as exc:
-        print(f"lightrail gpus: {exc}", file=sys.stderr)
-        return 2
 
     def render(r: operator_pb2.ClearGpuResponse) -> Table:
         return table(f"cleared {args.clear}", ["host", "gpu", "health", "reason"],
                      [[g.host, g.gpu, g.state, g.reason or "-"] for g in r.gpus],
                      caption="a cleared GPU is unknown until its agent reports it")
-    return _operator(args, lambda s: s.ClearGpu(req, timeout=30, metadata=md), render)
+    return operator_mutation(args, lambda s, md: s.ClearGpu(req, timeout=30, metadata=md), render)
 
 
 def _timeline_table(title: str, fos: Sequence[operator_pb2.FailoverResponse]) -> Table:
@@ -256,12 +264,7 @@ def cmd_failover(args: argparse.Namespace) -> int:
         spare_host, spare_gpu = host, int(gpu)
     req = operator_pb2.FailoverRequest(job_id=args.job, rank=args.rank, spare_host=spare_host,
                                        spare_gpu=spare_gpu, reason=args.reason)
-    try:
-        md = token_metadata(args)
-    except CliUsageError as exc:
-        print(f"lightrail failover: {exc}", file=sys.stderr)
-        return 2
-    return _operator(args, lambda s: s.Failover(req, timeout=60, metadata=md),
+    return operator_mutation(args, lambda s, md: s.Failover(req, timeout=60, metadata=md),
                      lambda r: _timeline_table("failover", [r]))
 
 
@@ -269,12 +272,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
     if args.undo:
         return cmd_uncordon(args)
     req = operator_pb2.DrainRequest(host=args.host, reason=args.reason)
-    try:
-        md = token_metadata(args)
-    except CliUsageError as exc:
-        print(f"lightrail drain: {exc}", file=sys.stderr)
-        return 2
-    return _operator(args, lambda s: s.Drain(req, timeout=120, metadata=md),
+    return operator_mutation(args, lambda s, md: s.Drain(req, timeout=120, metadata=md),
                      lambda r: _timeline_table(f"drained {args.host}", list(r.failovers)))
 
 
@@ -282,12 +280,7 @@ def cmd_uncordon(args: argparse.Namespace) -> int:
     """``lightrail uncordon HOST`` (``drain --undo HOST``): the drained host's GPUs return to
     service, unknown until its agent reports (a spare host is a spare again)."""
     req = operator_pb2.UndrainRequest(host=args.host)
-    try:
-        md = token_metadata(args)
-    except CliUsageError as exc:
-        print(f"lightrail {args.cmd}: {exc}", file=sys.stderr)
-        return 2
-    return _operator(args, lambda s: s.Undrain(req, timeout=30, metadata=md),
+    return operator_mutation(args, lambda s, md: s.Undrain(req, timeout=30, metadata=md),
                      lambda r: f"{r.host}: GPUs {', '.join(map(str, r.gpus))} back in service "
                                "(unknown until its agent reports)")
 
@@ -324,13 +317,8 @@ def cmd_reload(args: argparse.Namespace) -> int:
             return (f"applied: {r.path}: changed {', '.join(r.changed)}" if r.changed
                     else f"applied: {r.path}: nothing changed")
         return f"not applied, running configuration kept: {r.error}"
-    try:
-        md = token_metadata(args)
-    except CliUsageError as exc:
-        print(f"lightrail reload: {exc}", file=sys.stderr)
-        return 2
-    return _operator(args, lambda s: s.Reload(operator_pb2.ReloadRequest(), timeout=30,
-                                              metadata=md),
+    return operator_mutation(args, lambda s, md: s.Reload(operator_pb2.ReloadRequest(),
+                                                          timeout=30, metadata=md),
                      render, lambda r: 0 if r.applied else 1)
 
 

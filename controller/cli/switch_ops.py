@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from rich.table import Table
 from rich.text import Text
@@ -15,11 +14,10 @@ from lightrail.controller.cli import jsonout
 from lightrail.controller.cli.common import (
     CONTROLLER_HELP,
     DEFAULT_TARGET,
-    CliUsageError,
     add_tls_arguments,
     add_token_arguments,
 )
-from lightrail.controller.cli.operator import JSON_HELP, operator_command, table, token_metadata
+from lightrail.controller.cli.operator import JSON_HELP, operator_command, operator_mutation, table
 from lightrail.controller.cli.switchview import Link, PortLabel, SwitchDrawing, dot, text_matrix
 from lightrail.v1 import operator_pb2, operator_pb2_grpc
 
@@ -28,18 +26,14 @@ def cmd_maintenance(args: argparse.Namespace) -> int:
     """``lightrail maintenance on|off SWITCH``: exit 0 once the controller stored it."""
     req = operator_pb2.SetMaintenanceRequest(switch_id=args.switch_id, on=args.state == "on",
                                              reason=args.reason)
-    try:
-        md = token_metadata(args)
-    except CliUsageError as exc:
-        print(f"lightrail maintenance: {exc}", file=sys.stderr)
-        return 2
 
     def render(r: operator_pb2.SetMaintenanceResponse) -> str:
         if r.maintenance:
             return (f"{r.switch_id}: in maintenance ({args.reason or 'operator'}); it is sent "
                     "no reconfiguration, phases that need one there are refused")
         return f"{r.switch_id}: in service"
-    return operator_command(args, lambda s: s.SetMaintenance(req, timeout=30, metadata=md),
+    return operator_mutation(args, lambda s, md: s.SetMaintenance(req, timeout=30,
+                                                                     metadata=md),
                             render)
 
 

@@ -11,7 +11,6 @@ import io
 import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import redirect_stderr, redirect_stdout
 
 import grpc
 import pytest
@@ -34,6 +33,7 @@ from lightrail.drivers.base import CrossConnect
 from lightrail.emulator.gpus import EmulatedHealthSource
 from lightrail.emulator.ocs import EmulatedFabricDevices
 from lightrail.v1 import agent_pb2, agent_pb2_grpc, operator_pb2, operator_pb2_grpc
+from tests.cli_thread import cli_in_thread
 
 PLACE = [RankPlacement(r, f"host{r // 2}", r % 2) for r in range(8)]
 RING = PhaseKey(ProcessGroup.of(range(8)), Collective.ALL_REDUCE)
@@ -43,15 +43,9 @@ LOG_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \[")
 
 
 async def cli(*argv: str) -> tuple[int, str, str]:
-    """``lightrail ARGV`` in a thread (the CLI runs its own event loop): rc, stdout, stderr."""
-    out, err = io.StringIO(), io.StringIO()
-
-    def run() -> int:
-        with redirect_stdout(out), redirect_stderr(err):
-            return cli_main(list(argv))
-
-    rc = await asyncio.to_thread(run)
-    return rc, _without_logs(out.getvalue()), _without_logs(err.getvalue())
+    """``lightrail ARGV`` in a thread: rc, stdout, stderr without the controller's logs."""
+    rc, out, err = await cli_in_thread(*argv)
+    return rc, _without_logs(out), _without_logs(err)
 
 
 def _without_logs(text: str) -> str:

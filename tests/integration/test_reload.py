@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import json
 import os
 import signal
@@ -22,7 +21,6 @@ import socket
 import sys
 import urllib.request
 from collections.abc import AsyncIterator, Callable
-from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,11 +31,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from lightrail.agents.client import ControllerClient
 from lightrail.controller.api.auth import token_sha256
 from lightrail.controller.cli.embedded import embedded_config
-from lightrail.controller.cli.main import main as cli_main
 from lightrail.controller.config import FabricSection
 from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup, RankPlacement
 from lightrail.controller.store.etcd import EtcdStore
 from lightrail.controller.store.etcd_server import EmbeddedEtcd
+from tests.cli_thread import cli_in_thread
 
 WAIT_S = 30.0
 """Bound on each wait (a deadline, not a timing assertion)."""
@@ -89,17 +87,6 @@ def samples(url: str) -> dict[tuple[str, str], float]:
         text = resp.read().decode()
     return {(s.name, ",".join(s.labels.values())): s.value
             for fam in text_string_to_metric_families(text) for s in fam.samples}
-
-
-async def cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-
-    def run() -> int:
-        with redirect_stdout(out), redirect_stderr(err):
-            return cli_main(list(argv))
-
-    rc = await asyncio.to_thread(run)
-    return rc, out.getvalue(), err.getvalue()
 
 
 async def one_phase(target: str, collective: Collective) -> None:
@@ -167,9 +154,10 @@ async def good_reload(child: Child, notes: Notifications, path: Path,
     metrics = samples(child.metrics_url)
     assert metrics[("lightrail_config_last_reload_successful", "")] == 1
     assert ("lightrail_config_reload_failures_total", "invalid") not in metrics
-    rc, _, err = await cli("reload", "--controller", child.grpc_target)
+    rc, _, err = await cli_in_thread("reload", "--controller", child.grpc_target)
     assert rc == 1 and "UNAUTHENTICATED" in err, err
-    rc, out, err = await cli("reload", "--controller", child.grpc_target, "--token", TOKEN)
+    rc, out, err = await cli_in_thread("reload", "--controller", child.grpc_target,
+                                       "--token", TOKEN)
     assert rc == 0, err
     assert out.strip() == f"applied: {path}: nothing changed"
 
@@ -194,8 +182,8 @@ async def restart_refused(child: Child, path: Path, data: dict[str, Any]) -> Non
     data["controller"]["admission_timeout_s"] = 4.0
     data["controller"]["metrics_listen"] = "127.0.0.1:1"
     write_config(path, data)
-    rc, out, err = await cli("reload", "--controller", child.grpc_target, "--token", TOKEN,
-                             "--json")
+    rc, out, err = await cli_in_thread("reload", "--controller", child.grpc_target,
+                                       "--token", TOKEN, "--json")
     assert rc == 1, err
     answer = json.loads(out)
     assert answer["applied"] is False

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import json
 import os
 import signal
 import socket
 import urllib.request
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager, redirect_stderr, redirect_stdout
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 
 import grpc
@@ -37,7 +36,6 @@ from lightrail.controller.app import (
 )
 from lightrail.controller.cli.drivers import driver_registry
 from lightrail.controller.cli.embedded import ChildController, embedded_config, spawn_controller
-from lightrail.controller.cli.main import main as cli_main
 from lightrail.controller.config import Config, FabricSection
 from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup, RankPlacement
 from lightrail.controller.store.etcd import EtcdStore
@@ -45,6 +43,7 @@ from lightrail.controller.store.etcd_server import EmbeddedEtcd
 from lightrail.emulator.gpus import EmulatedHealthSource
 from lightrail.emulator.ocs import EmulatedFabricDevices
 from lightrail.v1 import operator_pb2, operator_pb2_grpc
+from tests.cli_thread import cli_in_thread
 
 PLACE = [RankPlacement(0, "host0", 0), RankPlacement(1, "host1", 0)]
 PAIR = PhaseKey(ProcessGroup.of([0, 1]), Collective.SEND_RECV)
@@ -109,19 +108,6 @@ async def health(target: str, service: str) -> int:
         resp = await health_pb2_grpc.HealthStub(ch).Check(
             health_pb2.HealthCheckRequest(service=service), timeout=5.0)
     return int(resp.status)
-
-
-async def cli(*argv: str) -> tuple[int, str, str]:
-    """``lightrail ARGV`` in a thread (it runs its own event loop): exit code, stdout,
-    stderr."""
-    out, err = io.StringIO(), io.StringIO()
-
-    def run() -> int:
-        with redirect_stdout(out), redirect_stderr(err):
-            return cli_main(list(argv))
-
-    rc = await asyncio.to_thread(run)
-    return rc, out.getvalue(), err.getvalue()
 
 
 async def check_health_and_redirect(leader: str, standbys: list[str]) -> None:
@@ -192,7 +178,7 @@ async def test_three_replicas_one_leads_standbys_redirect_and_a_standby_takes_ov
         await check_health_and_redirect(lead_addr, [s.serving.grpc_target for s in standbys])
 
         # the CLI pointed at a standby prints the leader's answer
-        rc, out, _ = await cli("status", "--controller", standbys[0].serving.grpc_target,
+        rc, out, _ = await cli_in_thread("status", "--controller", standbys[0].serving.grpc_target,
                                "--json")
         assert rc == 0
         status = json.loads(out)
@@ -227,7 +213,7 @@ async def test_three_replicas_one_leads_standbys_redirect_and_a_standby_takes_ov
         adms = await asyncio.gather(*(agents[r].enter("job", r, again, 0, 5.0) for r in (0, 1)))
         assert len(adms) == 2
         assert all(a.connected_to == new_addr for a in agents)
-        rc, out, _ = await cli("status", "--controller", addresses, "--json")
+        rc, out, _ = await cli_in_thread("status", "--controller", addresses, "--json")
         assert rc == 0
         assert json.loads(out)["replica_id"] == successor.serving.replica_id
         jobs = [j.job_id for j in (await admin_list_jobs(admin_addresses=addresses)).jobs]
@@ -316,10 +302,10 @@ async def test_replica_processes_standby_metrics_and_takeover_after_sigkill(
         await asyncio.wait_for(reporter.acked.wait(), WAIT_S)
         assert reporter.connected_to == successor.grpc_target
         assert scrape(successor.metrics_url)["lightrail_leader"] == 1
-        rc, out, _ = await cli("status", "--controller", addresses, "--json")
+        rc, out, _ = await cli_in_thread("status", "--controller", addresses, "--json")
         assert rc == 0
         assert json.loads(out)["replica_id"] == second["replica_id"]
-        rc, _, err = await cli("status", "--controller", leader.grpc_target)
+        rc, _, err = await cli_in_thread("status", "--controller", leader.grpc_target)
         assert rc == 1  # the killed one alone: no leader, one line naming it
         assert err.startswith(f"lightrail status: no controller replica leads: tried "
                               f"{leader.grpc_target} (UNAVAILABLE: ")
