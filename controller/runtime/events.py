@@ -28,12 +28,32 @@ class EventBus:
         self._max = max_backlog
         self._subs: dict[str | None, set[asyncio.Queue[object]]] = {}
         self._all: set[asyncio.Queue[object]] = set()
+        self._demand = 0
+        """``subscribe_all`` subscribers, and holders of ``hold_demand``, that want the
+        per-phase events (a journal that only keeps recent history does not)."""
 
     def wants(self, job_id: str) -> bool:
-        """True when some subscriber would receive an event of ``job_id``: callers on the hot
-        path build events only then."""
+        """True when someone is waiting for the per-phase events of ``job_id`` (reconfigured,
+        reconfigure decisions): a watch of the job or of every job, or a live consumer of every
+        event (the MQTT bridge, a ``lightrail events --follow``). Callers on the hot path build
+        those events only then: a phase costs no event while nobody is listening."""
+        subs = self._subs
+        return bool(self._demand or subs.get(job_id) or subs.get(None))
+
+    def listens(self, job_id: str) -> bool:
+        """True when any subscriber at all would receive an event of ``job_id``, a journal
+        of recent events included: for events that are rare (phase errors), not per phase."""
         subs = self._subs
         return bool(self._all or subs.get(job_id) or subs.get(None))
+
+    def hold_demand(self) -> None:
+        """Someone wants the per-phase events from now on (``wants`` is True); pair with
+        ``release_demand``."""
+        self._demand += 1
+
+    def release_demand(self) -> None:
+        """One ``hold_demand`` ended."""
+        self._demand -= 1
 
     def subscribed_all(self) -> int:
         """How many ``subscribe_all`` subscribers are subscribed now."""
@@ -86,11 +106,17 @@ class EventBus:
             if subs is not None:
                 subs.discard(q)
 
-    async def subscribe_all(self) -> AsyncGenerator[JobEvent | FabricEvent, None]:
+    async def subscribe_all(
+        self, *, demand: bool = True
+    ) -> AsyncGenerator[JobEvent | FabricEvent, None]:
         """Every job event and fabric event from now on, until the consumer stops. Raises
-        ``SubscriberOverflow`` when the consumer falls too far behind."""
+        ``SubscriberOverflow`` when the consumer falls too far behind. ``demand`` False: a
+        consumer that keeps history only; per-phase events reach it only while someone else
+        wants them (``wants``)."""
         q: asyncio.Queue[object] = asyncio.Queue()
         self._all.add(q)
+        if demand:
+            self._demand += 1
         try:
             while True:
                 item = await q.get()
@@ -100,3 +126,5 @@ class EventBus:
                 yield item
         finally:
             self._all.discard(q)
+            if demand:
+                self._demand -= 1

@@ -4,6 +4,11 @@ bounded ring of recent events (``lightrail events`` without ``--follow``) and ha
 journal's subscribers: the MQTT bridge and each operator ``StreamEvents`` call, so both see the
 same ids.
 
+The per-phase events (reconfigured, reconfigure decisions) are built on the hot path only
+while someone wants them (``EventBus.wants``): a subscription of the journal holds that demand,
+the ring alone does not, so with no MQTT bridge and no ``--follow`` stream a phase costs no
+event and the ring keeps the rest (registrations, phase errors, failovers, alarms, ...).
+
 Nothing here blocks the publisher: each subscription is a bounded buffer that drops its oldest
 event when full and counts the drop (``Subscription.dropped``).
 """
@@ -94,7 +99,9 @@ class EventJournal:
     async def _run(self) -> None:
         while True:
             try:
-                async for event in self._bus.subscribe_all():
+                # history only: the per-phase events are built while a subscription of the
+                # journal (MQTT, a follow stream) wants them, not for the ring alone
+                async for event in self._bus.subscribe_all(demand=False):
                     self._add(event)
             except SubscriberOverflow as exc:  # a burst the loop could not keep up with
                 self.overflows += 1
@@ -120,8 +127,11 @@ class EventJournal:
         (``on_drop`` called for each one pushed out; ``unsubscribe`` it when done)."""
         sub = Subscription(maxlen, on_drop)
         self._subs.add(sub)
+        self._bus.hold_demand()
         return sub
 
     def unsubscribe(self, sub: Subscription) -> None:
         """Stop filling ``sub``."""
-        self._subs.discard(sub)
+        if sub in self._subs:
+            self._subs.discard(sub)
+            self._bus.release_demand()

@@ -331,7 +331,7 @@ class PhaseService:
                     sink.deliver(d)
                 if (d.code is ErrorCode.DEADLINE_EXCEEDED or d.code is ErrorCode.DEVICE_FAILURE
                         or d.code is ErrorCode.SWITCH_MAINTENANCE
-                        ) and self._events.wants(d.job_id):
+                        ) and self._events.listens(d.job_id):
                     self._events.publish(JobEvent(d.job_id, JobEventKind.PHASE_ERROR, d.message,
                                                   fields={"rank": str(d.rank),
                                                           "code": d.code.value}))
