@@ -75,3 +75,23 @@ def test_slow_all_subscriber_is_dropped_with_overflow() -> None:
         assert not bus.wants("any")
 
     asyncio.run(main())
+
+
+def test_a_history_only_subscriber_does_not_ask_for_per_phase_events() -> None:
+    async def main() -> None:
+        bus = EventBus()
+        history = bus.subscribe_all(demand=False)
+        task = asyncio.ensure_future(_take(history, 1))
+        await asyncio.sleep(0)
+        assert not bus.wants("j1") and bus.listens("j1")  # phase errors still reach it
+        bus.hold_demand()  # e.g. the MQTT bridge subscribed to the journal
+        assert bus.wants("j1")
+        bus.release_demand()
+        assert not bus.wants("j1")
+        e = FabricEvent(FabricEventKind.SWITCH_STATE, "ocs-0 unreachable", switch_id="ocs-0")
+        bus.publish_fabric(e)
+        assert await asyncio.wait_for(task, 5) == [e]
+        await history.aclose()
+        assert not bus.listens("j1")
+
+    asyncio.run(main())
