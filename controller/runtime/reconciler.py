@@ -594,8 +594,7 @@ class Reconciler:
             worker.caps = (await worker.driver.info()).capabilities
         xcs = await worker.driver.get_cross_connects()
         worker.set_view(xcs)
-        if worker.reached is not True:
-            worker.contact(None)
+        worker.contact(None)  # every answer: the last contact time and state stay true
         return xcs
 
     async def _read_back_counted(self, worker: _Worker) -> frozenset[CrossConnect]:
@@ -695,8 +694,7 @@ class Reconciler:
             self._count(worker, e.result)
             changed.append(e.result)
             raise
-        if worker.reached is not True:
-            worker.contact(None)
+        worker.contact(None)  # every answer: the last contact time and state stay true
         self._count(worker, result)
         changed.append(result)
         caps = worker.caps

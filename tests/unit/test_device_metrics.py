@@ -162,3 +162,30 @@ async def test_a_fenced_poll_records_nothing() -> None:
 def test_the_poll_interval_must_be_positive() -> None:
     with pytest.raises(ValueError, match="interval"):
         PowerPoller({}, Reconciler({}), 0.0)
+
+
+async def test_a_failed_command_then_a_good_one_is_up_again() -> None:
+    """A device error that is an answer (a denied port) degrades the switch; the next command it
+    answers makes it up again and moves its last contact (issue 14's state rule)."""
+    from lightrail.controller.runtime.switch_health import SwitchState, switch_state
+    from lightrail.drivers.base import DriverError
+    from lightrail.emulator.ocs import DenialKind
+
+    def state(rec: Reconciler, sid: str) -> SwitchState:
+        return switch_state(rec.contact_of(sid), maintenance=False, unreachable=False,
+                            unknown_ports=False)
+
+    async with world(1) as ([sid], devices, _, rec):
+        await rec.read_back(sid)
+        first = rec.contact_of(sid).last_ok_unix_s
+        assert first is not None and state(rec, sid) is SwitchState.UP
+        devices[sid].deny_port(1, DenialKind.HARDWARE_FAULT, "mirror stuck")
+        with pytest.raises(DriverError):
+            await rec.reconcile(sid, PORTS, PAIR)
+        assert rec.contact_of(sid).reachable is True  # it answered: a refusal
+        assert state(rec, sid) is SwitchState.DEGRADED
+        devices[sid].allow_port(1)
+        await rec.reconcile(sid, PORTS, PAIR)
+        after = rec.contact_of(sid)
+        assert after.last_ok_unix_s is not None and after.last_ok_unix_s >= first
+        assert state(rec, sid) is SwitchState.UP
