@@ -290,14 +290,17 @@ class PhaseCoordinator:
         move circuits there raises ``FailoverError``; phases whose circuits are in place are
         still admitted. A reconfiguration already in flight there completes. Taking it out
         schedules the queue again. Raises ``ValueError`` naming an unknown switch."""
-        if switch_id not in self.fabric.switches:
-            raise ValueError(f"switch_id: unknown switch {switch_id!r}")
+        self._known_switch(switch_id)
         if reason is None:
             if self._s.maintenance.pop(switch_id, None) is None:
                 return []
         else:
             self._s.maintenance[switch_id] = reason
         return schedule(self._s, now)
+
+    def _known_switch(self, switch_id: str) -> None:
+        if switch_id not in self.fabric.switches:
+            raise ValueError(f"switch_id: unknown switch {switch_id!r}")
 
     def set_unreachable(self, switch_id: str, error: str | None, now: float) -> list[Decision]:
         """Record that the driver of ``switch_id`` cannot reach it (``error``: its last error,
@@ -307,8 +310,7 @@ class PhaseCoordinator:
         and provisioning leaves it alone; phases on its confirmed circuits still admit. A
         repeated report keeps the first one's time. Raises ``ValueError`` naming an unknown
         switch."""
-        if switch_id not in self.fabric.switches:
-            raise ValueError(f"switch_id: unknown switch {switch_id!r}")
+        self._known_switch(switch_id)
         s = self._s
         if error is None:
             if s.unreachable.pop(switch_id, None) is None:
