@@ -98,13 +98,12 @@ async def test_a_lost_switch_fails_its_job_fast_and_spares_the_other_rail(
                 assert info["cross_connects"] is None  # unknown, never a false 0
                 assert info["last_error"] and info["unreachable_for_s"] is not None
                 assert (await switches(target))["ocs-rail1"]["state"] == "up"
-                # while it stays away, a job that needs it is refused within device_wait_s
-                t0 = asyncio.get_running_loop().time()
+                # while it stays away, a job that needs it is refused DEVICE_FAILURE naming it
+                # (not left to its admission timeout, whose error is DEADLINE_EXCEEDED)
                 with pytest.raises(ReplayError, match=r"device_failure: phase .*: switch "
                                    r"'ocs-rail0' is unreachable \(") as again:
                     await replay("again", rail0, 1).run(client)
                 assert "switch 'ocs-rail0': " not in str(again.value)  # named once
-                assert asyncio.get_running_loop().time() - t0 < 10 * DEVICE_WAIT_S + 5
 
                 await control.inject("ocs-rail0", {"fault": fault, "on": False})
                 back = await until_state(target, "ocs-rail0", "up")
