@@ -419,7 +419,15 @@ class PhaseService:
         (``scheduling.unreachable_block``), and so is every such phase that comes while it
         stays unreachable; phases on its confirmed circuits and on other switches go on. The
         loss and the recovery are logged once each and published as a ``switch_state``
-        event."""
+        event. The reconciler calls this from inside a device command; the coordinator is
+        told on the next turn of the loop (in order), so no decision starts a command while
+        that one is still on the stack."""
+        if self._loop is None:
+            self._on_reachability(switch_id, error)
+        else:
+            self._loop.call_soon(self._on_reachability, switch_id, error)
+
+    def _on_reachability(self, switch_id: str, error: DriverError | None) -> None:
         now = self.now()
         outage = self.coordinator.unreachable().get(switch_id)
         if error is not None:
