@@ -73,6 +73,17 @@ def test_the_optimum_moves_both_links_to_the_detour() -> None:
     assert max_edge_load(p, ((((0, 2), 1), ((0, 1, 2), 1)), (((1, 2), 1),))) == 1.0
 
 
+def test_ties_on_the_max_load_go_to_the_shorter_route() -> None:
+    # one A-B link: direct over 2 fibres (1/2) or via the middle slot's server over 4-fibre
+    # edges (1/4 and, with the B-C link, 2/4): both L = 0.5; the second solve takes 1 fibre
+    p = FragmentedProblem((4, 4, 1), (SlotPair(0, 1, 1), SlotPair(1, 2, 1)),
+                          {0: 4, 1: 1, 2: 4}, {(0, 1): 4, (1, 2): 4, (0, 2): 2},
+                          {(0, 2): ((0, 2), (0, 1, 2)), (0, 1): ((0, 1),), (1, 2): ((1, 2),)})
+    sol = solve_fragmented(p, 5.0)
+    assert sol.status is IlpStatus.OPTIMAL and sol.max_load == pytest.approx(0.5)
+    assert sol.pair_routes is not None and sol.pair_routes[0] == (((0, 2), 1),)
+
+
 @pytest.mark.parametrize("seed", [2, 5])
 def test_ilp_never_worse_than_the_heuristic_on_a_seeded_trace(seed: int) -> None:
     fabric = TorusFabric.parse("4x4x4")
