@@ -25,8 +25,9 @@ Metrics:
   ``box fragmentation`` uses the largest free box for every allocator (a property of the free
   layout only). The two rows are equal exactly when no stitched probe beats the largest free
   box (``probes above box`` gives how often one did): above the box the probe sizes are sparse
-  (on an 8x8x8 torus above 128 chips only 144, 160, 192, ... have such a shape) and a stitched
-  slice of that size needs that many wholly free servers joined by fibres whose ends it owns.
+  (on an 8x8x8 torus above 128 chips only 144, 160, 168, 180, 192, ... have such a shape), and
+  a stitched slice of that size needs a wholly free server for every full 2x2x1 tile, joined by
+  fibres whose both ends are homed on its own chips, one circuit per fibre.
 - **allocated bandwidth**: time-averaged aggregate injection bandwidth of the live slices
   (``Slice.bandwidth_gbps``: per chip, for every logical axis, the lanes of its thinnest link x
   ``link_gbps``, doubled when the axis closes into a ring) and the same per allocated chip.

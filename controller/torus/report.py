@@ -98,7 +98,7 @@ _LEGEND = (
     "2x1x1 slice 1 (100); the per-server photonic switch joins every idle lane to the slice's "
     "own links (R1), 3 lanes per axis (600) and 6 (600): +200 % and +500 % per slice. On a "
     "4x4x1 torus the z lanes are wired to nothing (A2) and most slices fit one or two servers, "
-    "so the gain is large there with 0 % stitched; it is a property of the model, not of "
+    "so the gain is large there with 0-2 % stitched; it is a property of the model, not of "
     "stitching.",
     "stitched: accepted slices built from servers joined by circuits; hops: fibres per "
     "inter-server circuit of those slices.",

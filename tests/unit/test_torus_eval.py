@@ -97,7 +97,7 @@ def test_evaluation_rejects_bad_arguments() -> None:
 
 
 def test_cli_slices_eval(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["slices-eval", "--torus", "4x4x4", "--requests", "60", "--seed", "1",
+    rc = main(["slices-eval", "--torus", "4x4", "--requests", "60", "--seed", "1",
                "--ilp-time-limit", "0.1", "--out", str(tmp_path)])
     assert rc == 0
     out = capsys.readouterr().out
