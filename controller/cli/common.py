@@ -179,6 +179,14 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    value = non_negative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
 class CliUsageError(ValueError):
     """A command-line option cannot be used; the message names it (never a secret's value)."""
 

@@ -37,8 +37,10 @@ fibre path through the slice's own ports (possibly several hops: "longer links")
 that no own-port path joins cannot be stitched, and nothing crosses a server whose ports belong
 to another tenant.
 
-Allocation heuristic (Morphlux solves an ILP; CP-SAT would clash with this project's protobuf
-pin, so this is a documented heuristic):
+Allocation heuristic (the fast path; Morphlux's integer program, solved with HiGHS, can rework
+every stitched placement after it: pass ``improver=IlpStitcher(...)`` from
+``lightrail.controller.torus.ilp_stitch``, which falls back to this heuristic's plan at its time
+limit):
 
 1. Contiguous: every axis permutation of the shape (for a size request, every factorisation
    ``a*b*c`` that fits, most compact first) at every offset, found with wrap-around box sums.
@@ -82,6 +84,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -117,6 +120,16 @@ class UnknownSliceError(LookupError):
 
 class NoSpareError(RuntimeError):
     """A failed chip of a slice could not be replaced (no spare, or none that routes)."""
+
+
+class StitchImprover(Protocol):
+    """Improves a stitched placement after the heuristic (e.g. Morphlux's integer program,
+    ``lightrail.controller.torus.ilp_stitch``): given the allocator, the candidate shapes and
+    the heuristic's plan (``None`` when it found none), return the plan to use (``None``: no
+    placement)."""
+
+    def improve(self, alloc: TorusAllocator, shapes: list[Shape],
+                heuristic: _Plan | None) -> _Plan | None: ...
 
 
 class AllocationPolicy(Enum):
@@ -295,8 +308,9 @@ class TorusAllocator:
 
     Not thread-safe; the caller serialises calls. ``max_stitch_attempts`` bounds the
     (seed, rotation) pairs tried per stitched request; ``max_route_hops`` the fibres of one
-    circuit. Raises :class:`SliceRequestError` if ``spares.per_domain`` is negative or leaves no
-    chip of a domain for tenants.
+    circuit; ``improver`` (optional) reworks every stitched placement after the heuristic
+    (:class:`StitchImprover`). Raises :class:`SliceRequestError` if ``spares.per_domain`` is
+    negative or leaves no chip of a domain for tenants.
     """
 
     def __init__(
@@ -308,6 +322,7 @@ class TorusAllocator:
         *,
         max_stitch_attempts: int = 24,
         max_route_hops: int = 4,
+        improver: StitchImprover | None = None,
     ) -> None:
         self.fabric = fabric
         self.policy = policy
@@ -315,6 +330,7 @@ class TorusAllocator:
         self.spares = spares if spares is not None else SparePolicy()
         self.max_stitch_attempts = max_stitch_attempts
         self.max_route_hops = max_route_hops
+        self.improver = improver
         self._t = fabric.tables
         d = fabric.dims
         n = fabric.chip_count
@@ -685,7 +701,10 @@ class TorusAllocator:
             wires = _wire(_Router(self, "(new)", set(chips), allow_borrow=False), shape, chips)
             if wires is not None:
                 return _Plan(chips, shape, SliceMode.CONTIGUOUS, wires)
-        return self._stitch(shapes) if photonic else None
+        if not photonic:
+            return None
+        plan = self._stitch(shapes)
+        return plan if self.improver is None else self.improver.improve(self, shapes, plan)
 
     # --- internals: contiguous -------------------------------------------------------------------
 
@@ -742,8 +761,21 @@ class TorusAllocator:
     # --- internals: stitching --------------------------------------------------------------------
 
     def _stitch(self, shapes: list[Shape]) -> _Plan | None:
-        """Try (seed server, rotation) pairs, best first: most wholly free servers in the
-        ideal server-level box of the tile grid at the seed, then smallest free region."""
+        """Try (seed server, rotation) pairs, best first (:meth:`_stitch_ranking`)."""
+        avail = self._avail()
+        for seed, shape in self._stitch_ranking(shapes)[:self.max_stitch_attempts]:
+            chips = self._place_tiles(shape, seed, avail)
+            if chips is None:
+                continue
+            wires = _wire(_Router(self, "(new)", set(chips), allow_borrow=False), shape, chips)
+            if wires is not None:
+                return _Plan(chips, shape, SliceMode.STITCHED, wires)
+        return None
+
+    def _stitch_ranking(self, shapes: list[Shape]) -> list[tuple[int, Shape]]:
+        """(seed server, rotation) pairs, best first: most wholly free servers in the ideal
+        server-level box of the tile grid at the seed, then smallest free region that holds
+        the slice."""
         region, sizes = self._regions()
         avail = self._avail()
         n_chips = shapes[0].volume
@@ -764,14 +796,7 @@ class TorusAllocator:
                 sx, sy, sz = seed % grid.x, (seed // grid.x) % grid.y, seed // (grid.x * grid.y)
                 ranked.append((-int(counts[sx, sy, sz]), sizes[r], order, seed, shape))
         ranked.sort(key=lambda q: (q[0], q[1], q[2], q[3]))
-        for _, _, _, seed, shape in ranked[:self.max_stitch_attempts]:
-            chips = self._place_tiles(shape, seed, avail)
-            if chips is None:
-                continue
-            wires = _wire(_Router(self, "(new)", set(chips), allow_borrow=False), shape, chips)
-            if wires is not None:
-                return _Plan(chips, shape, SliceMode.STITCHED, wires)
-        return None
+        return [(seed, shape) for _, _, _, seed, shape in ranked]
 
     def _place_tiles(self, shape: Shape, seed: int, avail: list[int]) -> list[int] | None:
         """Greedy tile placement from server ``seed`` (see the module docstring); the chip id
@@ -972,17 +997,38 @@ class _Router:
                 break
         return None
 
+    def route_via(self, servers: tuple[int, ...]) -> list[int] | None:
+        """A fibre path (link ids) along the server sequence ``servers``: on every hop the
+        first fibre this slice may use, or ``None`` when a hop has none."""
+        path: list[int] = []
+        for a, b in itertools.pairwise(servers):
+            lid = next((f for f in self.t.fibres.get((a, b), ())
+                        if f not in path and self._fibre_ok(f)), -1)
+            if lid < 0:
+                return None
+            path.append(lid)
+        return path
+
     def connect(self, a: int, b: int, axis: int, wrap: bool,
-                max_hops: int | None = None) -> _Wire | None:
+                max_hops: int | None = None, via: tuple[int, ...] | None = None
+                ) -> _Wire | None:
         """A circuit from chip ``a`` to chip ``b`` of at most ``max_hops`` fibres (default the
-        allocator's ``max_route_hops``) if lanes and fibres allow (kept in the router's
+        allocator's ``max_route_hops``), or along the server sequence ``via`` (from ``a``'s
+        server to ``b``'s) when given, if lanes and fibres allow (kept in the router's
         state)."""
         lanes = self.lanes
         if lanes.get(a, 0) >= LANES_PER_CHIP or lanes.get(b, 0) >= LANES_PER_CHIP:
             return None
         sa, sb = self.t.chip_server[a], self.t.chip_server[b]
         path: list[int] = []
-        if sa != sb:
+        if via is not None and sa != sb:
+            if via[0] != sa or via[-1] != sb:
+                return None
+            pinned = self.route_via(via)
+            if pinned is None:
+                return None
+            path = pinned
+        elif sa != sb:
             hops = self.alloc.max_route_hops if max_hops is None else max_hops
             found = self.route(sa, sb, hops)
             if found is None:
@@ -1008,10 +1054,14 @@ class _Router:
                 self.used.discard(lid)
 
 
-def _wire(router: _Router, shape: Shape, chips: list[int]) -> list[_Wire] | None:
+def _wire(router: _Router, shape: Shape, chips: list[int],
+          pinned: dict[tuple[int, int, int], tuple[int, ...]] | None = None
+          ) -> list[_Wire] | None:
     """Photonic circuits for ``chips`` in ``shape``: the mesh links (``None`` if one does not
-    route), first each on a direct fibre where one is free, then the rest over detours, shortest
-    first; then the wrap-around links of each axis (all or none); then widening with idle lanes,
+    route), first those ``pinned`` to a server route (logical ``(u, v, axis)`` -> servers from
+    ``u``'s to ``v``'s: the integer program's choice), then each on a direct fibre where one is
+    free, then the rest over detours, shortest first; then the wrap-around links of each axis
+    (all or none); then widening with idle lanes,
     thinnest axis first (all links of an axis or none), over intra-server circuits and direct
     fibres only."""
     t = router.t
@@ -1021,6 +1071,12 @@ def _wire(router: _Router, shape: Shape, chips: list[int]) -> list[_Wire] | None
     mesh.sort(key=lambda m: t.server_dist[t.chip_server[chips[m[0]]]][
         t.chip_server[chips[m[1]]]])
     detours: list[tuple[int, int, int]] = []
+    pins = pinned or {}
+    fixed = _wire_pinned(router, chips, [m for m in mesh if m in pins], pins)
+    if fixed is None:
+        return None
+    wires += fixed
+    mesh = [m for m in mesh if m not in pins]
     for u, v, axis in mesh:
         w = router.connect(chips[u], chips[v], axis, wrap=False, max_hops=1)
         if w is None:
@@ -1054,6 +1110,18 @@ def _wire(router: _Router, shape: Shape, chips: list[int]) -> list[_Wire] | None
         else:
             wires += batch
             widths[axis] += 1
+    return wires
+
+
+def _wire_pinned(router: _Router, chips: list[int], links: list[tuple[int, int, int]],
+                 pinned: dict[tuple[int, int, int], tuple[int, ...]]) -> list[_Wire] | None:
+    """The mesh ``links`` along their ``pinned`` server routes, or ``None`` if one fails."""
+    wires: list[_Wire] = []
+    for u, v, axis in links:
+        w = router.connect(chips[u], chips[v], axis, wrap=False, via=pinned[(u, v, axis)])
+        if w is None:
+            return None
+        wires.append(w)
     return wires
 
 

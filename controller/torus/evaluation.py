@@ -1,19 +1,33 @@
-"""Slice allocation on a torus: contiguous-only vs Lightrail's photonic stitching, one trace.
+"""Slice allocation on a torus: contiguous-only, the stitching heuristic and Morphlux's ILP.
 
 Pure computation plus optional files. ``evaluate_slices`` replays one seeded arrival/departure
-trace through two :class:`~lightrail.controller.torus.allocator.TorusAllocator` instances, one per
-policy, and
-reports side by side:
+trace through one :class:`~lightrail.controller.torus.allocator.TorusAllocator` per
+:class:`Allocator` and reports side by side:
+
+- ``contiguous-only``: a plain electrical torus, free boxes only;
+- ``heuristic``: Lightrail's photonic policy with the documented stitching heuristic
+  (``lightrail.controller.torus.allocator``);
+- ``ilp``: the same with Morphlux's fragmented-slice integer program after the heuristic
+  (``lightrail.controller.torus.ilp_stitch``; HiGHS within ``ilp_time_limit_s``, falling back
+  to the heuristic's plan at the limit).
+
+Metrics:
 
 - **rejection rate**: requests refused (no placement at arrival; no queueing) / requests, also
   weighted by chips.
 - **fragmentation**: ``1 - L / F`` averaged over arrival instants (Poisson arrivals see time
-  averages, PASTA), where ``F`` is the free tenant chips and ``L`` the largest slice the policy
-  could grant right then (``TorusAllocator.largest_allocatable``: the largest free box for
-  contiguous-only; for Lightrail the larger of that and the largest whole-server size, a
-  multiple of 4 chips, that a dry-run stitch places); 0 when nothing is free.
-  ``box fragmentation`` uses the largest free box for both (a property of the free layout
-  only).
+  averages, PASTA), where ``F`` is the free tenant chips and ``L`` the largest slice the
+  allocator could grant right then (``TorusAllocator.largest_allocatable``: the largest free box
+  for contiguous-only; for the photonic allocators the larger of that and the largest
+  whole-server size, a multiple of 4 chips with a box shape of even x and y extents that fits
+  the torus, that a dry-run stitch places); 0 when nothing is free. So 0 means any free chip
+  could join one slice, 1 - 1/F that only single chips can be granted.
+  ``box fragmentation`` uses the largest free box for every allocator (a property of the free
+  layout only). The two rows are equal exactly when no stitched probe beats the largest free
+  box (``probes above box`` gives how often one did): above the box the probe sizes are sparse
+  (on an 8x8x8 torus above 128 chips only 144, 160, 168, 180, 192, ... have such a shape), and
+  a stitched slice of that size needs a wholly free server for every full 2x2x1 tile, joined by
+  fibres whose both ends are homed on its own chips, one circuit per fibre.
 - **allocated bandwidth**: time-averaged aggregate injection bandwidth of the live slices
   (``Slice.bandwidth_gbps``: per chip, for every logical axis, the lanes of its thinnest link x
   ``link_gbps``, doubled when the axis closes into a ring) and the same per allocated chip.
@@ -27,22 +41,23 @@ Trace (documented, seeded with ``numpy.random.default_rng(seed)``): Poisson arri
 rotation are dropped and the weights renormalised). The first ``warmup_fraction`` of the
 arrivals fill the cluster and are left out of every metric.
 
-Morphlux (arXiv:2508.03674) reports up to 70% less fragmentation and up to 66% more bandwidth for
-tenant allocations with its ILP allocator on a TPU-cluster simulator; our model, heuristic and
-trace are not theirs (see ``lightrail.controller.torus.allocator``), so the figures are comparable
-in kind
-only.
+- **maximum edge load** (``ilp`` only): the integer program's objective, circuits / usable
+  fibres on the busiest server-to-server edge of a stitched slice's mesh links, for the
+  heuristic's plan and the program's optimum on the same requests (``ilp_stitch.IlpStats``).
+
+Morphlux (arXiv:2508.03674, abstract) reports up to 70% less fragmentation and up to 66% more
+bandwidth for tenant allocations with its ILP allocator on a TPU-cluster simulator; our model,
+heuristic and trace are not theirs (see ``lightrail.controller.torus.allocator``), so the
+figures are comparable in kind only.
 """
 
 from __future__ import annotations
 
-import csv
 import heapq
-import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
+from enum import Enum
 
 import numpy as np
 
@@ -55,12 +70,23 @@ from lightrail.controller.torus.allocator import (
     SparePolicy,
     TorusAllocator,
 )
+from lightrail.controller.torus.ilp_stitch import IlpStats, IlpStitcher
 from lightrail.controller.torus.model import FailureDomainKind, Shape, TorusFabric
 
 MORPHLUX_FRAGMENTATION_REDUCTION = 0.70
 """Morphlux: "reduce compute fragmentation by up to 70%" (arXiv:2508.03674, abstract)."""
 MORPHLUX_BANDWIDTH_GAIN = 0.66
 """Morphlux: "improve the bandwidth of tenant compute allocations by up to 66%"."""
+DEFAULT_ILP_TIME_LIMIT_S = 2.0
+"""Default HiGHS time limit per stitched request (s); at the limit the heuristic's plan is used."""
+
+
+class Allocator(Enum):
+    """The allocators compared on one trace (module docstring)."""
+
+    CONTIGUOUS_ONLY = "contiguous-only"
+    HEURISTIC = "heuristic"
+    ILP = "ilp"
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,12 +141,19 @@ class TraceRequest:
 
 @dataclass(frozen=True, slots=True)
 class PolicyResult:
-    """Metrics of one policy over the measured part of the trace (see the module docstring).
-    Bandwidths in Gb/s; ``utilization`` is allocated / tenant chips, time-averaged;
+    """Metrics of one allocator over the measured part of the trace (see the module
+    docstring). Bandwidths in Gb/s; ``utilization`` is allocated / tenant chips, time-averaged;
     ``stitched_fraction`` the accepted slices that were stitched; ``mean_hops`` fibres per
-    inter-server circuit of stitched slices; ``wall_s`` the replay's wall-clock time."""
+    inter-server circuit of stitched slices; ``probe_beat_box`` the fragmentation samples in
+    which the largest grantable slice was larger than the largest free box; ``wall_s`` the
+    replay's wall-clock time. The ``ilp_*`` fields (0 for the other allocators) are the
+    :class:`~lightrail.controller.torus.ilp_stitch.IlpStats` of the run over the whole trace
+    (warm-up and fragmentation probes included): programs solved, proven optimal, fallbacks at
+    the time limit, skipped as too large, with no placement, placements improved or rescued,
+    solved but not wired, solver seconds; ``heuristic_max_load`` and ``ilp_max_load`` the mean
+    maximum edge load of both on the requests where both placed the slice."""
 
-    policy: str
+    allocator: str
     requests: int
     accepted: int
     rejected: int
@@ -133,14 +166,37 @@ class PolicyResult:
     bandwidth_per_chip_gbps: float
     stitched_fraction: float
     mean_hops: float
+    probe_beat_box: float
     wall_s: float
+    ilp_solves: int = 0
+    ilp_optimal: int = 0
+    ilp_fallbacks: int = 0
+    ilp_too_large: int = 0
+    ilp_infeasible: int = 0
+    ilp_improved: int = 0
+    ilp_rescued: int = 0
+    ilp_unroutable: int = 0
+    ilp_solve_s: float = 0.0
+    heuristic_max_load: float = 0.0
+    ilp_max_load: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One photonic allocator against contiguous-only (``C``): ``fragmentation = frag /
+    frag_C - 1``, ``bandwidth = bw_per_chip / bw_per_chip_C - 1``, ``rejection = rej / rej_C -
+    1`` (negative is better for fragmentation and rejection; 0 when the base is 0)."""
+
+    allocator: str
+    fragmentation: float
+    bandwidth: float
+    rejection: float
 
 
 @dataclass(frozen=True, slots=True)
 class SliceEvaluation:
-    """Both policies on one trace, plus Lightrail's relative change against contiguous-only:
-    ``fragmentation_reduction = 1 - frag_L / frag_C``, ``bandwidth_gain = bw_per_chip_L /
-    bw_per_chip_C - 1``, ``rejection_reduction = 1 - rej_L / rej_C`` (0 when the base is 0)."""
+    """Every allocator on one trace, plus each photonic one's :class:`Change` against
+    contiguous-only (when both ran)."""
 
     torus: str
     seed: int
@@ -150,14 +206,16 @@ class SliceEvaluation:
     warmup_fraction: float
     spares_per_rack: int
     link_gbps: float
+    ilp_time_limit_s: float
     results: tuple[PolicyResult, ...]
-    fragmentation_reduction: float
-    bandwidth_gain: float
-    rejection_reduction: float
+    changes: tuple[Change, ...]
 
-    def result(self, policy: AllocationPolicy) -> PolicyResult:
-        """The row of ``policy``."""
-        return next(r for r in self.results if r.policy == policy.value)
+    def result(self, allocator: Allocator) -> PolicyResult:
+        """The column of ``allocator``; ``KeyError`` if it did not run."""
+        for r in self.results:
+            if r.allocator == allocator.value:
+                return r
+        raise KeyError(f"allocator: {allocator.value!r} was not evaluated")
 
 
 def trace_mix(fabric: TorusFabric, mix: tuple[MixEntry, ...] = DEFAULT_MIX
@@ -264,13 +322,16 @@ class _Measured:
     hops: list[float] = field(default_factory=list)
     frags: list[float] = field(default_factory=list)
     box_frags: list[float] = field(default_factory=list)
+    beat_box: int = 0
 
     def sample_fragmentation(self, alloc: TorusAllocator, probe_attempts: int) -> None:
         """One sample of each fragmentation of ``alloc`` now (0 when nothing is free)."""
         free = alloc.free_count()
         if free:
-            self.frags.append(1.0 - alloc.largest_allocatable(probe_attempts) / free)
-            self.box_frags.append(1.0 - alloc.largest_free_box() / free)
+            grantable, box = alloc.largest_allocatable(probe_attempts), alloc.largest_free_box()
+            self.frags.append(1.0 - grantable / free)
+            self.box_frags.append(1.0 - box / free)
+            self.beat_box += grantable > box
         else:
             self.frags.append(0.0)
             self.box_frags.append(0.0)
@@ -291,9 +352,10 @@ class _Measured:
 
 
 def replay(alloc: TorusAllocator, trace: list[TraceRequest], *, warmup: int,
-           frag_every: int, probe_attempts: int) -> PolicyResult:
-    """Replay ``trace`` through ``alloc``; metrics over arrivals with index >= ``warmup``,
-    fragmentation sampled every ``frag_every``-th measured arrival."""
+           frag_every: int, probe_attempts: int, name: str | None = None) -> PolicyResult:
+    """Replay ``trace`` through ``alloc`` (a column named ``name``, default the policy's
+    value); metrics over arrivals with index >= ``warmup``, fragmentation sampled every
+    ``frag_every``-th measured arrival."""
     started = time.perf_counter()
     tenant_chips = alloc.free_count()
     measure_from = trace[warmup].arrival_s if warmup < len(trace) else trace[-1].arrival_s
@@ -319,8 +381,9 @@ def replay(alloc: TorusAllocator, trace: list[TraceRequest], *, warmup: int,
     live.advance(max(live.last_t, trace[-1].arrival_s))
     span = max(live.last_t - measure_from, 1e-12)
     measured_n = m.accepted + m.rejected
+    ilp = alloc.improver.stats if isinstance(alloc.improver, IlpStitcher) else IlpStats()
     return PolicyResult(
-        policy=alloc.policy.value,
+        allocator=name or alloc.policy.value,
         requests=measured_n,
         accepted=m.accepted,
         rejected=m.rejected,
@@ -333,7 +396,14 @@ def replay(alloc: TorusAllocator, trace: list[TraceRequest], *, warmup: int,
         bandwidth_per_chip_gbps=live.gbps_s / live.chip_s if live.chip_s else 0.0,
         stitched_fraction=m.stitched / m.accepted if m.accepted else 0.0,
         mean_hops=float(np.mean(m.hops)) if m.hops else 0.0,
+        probe_beat_box=m.beat_box / len(m.frags) if m.frags else 0.0,
         wall_s=time.perf_counter() - started,
+        ilp_solves=ilp.solves, ilp_optimal=ilp.optimal, ilp_fallbacks=ilp.fallbacks,
+        ilp_too_large=ilp.too_large, ilp_infeasible=ilp.infeasible,
+        ilp_improved=ilp.improved, ilp_rescued=ilp.rescued, ilp_unroutable=ilp.unroutable,
+        ilp_solve_s=ilp.solve_s,
+        heuristic_max_load=float(np.mean(ilp.heuristic_load)) if ilp.heuristic_load else 0.0,
+        ilp_max_load=float(np.mean(ilp.ilp_load)) if ilp.ilp_load else 0.0,
     )
 
 
@@ -349,148 +419,67 @@ def evaluate_slices(
     link_gbps: float = 100.0,
     frag_samples: int = 100,
     probe_attempts: int = 4,
-    out_dir: Path | None = None,
+    allocators: tuple[Allocator, ...] = tuple(Allocator),
+    ilp_time_limit_s: float = DEFAULT_ILP_TIME_LIMIT_S,
     on_policy: Callable[[str], None] | None = None,
 ) -> SliceEvaluation:
-    """Run both policies on one seeded trace (module docstring) and return the comparison;
-    with ``out_dir``, also write ``slices_eval.csv``, ``slices_eval.json`` and
-    ``slices_eval.png`` there (see :func:`write_outputs`).
+    """Run ``allocators`` (default all three, in :class:`Allocator` order) on one seeded trace
+    (module docstring) and return the comparison (files:
+    ``lightrail.controller.torus.report.write_outputs``).
 
     ``torus`` is ``"XxYxZ"`` chips (racks ``4x4x4`` clipped to the torus); ``spares_per_rack``
     spares are held in every rack; ``frag_samples`` bounds the fragmentation samples;
-    ``probe_attempts`` bounds stitch attempts per probe size; ``on_policy(name)`` is called
-    before each policy's replay (progress). Raises ``ValueError`` (including
-    :class:`~lightrail.controller.torus.TorusError`) for bad arguments."""
+    ``probe_attempts`` bounds stitch attempts per probe size; ``ilp_time_limit_s`` is the
+    solver's limit per stitched request (s); ``on_policy(name)`` is called before each
+    allocator's replay (progress). Raises ``ValueError`` (including
+    :class:`~lightrail.controller.torus.TorusError`) for bad arguments, naming the field."""
     if not 0 <= warmup_fraction < 1:
         raise ValueError(f"warmup_fraction: must be in [0, 1), got {warmup_fraction}")
     if frag_samples < 1:
         raise ValueError(f"frag_samples: must be >= 1, got {frag_samples}")
+    if not allocators or len(set(allocators)) != len(allocators):
+        raise ValueError(f"allocators: need distinct allocators, got "
+                         f"{[a.value for a in allocators]}")
+    if not ilp_time_limit_s > 0:
+        raise ValueError(f"ilp_time_limit_s: must be > 0, got {ilp_time_limit_s}")
     fabric = TorusFabric.parse(torus, link_gbps=link_gbps)
     spares = SparePolicy(FailureDomainKind.RACK, spares_per_rack)
-    allocs = [TorusAllocator(fabric, policy, spares=spares) for policy in AllocationPolicy]
+
+    def make(which: Allocator) -> TorusAllocator:
+        if which is Allocator.CONTIGUOUS_ONLY:
+            return TorusAllocator(fabric, AllocationPolicy.CONTIGUOUS_ONLY, spares=spares)
+        improver = IlpStitcher(time_limit_s=ilp_time_limit_s) if which is Allocator.ILP \
+            else None
+        return TorusAllocator(fabric, AllocationPolicy.LIGHTRAIL, spares=spares,
+                              improver=improver)
+
+    order = [a for a in Allocator if a in allocators]
+    allocs = [make(a) for a in order]
     trace = generate_trace(fabric, requests, seed, load=load, mean_hold_s=mean_hold_s,
                            tenant_chips=allocs[0].free_count())
     warmup = int(requests * warmup_fraction)
     frag_every = max(1, (requests - warmup) // frag_samples)
-    def run(alloc: TorusAllocator) -> PolicyResult:
+
+    def run(which: Allocator, alloc: TorusAllocator) -> PolicyResult:
         if on_policy is not None:
-            on_policy(alloc.policy.value)
+            on_policy(which.value)
         return replay(alloc, trace, warmup=warmup, frag_every=frag_every,
-                      probe_attempts=probe_attempts)
+                      probe_attempts=probe_attempts, name=which.value)
 
-    results = tuple(run(a) for a in allocs)
-    base, light = results
+    results = tuple(run(w, a) for w, a in zip(order, allocs, strict=True))
 
-    def reduction(new: float, old: float) -> float:
-        return 1.0 - new / old if old > 0 else 0.0
+    def change(new: float, old: float) -> float:
+        return new / old - 1.0 if old > 0 else 0.0
 
+    base = next((r for r in results if r.allocator == Allocator.CONTIGUOUS_ONLY.value), None)
+    changes = () if base is None else tuple(
+        Change(r.allocator, change(r.fragmentation, base.fragmentation),
+               change(r.bandwidth_per_chip_gbps, base.bandwidth_per_chip_gbps),
+               change(r.rejection_rate, base.rejection_rate))
+        for r in results if r is not base)
     ev = SliceEvaluation(
         torus=str(fabric.dims), seed=seed, requests=requests, load=load,
         mean_hold_s=mean_hold_s, warmup_fraction=warmup_fraction,
-        spares_per_rack=spares_per_rack, link_gbps=link_gbps, results=results,
-        fragmentation_reduction=reduction(light.fragmentation, base.fragmentation),
-        bandwidth_gain=(light.bandwidth_per_chip_gbps / base.bandwidth_per_chip_gbps - 1.0
-                        if base.bandwidth_per_chip_gbps > 0 else 0.0),
-        rejection_reduction=reduction(light.rejection_rate, base.rejection_rate),
-    )
-    if out_dir is not None:
-        write_outputs(ev, out_dir)
+        spares_per_rack=spares_per_rack, link_gbps=link_gbps,
+        ilp_time_limit_s=ilp_time_limit_s, results=results, changes=changes)
     return ev
-
-
-_COLUMNS = (
-    ("rejection rate", "rejection_rate", "{:.1%}"),
-    ("rejected chips", "rejected_chip_rate", "{:.1%}"),
-    ("fragmentation", "fragmentation", "{:.1%}"),
-    ("box fragmentation", "box_fragmentation", "{:.1%}"),
-    ("utilization", "utilization", "{:.1%}"),
-    ("bandwidth Gb/s", "bandwidth_gbps", "{:,.0f}"),
-    ("Gb/s per chip", "bandwidth_per_chip_gbps", "{:.0f}"),
-    ("stitched", "stitched_fraction", "{:.1%}"),
-    ("hops (stitched)", "mean_hops", "{:.2f}"),
-    ("accepted", "accepted", "{}"),
-    ("rejected", "rejected", "{}"),
-    ("wall s", "wall_s", "{:.1f}"),
-)
-
-
-def render_table(ev: SliceEvaluation) -> str:
-    """The comparison as a plain-text table (one column per policy) with Lightrail's change
-    and Morphlux's reported figures."""
-    head = (f"Slices on a {ev.torus} torus: {ev.requests} requests (first "
-            f"{ev.warmup_fraction:.0%} warm-up), load {ev.load:g}, seed {ev.seed}, "
-            f"{ev.spares_per_rack} spare(s) per rack, {ev.link_gbps:g} Gb/s lanes")
-    names = [r.policy for r in ev.results]
-    rows = [[label, *(fmt.format(getattr(r, attr)) for r in ev.results)]
-            for label, attr, fmt in _COLUMNS]
-    widths = [max(len(x) for x in col) for col in zip(["metric", *names], *rows, strict=True)]
-    lines = [head, "  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w)
-                             in enumerate(zip(["metric", *names], widths, strict=True)))]
-    lines += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w)
-                        in enumerate(zip(row, widths, strict=True))) for row in rows]
-    lines.append(
-        f"Lightrail vs contiguous-only: fragmentation -{ev.fragmentation_reduction:.0%} "
-        f"(Morphlux: up to -{MORPHLUX_FRAGMENTATION_REDUCTION:.0%}), bandwidth per chip "
-        f"{ev.bandwidth_gain:+.0%} (Morphlux: up to +{MORPHLUX_BANDWIDTH_GAIN:.0%}), "
-        f"rejections -{ev.rejection_reduction:.0%}")
-    lines += _LEGEND
-    return "\n".join(lines)
-
-
-_LEGEND = (
-    "fragmentation: 1 - (largest slice the policy could grant) / (free chips), mean over "
-    "arrivals; box fragmentation: the same with the largest free box, a property of the free "
-    "layout only: the two rows match while the largest slice either policy can grant is a "
-    "free box.",
-    "bandwidth: injection bandwidth of the live slices (per chip and axis, the lanes of the "
-    "thinnest link x the lane rate, doubled when the axis closes into a ring); Lightrail's "
-    "gain comes from circuits that close rings and from idle lanes redirected to widen links, "
-    "so it grows even when few slices are stitched.",
-    "stitched: accepted slices built from pieces joined by circuits; hops: fibres per "
-    "inter-server circuit of those slices.",
-)
-"""What the rows mean, printed under the table (the module docstring has the definitions)."""
-
-
-def write_outputs(ev: SliceEvaluation, out_dir: Path) -> list[Path]:
-    """Write ``slices_eval.csv`` (one row per policy), ``slices_eval.json`` (configuration,
-    rows, relative changes, Morphlux's figures) and ``slices_eval.png`` (bar charts) into
-    ``out_dir`` (created if needed). Returns the paths written. Raises ``OSError``."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    csv_path = out_dir / "slices_eval.csv"
-    with csv_path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(asdict(ev.results[0])))
-        writer.writeheader()
-        for r in ev.results:
-            writer.writerow(asdict(r))
-    json_path = out_dir / "slices_eval.json"
-    doc = asdict(ev)
-    doc["morphlux_reported"] = {"fragmentation_reduction_up_to": MORPHLUX_FRAGMENTATION_REDUCTION,
-                                "bandwidth_gain_up_to": MORPHLUX_BANDWIDTH_GAIN,
-                                "source": "arXiv:2508.03674 (abstract)"}
-    json_path.write_text(json.dumps(doc, indent=2) + "\n")
-    png_path = out_dir / "slices_eval.png"
-    _plot(ev, png_path)
-    return [csv_path, json_path, png_path]
-
-
-def _plot(ev: SliceEvaluation, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    metrics = (("rejection rate", "rejection_rate", 100.0, "%"),
-               ("fragmentation", "fragmentation", 100.0, "%"),
-               ("bandwidth per chip", "bandwidth_per_chip_gbps", 1.0, "Gb/s"))
-    fig, axes = plt.subplots(1, len(metrics), figsize=(11, 3.4))
-    for ax, (title, attr, scale, unit) in zip(axes, metrics, strict=True):
-        values = [float(getattr(r, attr)) * scale for r in ev.results]
-        ax.bar([r.policy for r in ev.results], values, color=["#888888", "#2a7ab9"])
-        ax.set_title(title)
-        ax.set_ylabel(unit)
-    fig.suptitle(f"{ev.torus} torus, {ev.requests} requests, load {ev.load:g}, "
-                 f"seed {ev.seed}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

@@ -9,8 +9,9 @@ arXiv:2508.03674, 2025; later titled "Morphlux: Transforming Torus Fabrics for E
 Multi-tenant ML"). The paper reports up to 66% more bandwidth for tenant allocations, up to 70%
 less compute fragmentation, 1.72x training throughput on its prototype and a failed chip replaced
 in 1.2 s. Its allocator (MorphMgr) solves an ILP for fragmented slices and keeps spare chips
-aware of shared-risk groups; we implement a documented heuristic instead (see
-``lightrail.controller.torus.allocator``).
+aware of shared-risk groups; we implement a documented heuristic (the fast path,
+``lightrail.controller.torus.allocator``) and that ILP after it
+(``lightrail.controller.torus.ilp``, ``lightrail.controller.torus.ilp_stitch``).
 
 Physical model (assumptions marked A*, our reading of Morphlux, not numbers from the paper):
 

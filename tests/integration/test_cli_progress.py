@@ -59,7 +59,7 @@ def test_slices_eval_draws_its_progress_on_a_terminal() -> None:
     finally:
         os.close(leader)
     drawn = b"".join(chunks).decode(errors="replace")
-    assert "slices-eval: every policy replayed" in drawn and "2/2" in drawn
+    assert "slices-eval: every policy replayed" in drawn and "3/3" in drawn
     assert "\x1b[" in drawn
 
 

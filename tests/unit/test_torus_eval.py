@@ -10,16 +10,16 @@ from pathlib import Path
 import pytest
 
 from lightrail.controller.cli.main import main
-from lightrail.controller.torus.allocator import AllocationPolicy
 from lightrail.controller.torus.evaluation import (
     DEFAULT_MIX,
+    Allocator,
     MixEntry,
     evaluate_slices,
     generate_trace,
-    render_table,
     trace_mix,
 )
 from lightrail.controller.torus.model import Shape, TorusError, TorusFabric
+from lightrail.controller.torus.report import render_table, write_outputs
 
 SMALL = TorusFabric.parse("4x4x4")
 
@@ -55,20 +55,25 @@ def test_trace_rejects_bad_arguments() -> None:
 def test_lightrail_no_worse_than_contiguous_only_on_the_same_trace(tmp_path: Path) -> None:
     seed = 2
     ev = evaluate_slices(torus="4x4x4", requests=200, seed=seed, frag_samples=50,
-                         out_dir=tmp_path)
-    base = ev.result(AllocationPolicy.CONTIGUOUS_ONLY)
-    light = ev.result(AllocationPolicy.LIGHTRAIL)
+                         allocators=(Allocator.CONTIGUOUS_ONLY, Allocator.HEURISTIC))
+    write_outputs(ev, tmp_path)
+    base = ev.result(Allocator.CONTIGUOUS_ONLY)
+    light = ev.result(Allocator.HEURISTIC)
     assert base.requests == light.requests == 180  # 10% warm-up left out
     assert light.rejection_rate <= base.rejection_rate
     assert light.fragmentation <= base.fragmentation
     assert light.bandwidth_per_chip_gbps > base.bandwidth_per_chip_gbps
     assert base.stitched_fraction == 0.0 and light.stitched_fraction > 0.0
     assert 0.0 <= light.fragmentation <= 1.0 and 0.0 < light.utilization <= 1.0
-    assert ev.fragmentation_reduction >= 0.0 and ev.bandwidth_gain > 0.0
+    (change,) = ev.changes
+    assert change.allocator == "heuristic"
+    assert change.fragmentation <= 0.0 and change.bandwidth > 0.0
+    assert change.fragmentation == pytest.approx(light.fragmentation / base.fragmentation - 1)
     table = render_table(ev)
-    assert "contiguous-only" in table and "lightrail" in table and "Morphlux" in table
+    assert "contiguous-only" in table and "heuristic" in table and "Morphlux" in table
+    assert "ILP solves" not in table  # no ilp column, no ILP rows
     rows = list(csv.DictReader((tmp_path / "slices_eval.csv").open()))
-    assert [r["policy"] for r in rows] == ["contiguous-only", "lightrail"]
+    assert [r["allocator"] for r in rows] == ["contiguous-only", "heuristic"]
     doc = json.loads((tmp_path / "slices_eval.json").read_text())
     assert doc["seed"] == seed and doc["torus"] == "4x4x4"
     assert doc["morphlux_reported"]["bandwidth_gain_up_to"] == 0.66
@@ -76,7 +81,8 @@ def test_lightrail_no_worse_than_contiguous_only_on_the_same_trace(tmp_path: Pat
 
 
 def test_evaluation_is_deterministic() -> None:
-    kwargs = {"torus": "4x4x4", "requests": 60, "seed": 3, "frag_samples": 10}
+    kwargs = {"torus": "4x4x4", "requests": 60, "seed": 3, "frag_samples": 10,
+              "allocators": (Allocator.CONTIGUOUS_ONLY, Allocator.HEURISTIC)}
     one = evaluate_slices(**kwargs)  # type: ignore[arg-type]
     two = evaluate_slices(**kwargs)  # type: ignore[arg-type]
     strip = [(r.rejection_rate, r.fragmentation, r.bandwidth_gbps) for r in one.results]
@@ -91,23 +97,21 @@ def test_evaluation_rejects_bad_arguments() -> None:
 
 
 def test_cli_slices_eval(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["slices-eval", "--torus", "4x4x4", "--requests", "60", "--seed", "1",
-               "--out", str(tmp_path)])
+    rc = main(["slices-eval", "--torus", "4x4", "--requests", "60", "--seed", "1",
+               "--ilp-time-limit", "0.1", "--out", str(tmp_path)])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "rejection rate" in out and "lightrail" in out
+    assert "rejection rate" in out and "heuristic" in out and "ilp" in out
     assert (tmp_path / "slices_eval.json").exists()
     assert main(["slices-eval", "--torus", "3x3x3", "--requests", "10"]) == 2
     assert "torus" in capsys.readouterr().err
 
 
 def test_progress_per_policy_and_a_legend_under_the_table() -> None:
-    from lightrail.controller.torus.evaluation import render_table
-
     seen: list[str] = []
     ev = evaluate_slices(torus="4x4", requests=60, seed=1, frag_samples=10,
                          on_policy=seen.append)
-    assert seen == [r.policy for r in ev.results] and len(seen) == 2
+    assert seen == [r.allocator for r in ev.results] == [a.value for a in Allocator]
     text = render_table(ev)
-    assert "box fragmentation: the same with the largest free box" in text
-    assert "idle lanes redirected to widen links" in text
+    assert "box fragmentation: the same with L = largest free box" in text
+    assert "joins every idle lane to the slice's own links" in text
