@@ -4,11 +4,17 @@ heuristic vs Morphlux's integer program."""
 from __future__ import annotations
 
 import argparse
+import csv
+import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lightrail.controller.cli.common import non_negative_float, positive_float, positive_int
 from lightrail.controller.cli.progress import progress_display
+
+if TYPE_CHECKING:
+    from lightrail.controller.torus.evaluation import SliceEvaluation
 
 
 def cmd_slices(args: argparse.Namespace) -> int:
@@ -16,7 +22,7 @@ def cmd_slices(args: argparse.Namespace) -> int:
     heuristic vs Morphlux's ILP (``--allocator``, default all three) on one seeded trace; prints
     a table, writes CSV/JSON/PNG with ``--out``."""
     from lightrail.controller.torus.evaluation import Allocator, evaluate_slices
-    from lightrail.controller.torus.report import render_table, write_outputs
+    from lightrail.controller.torus.report import render_table
 
     chosen = tuple(Allocator) if not args.allocator or "all" in args.allocator else tuple(
         a for a in Allocator if a.value in args.allocator)
@@ -47,6 +53,50 @@ def cmd_slices(args: argparse.Namespace) -> int:
             return 1
         print(f"wrote slices_eval.csv, slices_eval.json, slices_eval.png to {args.out}")
     return 0
+
+
+def write_outputs(ev: SliceEvaluation, out_dir: Path) -> list[Path]:
+    """Write ``slices_eval.csv`` (one row per allocator), ``slices_eval.json`` (configuration,
+    rows, relative changes, Morphlux's figures; ``controller.torus.report``) and
+    ``slices_eval.png`` (bar charts) into ``out_dir`` (created if needed). Returns the paths
+    written. Raises ``OSError``."""
+    from lightrail.controller.torus.report import report_document, report_rows
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    csv_path = out_dir / "slices_eval.csv"
+    rows = report_rows(ev)
+    with csv_path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    json_path = out_dir / "slices_eval.json"
+    json_path.write_text(json.dumps(report_document(ev), indent=2) + "\n")
+    png_path = out_dir / "slices_eval.png"
+    _plot(ev, png_path)
+    return [csv_path, json_path, png_path]
+
+
+def _plot(ev: SliceEvaluation, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = (("rejection rate", "rejection_rate", 100.0, "%"),
+               ("fragmentation", "fragmentation", 100.0, "%"),
+               ("bandwidth per chip", "bandwidth_per_chip_gbps", 1.0, "Gb/s"))
+    fig, axes = plt.subplots(1, len(metrics), figsize=(11, 3.4))
+    for ax, (title, attr, scale, unit) in zip(axes, metrics, strict=True):
+        values = [float(getattr(r, attr)) * scale for r in ev.results]
+        ax.bar([r.allocator for r in ev.results], values,
+               color=["#888888", "#2a7ab9", "#d9822b"][:len(values)])
+        ax.set_title(title)
+        ax.set_ylabel(unit)
+    fig.suptitle(f"{ev.torus} torus, {ev.requests} requests, load {ev.load:g}, "
+                 f"seed {ev.seed}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -425,7 +425,7 @@ def evaluate_slices(
 ) -> SliceEvaluation:
     """Run ``allocators`` (default all three, in :class:`Allocator` order) on one seeded trace
     (module docstring) and return the comparison (files:
-    ``lightrail.controller.torus.report.write_outputs``).
+    ``lightrail.controller.cli.slices.write_outputs``).
 
     ``torus`` is ``"XxYxZ"`` chips (racks ``4x4x4`` clipped to the torus); ``spares_per_rack``
     spares are held in every rack; ``frag_samples`` bounds the fragmentation samples;

@@ -1,16 +1,13 @@
 """The slices-eval report: the side-by-side table with what every row means, CSV, JSON, PNG.
 
 Pure formatting of a :class:`~lightrail.controller.torus.evaluation.SliceEvaluation` (the
-metrics are defined in ``lightrail.controller.torus.evaluation``); :func:`write_outputs` is the
-only function that writes files.
+metrics are defined in ``lightrail.controller.torus.evaluation``): the table, the CSV rows and
+the JSON document. ``lightrail.controller.cli.slices`` writes the files.
 """
 
 from __future__ import annotations
 
-import csv
-import json
 from dataclasses import asdict
-from pathlib import Path
 
 from lightrail.controller.torus.evaluation import (
     MORPHLUX_BANDWIDTH_GAIN,
@@ -115,46 +112,15 @@ _LEGEND = (
 """What the rows mean, printed under the table (the module docstring has the definitions)."""
 
 
-def write_outputs(ev: SliceEvaluation, out_dir: Path) -> list[Path]:
-    """Write ``slices_eval.csv`` (one row per policy), ``slices_eval.json`` (configuration,
-    rows, relative changes, Morphlux's figures) and ``slices_eval.png`` (bar charts) into
-    ``out_dir`` (created if needed). Returns the paths written. Raises ``OSError``."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    csv_path = out_dir / "slices_eval.csv"
-    with csv_path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(asdict(ev.results[0])))
-        writer.writeheader()
-        for r in ev.results:
-            writer.writerow(asdict(r))
-    json_path = out_dir / "slices_eval.json"
+def report_rows(ev: SliceEvaluation) -> list[dict[str, object]]:
+    """One dict per allocator (``slices_eval.csv``'s rows: the ``PolicyResult`` fields)."""
+    return [asdict(r) for r in ev.results]
+
+
+def report_document(ev: SliceEvaluation) -> dict[str, object]:
+    """``slices_eval.json``: the configuration, rows, relative changes and Morphlux's figures."""
     doc = asdict(ev)
     doc["morphlux_reported"] = {"fragmentation_reduction_up_to": MORPHLUX_FRAGMENTATION_REDUCTION,
                                 "bandwidth_gain_up_to": MORPHLUX_BANDWIDTH_GAIN,
                                 "source": "arXiv:2508.03674 (abstract)"}
-    json_path.write_text(json.dumps(doc, indent=2) + "\n")
-    png_path = out_dir / "slices_eval.png"
-    _plot(ev, png_path)
-    return [csv_path, json_path, png_path]
-
-
-def _plot(ev: SliceEvaluation, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    metrics = (("rejection rate", "rejection_rate", 100.0, "%"),
-               ("fragmentation", "fragmentation", 100.0, "%"),
-               ("bandwidth per chip", "bandwidth_per_chip_gbps", 1.0, "Gb/s"))
-    fig, axes = plt.subplots(1, len(metrics), figsize=(11, 3.4))
-    for ax, (title, attr, scale, unit) in zip(axes, metrics, strict=True):
-        values = [float(getattr(r, attr)) * scale for r in ev.results]
-        ax.bar([r.allocator for r in ev.results], values,
-               color=["#888888", "#2a7ab9", "#d9822b"][:len(values)])
-        ax.set_title(title)
-        ax.set_ylabel(unit)
-    fig.suptitle(f"{ev.torus} torus, {ev.requests} requests, load {ev.load:g}, "
-                 f"seed {ev.seed}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return doc

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from lightrail.controller.cli.main import main
+from lightrail.controller.cli.slices import write_outputs
 from lightrail.controller.torus.evaluation import (
     DEFAULT_MIX,
     Allocator,
@@ -19,7 +20,7 @@ from lightrail.controller.torus.evaluation import (
     trace_mix,
 )
 from lightrail.controller.torus.model import Shape, TorusError, TorusFabric
-from lightrail.controller.torus.report import render_table, write_outputs
+from lightrail.controller.torus.report import render_table
 
 SMALL = TorusFabric.parse("4x4x4")
 
