@@ -410,6 +410,19 @@ def power_cost_config(args: argparse.Namespace) -> Any:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from lightrail.agents.replay.evaluate import evaluate_main
+    from lightrail.agents.replay.trace.opus import is_opus_folder
+
+    if is_opus_folder(Path(args.workload)) and any(Path(args.workload).glob("*.csv")):
+        from lightrail.agents.replay.opus_compare import opus_evaluate_main
+
+        # an Opus experiment folder (patterns + latency CSVs): measured beside predicted
+        unused = [flag for flag, v in (("--delay-ms", args.delay_ms), ("--fabric", args.fabric),
+                                       ("--max-ops", args.max_ops),
+                                       ("--link-gbps", args.link_gbps),
+                                       ("--alpha-us", args.alpha_us),
+                                       ("--scale-up-gbps", args.scale_up_gbps)) if v is not None]
+        return opus_evaluate_main(Path(args.workload), as_json=args.json,
+                                  out_dir=Path(args.out) if args.out else None, unused=unused)
 
     with progress_display(f"evaluating {Path(args.workload).name}") as bar:
 
