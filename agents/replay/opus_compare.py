@@ -194,7 +194,8 @@ def compare(folder: Path) -> OpusComparison:
              "the far direction of a pair is forwarded through the hosts between (it needs a "
              "relay there, which NCCL on Perlmutter does not do by itself)",
              *[n for n in ev.notes if n not in w.assumptions],
-             *_zero_delay_notes(table)]
+             *_zero_delay_notes(table),
+             *_slope_notes(table, rows)]
     return OpusComparison(exp.name, exp.world_size, exp.nodes, ev.fabric, scale, target, ideal,
                           tuple(rows), tuple(notes))
 
@@ -211,6 +212,23 @@ def _zero_delay_notes(table: LatencyTable) -> list[str]:
             f"{nc.std_s:.3f} s over 6 steps): the controller's own cost and run-to-run spread, "
             "which the model does not include; at small δ they dominate the overhead, so the "
             "error % there says little"]
+
+
+def _slope_notes(table: LatencyTable, rows: Sequence[OpusRow]) -> list[str]:
+    """Measured exposed δ per iteration (the slope of iteration time over δ between the two
+    largest δ of each mode) beside the model's switches per iteration: where they differ, the
+    runs hid (or added) whole reconfigurations the per-stage model does not see."""
+    out: list[str] = []
+    for name, by in (("on-demand", table.on_demand), ("provisioning", table.provisioning)):
+        ds = sorted(by)
+        if len(ds) < 3 or ds[-1] <= ds[-2]:
+            continue
+        a, b = ds[-2], ds[-1]
+        slope = (by[b].mean_s - by[a].mean_s) / ((b - a) / 1e3)
+        out.append(f"measured {name}: +{slope:.2f} s per s of δ between {a:g} and {b:g} ms "
+                   f"(the model: {rows[-1].reconfigurations_on_demand} switches per iteration, "
+                   "each δ in full once it exceeds the idle gaps)")
+    return out
 
 
 def _r(x: float | None, nd: int = 4) -> float | None:
