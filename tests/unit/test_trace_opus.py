@@ -283,3 +283,34 @@ def test_latency_csv_modes(tmp_path: Path) -> None:
     assert [(r.mode, r.delay_ms) for r in rows] == [
         (RunMode.NO_CONTROLLER, None), (RunMode.ON_DEMAND, 100.0),
         (RunMode.PROVISIONING, 100.0)]
+
+
+def test_several_pattern_folders_need_a_choice(tmp_path: Path) -> None:
+    d = _write_experiment(tmp_path)
+    (d / "comm_pattern").rename(d / "comm_pattern_a")
+    other = d / "comm_pattern_b"
+    other.mkdir()
+    for p in (d / "comm_pattern_a").iterdir():
+        (other / p.name).write_text(p.read_text())
+    with pytest.raises(TraceError, match="several per-rank pattern folders") as ei:
+        read_opus(d)
+    assert ei.value.value == ["comm_pattern_a", "comm_pattern_b"]
+    assert read_opus(other).pattern_dir == other  # the folder itself reads
+
+
+def test_dp_phase_from_backend_6_to_5(tmp_path: Path) -> None:
+    """A DP phase that starts on backend 6 and ends on 5 holds its backend-5 calls after the
+    last one seen (README example '6:0 -> 5:102 len 20'); the timed file's stale end_backend
+    of a one-call PP phase is ignored."""
+    from lightrail.agents.replay.trace.opus import _calls
+    from lightrail.agents.replay.trace.opus_format import parse_phase_line
+
+    lines = ["DP start_backend: 5 start_idx: 68 end_backend: 5 end_idx: 85 len: 18",
+             "PP start_backend: 1 start_idx: 8 end_backend: 5 end_idx: 8 len: 1",
+             "DP start_backend: 6 start_idx: 0 end_backend: 5 end_idx: 102 len: 20"]
+    phases = [parse_phase_line(tmp_path, i + 1, ln, timed=False) if i != 1 else
+              parse_phase_line(tmp_path, 2, ln + ", start_time: 1.0, end_time: 0.5", timed=True)
+              for i, ln in enumerate(lines)]
+    calls = _calls(phases)
+    assert calls[1] == [(1, 8)]
+    assert calls[2] == [(6, 0), (6, 1), (6, 2), *[(5, i) for i in range(86, 103)]]
