@@ -458,7 +458,8 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
     """Register ``lightrail replay``, ``lightrail demo`` and ``lightrail evaluate``."""
     c = subcommands.add_parser("replay",
                                help="replay a recorded trace or workload through a controller")
-    c.add_argument("trace", help="Kineto dir/tarball/JSON, AICB CSV or SimAI text")
+    c.add_argument("trace", help="Kineto dir/tarball/JSON, AICB CSV, SimAI text or an Opus "
+                                 "experiment/pattern folder")
     c.add_argument("--controller", default=None,
                    help="controller host:port, or the replicas' addresses "
                         "HOST:PORT,HOST:PORT,... (the leader answers) (default: start an "
@@ -493,7 +494,10 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
     c = subcommands.add_parser("evaluate",
                                help="iteration time of a workload under five rail policies "
                                     "over reconfiguration delays (analytic, no controller)")
-    c.add_argument("workload", help="Kineto dir/tarball/JSON, AICB CSV or SimAI text")
+    c.add_argument("workload", help="Kineto dir/tarball/JSON, AICB CSV, SimAI text or an Opus "
+                                    "pattern folder; an Opus experiment folder (patterns and "
+                                    "latency CSVs) prints Opus's measured table beside the "
+                                    "prediction")
     c.add_argument("--delay-ms", type=float, nargs="+", default=None,
                    help="reconfiguration delays in ms (default: 0.004 0.1 1 10 25 100)")
     c.add_argument("--out", default=None,
