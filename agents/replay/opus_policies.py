@@ -12,11 +12,19 @@ the four rails carry the same pattern):
   and the faster kept: ``blocks`` (stage 0 ascending, stage 1 descending: each stage's DP ring
   is direct but for its closing hop) and ``interleaved`` (0, dp, 1, dp+1, ...: every PP
   forward direct).
-* ``hybrid_cycle`` - provisioning with reconfigure-or-not over three circuit sets: the cycle,
-  the PP pairs (direct, both ways) and the DP rings (direct). Before each phase it may stay
-  (when the present set connects the phase's groups) or switch to the phase's direct set or to
-  the cycle (δ hidden in the phase's idle gap, the rest exposed); the cheapest sequence of
-  choices is found exactly (dynamic programming over the three states, in steady state).
+* ``split_rails`` - no reconfiguration and no relay: ``r`` of the 4 rails hold the PP pairs,
+  the other ``4 - r`` the DP rings, for the whole job (``r`` = 1, 2 or 3, the fastest kept). A
+  GPU whose own rail carries the other kind sends through a GPU of its node on a rail of the
+  right kind over NVLink (NCCL's PXN, "PCI x NVLink", since NCCL 2.12), so each kind has
+  ``r / 4`` of the node's NIC bandwidth (its direct-circuit time x ``4 / r``) plus one NVLink
+  copy of the bytes a GPU sends (contention with TP's NVLink traffic not modelled).
+* ``hybrid`` - provisioning with reconfigure-or-not over four circuit sets: the cycle, the split
+  rails, the PP pairs on every rail (direct, both ways) and the DP rings on every rail. Before
+  each phase it stays (when the present set connects the phase's groups) or switches to any
+  other set (δ hidden in the phase's idle gap, the rest exposed); the cheapest sequence of
+  choices is found exactly (dynamic programming over the four states, in steady state; the
+  best split ``r`` kept). It is never slower than the static policies, nor than switching to
+  direct circuits before every phase (provisioning).
 
 Cost of a call on a circuit set: the cost model's rounds (``costmodel.round_cost``: forwarding
 adds hops, circuits shared by concurrent flows add load): a PP call is every PP pair's message
@@ -36,7 +44,8 @@ from lightrail.agents.replay.trace.opus import OpusExperiment
 from lightrail.agents.replay.trace.opus_format import PhaseLabel
 from lightrail.controller.core.costmodel import Circuit, Flow, LinkModel, Topology, round_cost
 
-__all__ = ["CycleOrder", "PhaseCost", "StagePolicies", "hybrid_cycle_s", "stage_policies"]
+__all__ = ["CycleOrder", "PhaseCost", "StagePolicies", "hybrid_s", "split_rails_s",
+           "stage_policies"]
 
 _STEADY_COPIES = 4
 """Steps the dynamic programme walks; the last one's cost is the steady-state step."""
@@ -65,6 +74,8 @@ class PhaseCost:
     compute_s: float
     direct_s: float
     cycle_s: float
+    sent_bytes: float = 0.0
+    """Bytes one GPU sends over the rails in this phase (for the NVLink copy of split_rails)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +126,8 @@ def _call_costs(exp: OpusExperiment, order: CycleOrder, link: LinkModel) -> dict
     ring_topo = Topology.of_circuits(Circuit(f.src, f.dst) for f in ring_flows)
     steps = exp.dp - 1
     return {
+        "pp_sent": pp_bytes,
+        "dp_sent": steps * shard,
         "pp_cycle": (round_cost(cyc, fwd, link).time_s + round_cost(cyc, bwd, link).time_s) / 2,
         "pp_direct": (round_cost(pairs, fwd, link).time_s
                       + round_cost(pairs, bwd, link).time_s) / 2,
@@ -133,7 +146,8 @@ def stage_policies(exp: OpusExperiment, gap_scale: float, link: LinkModel) -> St
         stages = tuple(tuple(
             PhaseCost(ph.label, ph.idle_s * gap_scale, ph.span_s * gap_scale,
                       ph.calls * c["pp_direct" if ph.label is PhaseLabel.PP else "dp_direct"],
-                      ph.calls * c["pp_cycle" if ph.label is PhaseLabel.PP else "dp_cycle"])
+                      ph.calls * c["pp_cycle" if ph.label is PhaseLabel.PP else "dp_cycle"],
+                      ph.calls * c["pp_sent" if ph.label is PhaseLabel.PP else "dp_sent"])
             for ph in st) for st in exp.stages)
         cand = StagePolicies(order, stages)
         if best is None or cand.static_cycle_s() < best.static_cycle_s():
@@ -142,51 +156,79 @@ def stage_policies(exp: OpusExperiment, gap_scale: float, link: LinkModel) -> St
     return best
 
 
+RAILS = 4
+"""Rails of a Perlmutter node (one NIC per GPU)."""
+
 _CYCLE = "cycle"
+_SPLIT = "split"
 
 
-def _step(phases: Sequence[PhaseCost], delta_s: float,
-          start: dict[str, float]) -> tuple[dict[str, float], dict[str, int]]:
-    """One step of the dynamic programme: cost to end in each state, from ``start``."""
+def _split_s(ph: PhaseCost, pp_rails: int, nvlink: LinkModel) -> float:
+    """Communication of ``ph`` on split rails (``pp_rails`` of ``RAILS`` hold the PP pairs)."""
+    rails = pp_rails if ph.label is PhaseLabel.PP else RAILS - pp_rails
+    return ph.direct_s * RAILS / rails + ph.sent_bytes * nvlink.beta_s_per_byte
+
+
+def _on(state: str, ph: PhaseCost, pp_rails: int, nvlink: LinkModel) -> float:
+    """Communication of ``ph`` on the circuit set ``state`` (inf when it does not connect)."""
+    if state == _CYCLE:
+        return ph.cycle_s
+    if state == _SPLIT:
+        return _split_s(ph, pp_rails, nvlink)
+    return ph.direct_s if state == ph.label.value else math.inf
+
+
+def _step(phases: Sequence[PhaseCost], delta_s: float, start: dict[str, float],
+          pp_rails: int, nvlink: LinkModel) -> tuple[dict[str, float], dict[str, int]]:
+    """One step of the dynamic programme: the cheapest cost to end in each circuit set, from
+    ``start``; and each end's switches during this step."""
     cost = dict(start)
     switches = dict.fromkeys(cost, 0)
     for ph in phases:
-        kind = ph.label.value
         exposed = max(0.0, delta_s - ph.idle_s)
         base = ph.idle_s + ph.compute_s
-        nxt: dict[str, float] = {s: math.inf for s in cost}
+        nxt: dict[str, float] = dict.fromkeys(cost, math.inf)
         nsw: dict[str, int] = dict.fromkeys(cost, 0)
         for s, c in cost.items():
             if math.isinf(c):
                 continue
-            options = []
-            if s == _CYCLE:
-                options.append((_CYCLE, c + base + ph.cycle_s, 0))
-            elif s == kind:
-                options.append((kind, c + base + ph.direct_s, 0))
-            if s != kind:
-                options.append((kind, c + base + exposed + ph.direct_s, 1))
-            if s != _CYCLE:
-                options.append((_CYCLE, c + base + exposed + ph.cycle_s, 1))
-            for target, t, sw in options:
+            for target in cost:
+                moved = target != s
+                t = c + base + (exposed if moved else 0.0) + _on(target, ph, pp_rails, nvlink)
                 if t < nxt[target]:
                     nxt[target] = t
-                    nsw[target] = switches[s] + sw
+                    nsw[target] = switches[s] + moved
         cost, switches = nxt, nsw
     return cost, switches
 
 
-def hybrid_cycle_s(stages: Sequence[Sequence[PhaseCost]], delta_s: float) -> tuple[float, int]:
-    """Steady-state iteration (s) of ``hybrid_cycle`` at δ = ``delta_s``, for the slower stage,
-    and that stage's switches per iteration."""
-    worst = (0.0, 0)
-    for phases in stages:
-        cost = {_CYCLE: 0.0, PhaseLabel.PP.value: 0.0, PhaseLabel.DP.value: 0.0}
-        prev = 0.0
-        for _ in range(_STEADY_COPIES - 1):
-            cost, _ = _step(phases, delta_s, cost)
-            prev = min(cost.values())
-        cost, sw = _step(phases, delta_s, cost)  # switch counts restart at each step
-        end = min(cost, key=lambda s: cost[s])
-        worst = max(worst, (cost[end] - prev, sw[end]))
-    return worst
+def hybrid_s(stages: Sequence[Sequence[PhaseCost]], delta_s: float,
+             nvlink: LinkModel) -> tuple[float, int]:
+    """Steady-state iteration (s) of ``hybrid`` at δ = ``delta_s`` for the slower stage, at the
+    best split of the rails, and that stage's switches per iteration."""
+    best = (math.inf, 0)
+    for pp_rails in range(1, RAILS):
+        worst = (0.0, 0)
+        for phases in stages:
+            cost = dict.fromkeys((_CYCLE, _SPLIT, PhaseLabel.PP.value, PhaseLabel.DP.value), 0.0)
+            prev = 0.0
+            for _ in range(_STEADY_COPIES - 1):
+                cost, _ = _step(phases, delta_s, cost, pp_rails, nvlink)
+                prev = min(cost.values())
+            cost, sw = _step(phases, delta_s, cost, pp_rails, nvlink)  # counts restart per step
+            end = min(cost, key=lambda s: cost[s])
+            worst = max(worst, (cost[end] - prev, sw[end]))
+        best = min(best, worst)
+    return best
+
+
+def split_rails_s(stages: Sequence[Sequence[PhaseCost]],
+                  nvlink: LinkModel) -> tuple[float, int]:
+    """Iteration (s) of ``split_rails`` (module docstring) for the slower stage, at the best
+    number of PP rails, and that number."""
+    best = (math.inf, 0)
+    for pp_rails in range(1, RAILS):
+        t = max(sum(p.idle_s + p.compute_s + _split_s(p, pp_rails, nvlink) for p in st)
+                for st in stages)
+        best = min(best, (t, pp_rails))
+    return best

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from lightrail.agents.replay.evaluate import DEFAULT_SCALE_UP
 from lightrail.agents.replay.opus_compare import (
     PERLMUTTER_LINK,
     compare,
     comparison_to_json,
     opus_evaluate_main,
 )
-from lightrail.agents.replay.opus_policies import PhaseCost, hybrid_cycle_s
+from lightrail.agents.replay.opus_policies import PhaseCost, hybrid_s, split_rails_s
 from lightrail.agents.replay.trace.opus import LLAMA3_8B
 from lightrail.agents.replay.trace.opus_format import PhaseLabel
 from lightrail.controller.cli.main import main as cli_main
@@ -81,9 +82,10 @@ def test_one_delay_by_hand(tmp_path: Path) -> None:
     # against the same mode's δ = 0 run: on-demand 1.6 - 1.05, provisioning 1.3 - 1.01
     assert row.err0_on_demand_pct == pytest.approx((0.2 - 0.55) / 0.55 * 100)
     assert row.err0_provisioning_pct == pytest.approx((prov_over - 0.29) / 0.29 * 100)
-    assert row.best_s <= min(row.predicted_ron_s, row.static_cycle_s) + 1e-9
+    assert row.hybrid_s <= min(row.static_cycle_s, row.split_rails_s) + 1e-9
     assert row.best_s == pytest.approx(
-        min(row.predicted_ron_s, row.static_cycle_s, row.hybrid_cycle_s), abs=1e-9)
+        min(row.predicted_ron_s, row.static_cycle_s, row.hybrid_s, row.split_rails_s),
+        abs=1e-9)
     data = comparison_to_json(c)
     j = next(r for r in data["rows"] if r["delay_ms"] == 100)
     assert j["measured"] == {"on_demand_s": 1.6, "provisioning_s": 1.3}
@@ -92,16 +94,22 @@ def test_one_delay_by_hand(tmp_path: Path) -> None:
     assert json.loads(json.dumps(data)) == data
 
 
-def test_hybrid_cycle_by_hand() -> None:
-    """Two phases per step, idle 0.2 s before each; direct 0.01 s, cycle 0.05 s per phase."""
-    phases = [PhaseCost(PhaseLabel.PP, 0.2, 1.0, 0.01, 0.05),
-              PhaseCost(PhaseLabel.DP, 0.2, 1.0, 0.01, 0.05)]
-    # δ below the idle gap: switch before every phase, nothing exposed
-    t, sw = hybrid_cycle_s([phases], 0.1)
+def test_hybrid_and_split_by_hand() -> None:
+    """Two phases per step, idle 0.2 s before each; per phase direct 0.01 s, cycle 0.05 s, and
+    1 GB sent per GPU (NVLink copy 1e9 B / 300 GB/s = 3.33 ms on split rails)."""
+    nvlink = DEFAULT_SCALE_UP
+    copy = 1e9 * nvlink.beta_s_per_byte
+    phases = [PhaseCost(PhaseLabel.PP, 0.2, 1.0, 0.01, 0.05, 1e9),
+              PhaseCost(PhaseLabel.DP, 0.2, 1.0, 0.01, 0.05, 1e9)]
+    # split: 2 rails each: direct x 2, plus the copy (1 or 3 PP rails: x4 and x4/3 -> worse)
+    t, r = split_rails_s([phases], nvlink)
+    assert r == 2 and t == pytest.approx(2.4 + 2 * (0.02 + copy))
+    # δ below the idle gap: switch to direct circuits before every phase, nothing exposed
+    t, sw = hybrid_s([phases], 0.1, nvlink)
     assert t == pytest.approx(2.4 + 0.02) and sw == 2
-    # δ = 1 s: switching exposes 0.8 s; staying on the cycle costs 0.04 s more: stay
-    t, sw = hybrid_cycle_s([phases], 1.0)
-    assert t == pytest.approx(2.4 + 0.10) and sw == 0
+    # δ = 1 s: switching exposes 0.8 s; staying on split rails costs 2 x (0.01 + copy): stay
+    t, sw = hybrid_s([phases], 1.0, nvlink)
+    assert t == pytest.approx(2.4 + 2 * (0.02 + copy)) and sw == 0
 
 
 def test_cli_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
