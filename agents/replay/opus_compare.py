@@ -251,7 +251,21 @@ def _slope_notes(table: LatencyTable, rows: Sequence[OpusRow]) -> list[str]:
             "asked for is partly done when the late ranks arrive; the per-stage model, with "
             "the nodes' clocks not aligned, cannot see that), hence the on-demand "
             "over-prediction at large δ")
+        for name, by, zero in (("on-demand", table.on_demand, zo),
+                               ("provisioning", table.provisioning, zp)):
+            hid = [f"{r.delay_ms:g}: {_k_of(r) - (by[r.delay_ms].mean_s - zero.mean_s):.2f}"
+                   for r in rows if r.delay_ms > 0 and r.delay_ms in by]
+            out.append(f"measured {name} δ hidden per iteration (s) by δ (ms): "
+                       + ", ".join(hid))
+        out.append("predicted provisioning δ hidden per iteration (s) by δ (ms): " + ", ".join(
+            f"{r.delay_ms:g}: {r.predicted_on_demand_s - r.predicted_provisioning_s:.2f}"
+            for r in rows if r.delay_ms > 0))
     return out
+
+
+def _k_of(r: OpusRow) -> float:
+    """Seconds of δ per iteration if every on-demand switch paid it in full."""
+    return r.reconfigurations_on_demand * r.delay_ms / 1e3
 
 
 def _r(x: float | None, nd: int = 4) -> float | None:
