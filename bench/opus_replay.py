@@ -1,47 +1,55 @@
-"""Opus's Perlmutter latency table, live: the 16-GPU phase pattern replayed through the real stack.
+"""Opus's Perlmutter latency table, live: the 16-GPU phase pattern through the real stack.
 
 Run: ``.venv/bin/python bench/opus_replay.py [--quick] [--delay-ms 0 10 100 1000]
-[--mode on-demand provisioning] [--time-scale 0.1] [--iterations 6] [--warmup 4]
-[--devices tl1|emulated] [--json] [FOLDER]`` (``--help`` says what each does). A script, not a
-test (pytest does not collect ``bench/``; ``tests/e2e/test_opus_replay.py`` runs ``--quick``).
+[--mode on-demand provisioning] [--time-scale 0.05] [--iterations 6] [--warmup 4]
+[--link-gbps 200] [--devices tl1|emulated] [--json] [FOLDER]`` (``--help`` says what each
+does). A script, not a test (pytest does not collect ``bench/``;
+``tests/e2e/test_opus_replay.py`` runs ``--quick``).
 
 What runs (issue 13, section 1, "Live")
 ----------------------------------------
-* The workload is the folder's phase pattern read by ``lightrail replay``'s own loader
-  (``lightrail.agents.replay.trace.loader.load_workload``): per-rank PP/DP phases with the
-  compute gaps the loader takes from the timed files (its ``assumptions`` are printed).
+* The workload: the folder read by ``lightrail replay``'s loader
+  (``lightrail.agents.replay.trace.loader.load_workload`` ->
+  ``lightrail.agents.replay.trace.opus``): one training step of every rank, PP and DP phases,
+  compute gaps from the timed files, message sizes derived from the model (its assumptions are
+  printed). Each call "transfers" for ``nbytes / --link-gbps`` (times the time scale), as the
+  replayer does; TP is inside a host (NVLink) and never reaches the controller.
 * Fabric: a generated rail fabric of 4 hosts x 4 GPUs (Perlmutter: 4 nodes of 4 GPUs; rail g =
   NIC g of every host, one 4 x 4 N x N OCS per rail). Ranks are placed by the replayer's rule:
-  rank r on host r // 4, GPU r % 4, the notebook's ``global rank = N*4 + M``.
-* Per (δ, mode): a private etcd (one for the whole bench), the emulated rails as their own
-  process (``lightrail emulate``: Polatis TL1 over loopback sockets, ``--devices tl1``, the
-  default; ``--devices emulated``: the controller's in-process emulated driver, no sockets), a
-  ``lightrail controller`` child process (``controller.provisioning`` true for
-  ``provisioning``, false for ``on-demand``, Opus's "baseline") and one host agent per host
-  with one PhaseStream each, all in this process, driven by
-  ``lightrail.agents.replay.replayer.Replayer``: each rank sleeps its recorded gap times
-  ``--time-scale``, enters the phase, waits for its group (a collective), releases.
-* The emulated rails' reconfiguration delay is δ times ``--time-scale``: compute and switching
-  shrink by the same factor, so the overheads compare as percentages. What does NOT shrink is
-  the control plane's own cost (gRPC, the coordinator, the TL1 round trips): at δ = 0 it is the
-  whole overhead, and a time scale below 1 magnifies its percentage by 1 / scale. The table
-  therefore also gives it in ms per iteration and as a percentage of Opus's unscaled
-  no-controller iteration (``ctl-cost``), which is the like-for-like figure to set beside Opus's
-  +0.4 % / +2.6 %.
+  rank r on host r // 4, GPU r % 4 (the notebook's ``global rank = N*4 + M``), so each rail
+  carries the two PP pairs and the two DP pairs of its local rank.
+* Per (δ, mode): the emulated rails as their own process (``lightrail emulate``: Polatis TL1
+  over loopback sockets, ``--devices tl1``, the default; ``--devices emulated``: the
+  controller's in-process emulated driver), a ``lightrail controller`` child process
+  (``controller.provisioning`` true for ``provisioning``, false for ``on-demand``, Opus's
+  "baseline"; one private etcd for the whole bench) and one host agent per host with one
+  PhaseStream each, in this process, driven by ``lightrail.agents.replay.replayer.Replayer``:
+  each rank sleeps its gap times ``--time-scale``, enters the phase, waits for its group (a
+  collective), transfers, releases.
+* Time scale: compute gaps, transfers and the rails' reconfiguration delay δ are multiplied by
+  ``--time-scale`` (default 0.05, i.e. divided by 20), so δ's share of an iteration is kept and
+  overheads compare as percentages. The control plane's own cost (gRPC, the coordinator, the
+  TL1 round trips) does not shrink: at δ = 0 it is the whole overhead and a scale below 1
+  magnifies its percentage by 1 / scale. The table gives it unmagnified as ``ctl-cost %``: the
+  added ms per iteration over the reference's unscaled iteration, the figure to set beside
+  Opus's +0.4 % / +2.6 % at l_0.
 * The no-controller reference (Opus's ``MODE=no-ctl``: the shim asks nothing) is the same
-  replayer, the same ranks and sleeps, with a transport that admits every phase at once and no
-  controller at all (``NoControllerReplayer``).
+  replayer, ranks, sleeps and transfers, with host agents that admit every phase at once and no
+  controller (``NoControllerReplayer``).
 * Iteration time: the replayer reports each iteration when its last rank finishes it; an
   iteration's time is the interval between two such completions (ranks run ahead into the next
-  iteration, as a training job does). Like Opus's ``provision.ipynb`` (torchtitan step log
-  timestamps of steps 4..10, 6 intervals) the first ``--warmup`` iterations (default 4) are
-  not measured; provisioning needs ``controller.learn_iterations`` (2) of them to learn the
-  schedule. Each row gives the median and range of the ``--iterations`` measured intervals
-  (default 6) and the overhead of the median over the no-controller median.
-* Opus's columns come from the folder's ``latency_results*.csv`` (README: "Average Latency"
-  is the mean of 6 step intervals in s; ``baseline`` = on-demand, ``provision`` =
-  provisioning, ``l_<N>`` = δ of N ms; the ``no-controller`` row is the reference); Opus's
-  +0.4 % and +2.6 % at δ = 0 are means over means, so are its overheads here.
+  iteration, as a training job does). Like Opus's ``provision.ipynb`` (torchtitan step-log
+  timestamps of steps 4..10: 6 intervals) the first ``--warmup`` iterations (default 4) are not
+  measured; provisioning needs ``controller.learn_iterations`` (2) of them to learn the
+  schedule. A row gives the median and range of the ``--iterations`` measured intervals
+  (default 6) and the median's overhead over the no-controller median.
+* ``δ/it``: the reconfiguration delays paid per iteration beyond the mode's δ = 0 cost, and
+  Opus's equivalent from its CSVs: a comparison that does not depend on how long the
+  replayed iteration is.
+* Opus's columns: the folder's latency CSVs (``lightrail.agents.replay.trace.opus_latency``;
+  README "Latency CSVs": "Average Latency" is the mean of 6 step intervals in s, ``baseline`` =
+  on-demand, ``provision`` = provisioning, ``l_<N>`` = δ of N ms); Opus's +0.4 % and +2.6 % at
+  δ = 0 are means over the no-controller mean, and so are its overheads here.
 """
 
 from __future__ import annotations
@@ -49,15 +57,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import csv
+import dataclasses
 import enum
 import json
 import math
-import re
 import statistics
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,12 +79,17 @@ from lightrail.agents.replay.replayer import (
     expand_workload,
 )
 from lightrail.agents.replay.trace.loader import load_workload
-from lightrail.agents.replay.trace.model import TraceError, Workload
+from lightrail.agents.replay.trace.model import CommOp, TraceError, Workload
+from lightrail.agents.replay.trace.opus_latency import (
+    LatencyRow,
+    LatencyTable,
+    read_latency_folder,
+)
 from lightrail.controller.cli.common import shared_data_dir
 from lightrail.controller.cli.embedded import embedded_config, spawn_controller, spawn_emulator
 from lightrail.controller.config import FabricSection, build_fabric
 from lightrail.controller.domain.events import JobEvent
-from lightrail.controller.domain.model import PhaseKey
+from lightrail.controller.domain.model import Collective, PhaseKey
 from lightrail.controller.logs import configure_logging
 from lightrail.controller.store.etcd_server import EmbeddedEtcd
 
@@ -90,7 +102,11 @@ DELAYS_MS = (0.0, 10.0, 100.0, 1000.0)
 HOSTS, GPUS_PER_HOST = 4, 4
 """Perlmutter nodes of the 16-GPU run (README "Experiment configuration": 4 x 4)."""
 
-DEFAULT_TIME_SCALE = 0.1
+DEFAULT_TIME_SCALE = 0.05
+"""Compute gaps, transfers and δ divided by 20: the full table (9 runs of 10 iterations)
+takes about 2-3 minutes."""
+LINK_GBPS = 200.0
+"""A rail link, Gb/s: Perlmutter's GPU nodes have one 200 Gb/s Slingshot-11 NIC per GPU."""
 QUICK_TIME_SCALE = 0.02
 
 
@@ -103,120 +119,38 @@ class Mode(enum.Enum):
     PROVISIONING = "provisioning"
 
 
-_OPUS_MODE = {"baseline": Mode.ON_DEMAND, "provision": Mode.PROVISIONING}
-"""The mode words in Opus's run directory names (README "Latency CSVs")."""
-
-
 class BenchError(RuntimeError):
     """The bench cannot run as asked (bad input, a run failed); the message says which."""
 
 
-# --- Opus's measured iteration times -------------------------------------------------------
+# --- Opus's measured iteration times (read by lightrail.agents.replay.trace.opus_latency) --
 
 
-@dataclass(frozen=True, slots=True)
-class OpusLatency:
-    """One row of an Opus latency CSV: seconds per training iteration over 6 step intervals
-    (``min_s``, ``mean_s``, population ``std_s``), from run ``experiment`` (``file``:``line``).
-    """
-
-    experiment: str
-    min_s: float
-    mean_s: float
-    std_s: float
-    file: str
-    line: int
+def opus_row(table: LatencyTable, mode: Mode, delay_ms: float) -> LatencyRow | None:
+    """Opus's run of ``mode`` at δ = ``delay_ms`` (``baseline`` = on-demand, ``provision`` =
+    provisioning), None when its CSVs have none."""
+    return (table.on_demand if mode is Mode.ON_DEMAND else table.provisioning).get(delay_ms)
 
 
-@dataclass(frozen=True, slots=True)
-class OpusTable:
-    """What the folder's CSVs measured: the no-controller reference and (mode, δ ms) -> row."""
-
-    no_controller: OpusLatency
-    runs: Mapping[tuple[Mode, float], OpusLatency]
-
-    def overhead_pct(self, mode: Mode, delay_ms: float) -> float | None:
-        """Mean iteration time of (mode, δ) over the no-controller mean, minus 1, in %; None
-        when the CSVs have no such run."""
-        row = self.runs.get((mode, delay_ms))
-        if row is None:
-            return None
-        return (row.mean_s / self.no_controller.mean_s - 1.0) * 100.0
+def opus_overhead_pct(table: LatencyTable, mode: Mode, delay_ms: float) -> float | None:
+    """Opus's mean iteration time of (mode, δ) over its no-controller mean, minus 1, in %
+    (how the issue's +0.4 % and +2.6 % at l_0 are computed); None without that run."""
+    row = opus_row(table, mode, delay_ms)
+    if row is None:
+        return None
+    return (row.mean_s / table.no_controller.mean_s - 1.0) * 100.0
 
 
-_DELAY = re.compile(r"(?:^|-)l_(\d+)(?:-|$)")
-_NO_CONTROLLER = re.compile(r"(?:^|-)no-(?:controller|ctl)(?:-|$)")
-_HEADER = ("Experiment", "Min latency (s)", "Average Latency (s)", "Standard Deviation (s)")
-
-
-def _seconds(path: Path, line: int, column: str, text: str, *, zero: bool = False) -> float:
-    """``text`` as seconds: finite and > 0 (>= 0 with ``zero``). Raises ``TraceError``."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise TraceError(path, column, text, "not a number", line=line) from None
-    if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
-        raise TraceError(path, column, text, "must be a finite number of seconds "
-                         + (">= 0" if zero else "> 0"), line=line)
-    return value
-
-
-def read_opus_latencies(folder: Path) -> OpusTable:
-    """The iteration times of every ``latency_results*.csv`` in ``folder`` (README "Latency
-    CSVs": header ``Experiment,Min latency (s),Average Latency (s),Standard Deviation (s)``,
-    one row per run; the run name holds ``no-controller``/``no-ctl``, or ``l_<δ ms>`` and
-    ``baseline``/``provision``).
-
-    Raises ``TraceError`` naming the file, line, field and value for a missing file, a wrong
-    header, a run name that says neither no-controller nor δ and mode, a value that is not a
-    positive number, two runs of one (mode, δ), or no no-controller row; and when the
-    no-controller rows of two files disagree.
-    """
-    files = sorted(folder.glob("latency_results*.csv"))
-    if not files:
-        raise TraceError(folder, "latency_results*.csv", str(folder),
-                         "no Opus latency CSV in the folder")
-    reference: OpusLatency | None = None
-    runs: dict[tuple[Mode, float], OpusLatency] = {}
-    for path in files:
-        with path.open(encoding="utf-8", newline="") as f:
-            rows = list(csv.reader(f))
-        if not rows or tuple(c.strip() for c in rows[0]) != _HEADER:
-            raise TraceError(path, "header", ",".join(rows[0]) if rows else "",
-                             f"expected {','.join(_HEADER)}", line=1)
-        for n, row in enumerate(rows[1:], start=2):
-            if not row:
-                continue
-            if len(row) != len(_HEADER):
-                raise TraceError(path, "row", ",".join(row),
-                                 f"expected {len(_HEADER)} columns, got {len(row)}", line=n)
-            name = row[0].strip()
-            lat = OpusLatency(name, _seconds(path, n, _HEADER[1], row[1]),
-                              _seconds(path, n, _HEADER[2], row[2]),
-                              _seconds(path, n, _HEADER[3], row[3], zero=True), path.name, n)
-            if _NO_CONTROLLER.search(name):
-                if reference is not None and (reference.mean_s, reference.min_s) != (
-                        lat.mean_s, lat.min_s):
-                    raise TraceError(path, _HEADER[0], name,
-                                     f"no-controller row differs from {reference.file}:"
-                                     f"{reference.line} ({reference.mean_s} s)", line=n)
-                reference = reference or lat
-                continue
-            delay = _DELAY.search(name)
-            modes = [m for word, m in _OPUS_MODE.items() if f"-{word}" in name]
-            if delay is None or len(modes) != 1:
-                raise TraceError(path, _HEADER[0], name,
-                                 "expected no-controller/no-ctl, or l_<delay ms> and one of "
-                                 "baseline/provision", line=n)
-            key = (modes[0], float(delay.group(1)))
-            if key in runs:
-                raise TraceError(path, _HEADER[0], name,
-                                 f"second {key[0].value} run at {key[1]:g} ms (first "
-                                 f"{runs[key].file}:{runs[key].line})", line=n)
-            runs[key] = lat
-    if reference is None:
-        raise TraceError(files[0], _HEADER[0], "", "no no-controller/no-ctl row")
-    return OpusTable(reference, runs)
+def read_opus_table(folder: Path) -> LatencyTable:
+    """The latency CSVs of ``folder`` (or of its parent, for a bare ``comm_pattern*``
+    folder). Raises ``TraceError`` as ``read_latency_folder`` does, and when neither folder
+    has one."""
+    for where in (folder, folder.parent):
+        table = read_latency_folder(where)
+        if table is not None:
+            return table
+    raise TraceError(folder, "latency_results*.csv", str(folder),
+                     "no Opus latency CSV here or in the parent folder")
 
 
 # --- the no-controller reference -----------------------------------------------------------
@@ -314,6 +248,10 @@ class BenchConfig:
     iterations: int = 6
     warmup: int = 4
     devices: str = "tl1"
+    link_gbps: float = LINK_GBPS
+    phases: str = "runs"
+    """``runs``: a run of calls of one kind on one group is one phase (``merge_runs``);
+    ``calls``: every call is a phase (the replayer's own granularity)."""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.time_scale) and self.time_scale > 0):
@@ -323,6 +261,10 @@ class BenchConfig:
         if self.warmup < 1:
             raise BenchError(f"warmup: must be >= 1 (an interval needs a start), got "
                              f"{self.warmup}")
+        if not (math.isfinite(self.link_gbps) and self.link_gbps > 0):
+            raise BenchError(f"link_gbps: must be a finite number > 0, got {self.link_gbps}")
+        if self.phases not in ("runs", "calls"):
+            raise BenchError(f"phases: expected runs or calls, got {self.phases!r}")
         if self.devices not in ("tl1", "emulated"):
             raise BenchError(f"devices: expected tl1 or emulated, got {self.devices!r}")
         for d in self.delays_ms:
@@ -355,7 +297,8 @@ def _replayer(cls: type[Replayer], workload: Workload, target: str, hosts: list[
         stamps.append(time.monotonic())
 
     r = cls(workload, target, hosts, job_id=job_id, iterations=cfg.warmup + cfg.iterations,
-            time_scale=cfg.time_scale, timeout_s=60.0, on_progress=stamp)
+            time_scale=cfg.time_scale, link_gbps=cfg.link_gbps, timeout_s=60.0,
+            on_progress=stamp)
     return r, stamps
 
 
@@ -377,24 +320,34 @@ async def no_controller_run(workload: Workload, cfg: BenchConfig) -> LiveRun:
     return _live_run(await r.run_alone(), stamps, cfg)
 
 
-async def controller_run(etcd_endpoint: str, workload: Workload, cfg: BenchConfig,
-                         delay_ms: float, mode: Mode) -> LiveRun:
-    """One replay through the real stack at δ = ``delay_ms`` (unscaled) in ``mode``: the
-    emulated rails (a ``lightrail emulate`` process for tl1), a controller process on
-    ``etcd_endpoint``, one host agent per host here. Raises ``ReplayError`` and
-    ``JobRegistrationError`` from the replay, ``RuntimeError``/``TimeoutError`` from a child
-    that does not start."""
+@contextlib.asynccontextmanager
+async def emulated_rails(delay_ms: float, cfg: BenchConfig) -> AsyncIterator[FabricSection]:
+    """The rails at δ = ``delay_ms`` (unscaled; the devices get δ x time scale) for as long as
+    the block runs: a ``lightrail emulate`` process serving them over TL1 (``devices`` tl1;
+    yields the section that points at it), or the section of in-process emulated switches
+    (``emulated``; each controller makes its own). Raises ``RuntimeError``/``TimeoutError``
+    when the emulator does not start."""
     section = fabric_section(delay_ms * cfg.time_scale)
-    hosts = _hosts(section)
-    async with contextlib.AsyncExitStack() as stack:
-        if cfg.devices == "tl1":
-            section = (await stack.enter_async_context(spawn_emulator(section))).section
-        base = embedded_config(etcd_endpoint, section, admission_timeout_s=60.0,
-                               replica_id=f"opus-{mode.value}-{delay_ms:g}")
-        ctl = base.controller.model_copy(update={"provisioning": mode is Mode.PROVISIONING})
-        child = await stack.enter_async_context(
-            spawn_controller(base.model_copy(update={"controller": ctl})))
-        r, stamps = _replayer(Replayer, workload, child.grpc_target, hosts, cfg,
+    if cfg.devices != "tl1":
+        yield section
+        return
+    async with spawn_emulator(section) as emulator:
+        yield emulator.section
+
+
+async def controller_run(etcd_endpoint: str, rails: FabricSection, workload: Workload,
+                         cfg: BenchConfig, delay_ms: float, mode: Mode) -> LiveRun:
+    """One replay through the real stack in ``mode`` on ``rails`` (``emulated_rails``, δ =
+    ``delay_ms`` unscaled): a controller process on ``etcd_endpoint``, one host agent per
+    host here. The controller reads back whatever cross-connects an earlier run left on the
+    rails (the warm-up iterations absorb the first switch). Raises ``ReplayError`` and
+    ``JobRegistrationError`` from the replay, ``RuntimeError``/``TimeoutError`` when the
+    controller does not start."""
+    base = embedded_config(etcd_endpoint, rails, admission_timeout_s=60.0,
+                           replica_id=f"opus-{mode.value}-{delay_ms:g}")
+    ctl = base.controller.model_copy(update={"provisioning": mode is Mode.PROVISIONING})
+    async with spawn_controller(base.model_copy(update={"controller": ctl})) as child:
+        r, stamps = _replayer(Replayer, workload, child.grpc_target, _hosts(rails), cfg,
                               f"opus-{mode.value}-{delay_ms:g}ms")
         async with ControllerClient(child.grpc_target) as client:
             report = await r.run(client)
@@ -416,22 +369,90 @@ class Row:
     live: LiveRun
     overhead_pct: float
     added_ms: float
-    opus: OpusLatency | None
+    opus: LatencyRow | None
     opus_overhead_pct: float | None
 
 
 @dataclass(frozen=True, slots=True)
 class BenchResult:
-    """The reference, every row, Opus's no-controller row, the workload's compute lower
-    bound per iteration (s, scaled: the largest sum of one rank's gaps), and the notes."""
+    """The reference, every row, Opus's table, the workload's compute lower bound per
+    iteration (s, scaled: the largest sum of one rank's gaps), and the notes."""
 
     config: BenchConfig
     workload: str
     reference: LiveRun
     rows: tuple[Row, ...]
-    opus_no_controller: OpusLatency
+    opus: LatencyTable
     compute_s: float
     notes: tuple[str, ...]
+
+    def row(self, delay_ms: float, mode: Mode) -> Row | None:
+        """The measured row of (δ, mode), None when not run."""
+        return next((r for r in self.rows if (r.delay_ms, r.mode) == (delay_ms, mode)), None)
+
+    def exposed_delays(self, row: Row) -> float | None:
+        """How many δ the live run paid per iteration beyond its mode's own control cost:
+        (added ms - the δ = 0 row's added ms) / (δ x time scale). None at δ = 0 or when δ = 0
+        was not run in that mode. Independent of the iteration's length, so it compares with
+        ``opus_exposed_delays`` even where the replay's no-controller iteration differs from
+        Opus's."""
+        zero = self.row(0.0, row.mode)
+        if row.delay_ms == 0 or zero is None:
+            return None
+        return (row.added_ms - zero.added_ms) / (row.delay_ms * self.config.time_scale)
+
+    def opus_exposed_delays(self, row: Row) -> float | None:
+        """The same for Opus: (mean at δ - mean at l_0 of the mode) / δ; None at δ = 0 or
+        without both runs in its CSVs."""
+        here = opus_row(self.opus, row.mode, row.delay_ms)
+        zero = opus_row(self.opus, row.mode, 0.0)
+        if row.delay_ms == 0 or here is None or zero is None:
+            return None
+        return (here.mean_s - zero.mean_s) * 1e3 / row.delay_ms
+
+
+def merge_runs(workload: Workload, link_gbps: float) -> Workload:
+    """``workload`` with every run of consecutive calls of one collective on one process group
+    as ONE phase, as Lightrail's PyTorch gate (``agents/torch/gate.py``: "runs of one kind on
+    one group") and Opus's shim (one topology per pattern line) gate them, instead of one
+    phase per call. The run keeps its timing: the first call's gap stays the phase's compute
+    gap, and the time between its calls (their gaps) is time under the phase's circuits, which
+    the replayer spends only as the phase's transfer, so it is carried as bytes at
+    ``link_gbps`` (``nbytes`` = the calls' bytes + gaps x link bytes/s). All-to-alls and calls
+    with no group are kept as they are. The merged ops are marked approximate with a note."""
+    bytes_per_s = link_gbps * 1e9 / 8
+    ranks: dict[int, tuple[CommOp, ...]] = {}
+    for rank, ops in workload.ranks.items():
+        merged: list[CommOp] = []
+        calls: list[int] = []
+        for op in ops:
+            prev = merged[-1] if merged else None
+            if (prev is not None and op.group is not None and prev.group == op.group
+                    and prev.collective is op.collective
+                    and op.collective is not Collective.ALL_TO_ALL):
+                held = op.nbytes + round(op.compute_gap_s * bytes_per_s)
+                merged[-1] = dataclasses.replace(prev, nbytes=prev.nbytes + held)
+                calls[-1] += 1
+            else:
+                merged.append(op)
+                calls.append(1)
+        ranks[rank] = tuple(
+            op if n == 1 else dataclasses.replace(
+                op, approximate=True, notes=(*op.notes, (
+                    f"{n} calls as one phase; the compute between them carried as bytes at "
+                    f"{link_gbps:g} Gb/s")))
+            for op, n in zip(merged, calls, strict=True))
+    note = ("one phase per run of calls of one collective on one group (as the PyTorch gate "
+            "and Opus's shim gate them); the compute between a run's calls is time under its "
+            f"circuits, replayed as transfer time at {link_gbps:g} Gb/s")
+    return dataclasses.replace(workload, ranks=ranks,
+                               assumptions=(*workload.assumptions, note))
+
+
+def replayed_workload(workload: Workload, cfg: BenchConfig) -> Workload:
+    """What the bench replays of ``workload``: its runs merged (``merge_runs``) unless
+    ``cfg.phases`` is ``calls``."""
+    return merge_runs(workload, cfg.link_gbps) if cfg.phases == "runs" else workload
 
 
 def compute_lower_bound_s(workload: Workload) -> float:
@@ -442,12 +463,43 @@ def compute_lower_bound_s(workload: Workload) -> float:
                 for r, v in ops.items()), default=0.0)
 
 
-async def run_bench(workload: Workload, opus: OpusTable, cfg: BenchConfig, *,
+async def _rows_at(etcd_endpoint: str, workload: Workload, opus: LatencyTable,
+                   cfg: BenchConfig, reference: LiveRun, delay_ms: float,
+                   on_row: Callable[[Row], None] | None) -> list[Row]:
+    """Every mode of ``cfg`` at δ = ``delay_ms``, one after the other on one emulator."""
+    rows: list[Row] = []
+    try:
+        async with emulated_rails(delay_ms, cfg) as rails:
+            for mode in cfg.modes:
+                try:
+                    live = await controller_run(etcd_endpoint, rails, workload, cfg,
+                                                delay_ms, mode)
+                except Exception as exc:
+                    raise BenchError(f"{mode.value} at δ = {delay_ms:g} ms: "
+                                     f"{type(exc).__name__}: {exc}") from exc
+                rows.append(Row(delay_ms, mode, live,
+                                (live.median_s / reference.median_s - 1) * 100,
+                                (live.median_s - reference.median_s) * 1e3,
+                                opus_row(opus, mode, delay_ms),
+                                opus_overhead_pct(opus, mode, delay_ms)))
+                if on_row is not None:
+                    on_row(rows[-1])
+    except BenchError:
+        raise
+    except Exception as exc:  # the emulator did not start or stop
+        raise BenchError(f"emulated rails at δ = {delay_ms:g} ms: {type(exc).__name__}: "
+                         f"{exc}") from exc
+    return rows
+
+
+async def run_bench(workload: Workload, opus: LatencyTable, cfg: BenchConfig, *,
                     etcd_endpoint: str | None = None,
                     on_row: Callable[[Row], None] | None = None) -> BenchResult:
     """The reference, then every (δ, mode) of ``cfg`` through the stack, on ``etcd_endpoint``
     (a private etcd when None). ``on_row`` sees each row as it is measured. Raises
     ``BenchError`` naming the run that failed (the cause chained)."""
+    compute_s = compute_lower_bound_s(workload) * cfg.time_scale
+    workload = replayed_workload(workload, cfg)
     _ops, notes = expand_workload(workload)
     reference = await no_controller_run(workload, cfg)
     rows: list[Row] = []
@@ -456,25 +508,18 @@ async def run_bench(workload: Workload, opus: OpusTable, cfg: BenchConfig, *,
             etcd_endpoint = (await stack.enter_async_context(EmbeddedEtcd(name="opus"))
                              ).endpoint
         for delay in cfg.delays_ms:
-            for mode in cfg.modes:
-                try:
-                    live = await controller_run(etcd_endpoint, workload, cfg, delay, mode)
-                except Exception as exc:
-                    raise BenchError(f"{mode.value} at δ = {delay:g} ms: "
-                                     f"{type(exc).__name__}: {exc}") from exc
-                opus_row = opus.runs.get((mode, delay))
-                row = Row(delay, mode, live, (live.median_s / reference.median_s - 1) * 100,
-                          (live.median_s - reference.median_s) * 1e3, opus_row,
-                          opus.overhead_pct(mode, delay))
-                rows.append(row)
-                if on_row is not None:
-                    on_row(row)
-    return BenchResult(cfg, workload.name, reference, tuple(rows), opus.no_controller,
-                       compute_lower_bound_s(workload) * cfg.time_scale, tuple(notes))
+            rows += await _rows_at(etcd_endpoint, workload, opus, cfg, reference, delay,
+                                   on_row)
+    return BenchResult(cfg, workload.name, reference, tuple(rows), opus, compute_s,
+                       tuple(notes))
 
 
 def _pct(v: float | None) -> str:
     return "-" if v is None else f"{v:+.2f}"
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
 
 
 def control_cost_pct(row: Row, reference: LiveRun, time_scale: float) -> float | None:
@@ -490,11 +535,13 @@ def format_table(result: BenchResult) -> str:
     """The live table as text: one line per (δ, mode)."""
     cfg = result.config
     ref = result.reference
-    opus_ref = result.opus_no_controller
+    opus_ref = result.opus.no_controller
     lines = [
         f"time scale {cfg.time_scale:g}: compute gaps, transfers and δ multiplied by "
         f"{cfg.time_scale:g} (live times below are on that clock; δ is given unscaled); "
-        f"{cfg.warmup} warm-up + {cfg.iterations} measured iterations per run; devices: "
+        f"{cfg.warmup} warm-up + {cfg.iterations} measured iterations per run; phases: "
+        + ("one per run of calls (as the PyTorch gate and Opus's shim)" if cfg.phases == "runs"
+           else "one per call") + "; devices: "
         + ("Polatis TL1 over loopback sockets (lightrail emulate process)"
            if cfg.devices == "tl1" else "the controller's in-process emulated driver"),
         f"no controller: live {ref.median_s:.3f} s [{min(ref.iteration_s):.3f}-"
@@ -504,7 +551,7 @@ def format_table(result: BenchResult) -> str:
         "",
         f"{'δ ms':>6} {'mode':<13} {'live s/iter (median [range])':>30} {'live ovh %':>10} "
         f"{'added ms':>9} {'ctl-cost %':>10} {'Opus s':>8} {'Opus ovh %':>10} "
-        f"{'switched':>8} {'prov hit':>8}",
+        f"{'δ/it':>5} {'Opus δ/it':>9} {'switched':>8} {'prov hit':>8}",
     ]
     for r in result.rows:
         it = r.live.iteration_s
@@ -516,19 +563,27 @@ def format_table(result: BenchResult) -> str:
             f"{_pct(r.overhead_pct):>10} {r.added_ms:>9.1f} "
             f"{_pct(control_cost_pct(r, ref, cfg.time_scale)):>10} "
             f"{'-' if r.opus is None else f'{r.opus.mean_s:.3f}':>8} "
-            f"{_pct(r.opus_overhead_pct):>10} {r.live.reconfigurations_per_iter:>8.1f} "
-            f"{hit:>8}")
+            f"{_pct(r.opus_overhead_pct):>10} {_num(result.exposed_delays(r)):>5} "
+            f"{_num(result.opus_exposed_delays(r)):>9} "
+            f"{r.live.reconfigurations_per_iter:>8.1f} {hit:>8}")
     lines += [
         "",
         "live ovh %: live median over the live no-controller median (both on the scaled "
         "clock). added ms: live median minus that reference, per iteration. ctl-cost % "
         "(δ = 0 only): the added ms, which the time scale does not shrink, over the "
         "reference's unscaled iteration; the like-for-like figure beside Opus's at l_0. Opus "
-        "ovh %: its mean over its no-controller mean. switched: phase instances per iteration "
-        "that needed new circuits. prov hit: of those, switched ahead and ready when the "
-        "ranks came (the controller's counters over the whole run, warm-up included).",
+        "ovh %: its mean over its no-controller mean. δ/it: reconfiguration delays paid per "
+        "iteration beyond the mode's δ = 0 cost, (added - added at δ = 0) / scaled δ; Opus "
+        "δ/it: (its mean - its l_0 mean) / δ (both independent of the iteration's length). "
+        "switched: phase instances per iteration that needed new circuits. prov hit: of "
+        "those, switched ahead and ready when the ranks came (the controller's counters "
+        "over the whole run, warm-up included).",
     ]
     return "\n".join(lines)
+
+
+def _rounded(v: float | None) -> float | None:
+    return None if v is None else round(v, 3)
 
 
 def result_to_json(result: BenchResult) -> dict[str, object]:
@@ -553,17 +608,23 @@ def result_to_json(result: BenchResult) -> dict[str, object]:
         "iterations": cfg.iterations,
         "warmup": cfg.warmup,
         "devices": cfg.devices,
+        "phases": cfg.phases,
+        "link_gbps": cfg.link_gbps,
         "compute_lower_bound_s": round(result.compute_s, 6),
         "notes": list(result.notes),
         "no_controller": {"live": run(result.reference),
-                          "opus_mean_s": result.opus_no_controller.mean_s},
+                          "opus_mean_s": result.opus.no_controller.mean_s},
         "rows": [
             {"delay_ms": r.delay_ms, "mode": r.mode.value, "live": run(r.live),
              "overhead_pct": round(r.overhead_pct, 3), "added_ms": round(r.added_ms, 3),
              "opus_mean_s": None if r.opus is None else r.opus.mean_s,
              "opus_std_s": None if r.opus is None else r.opus.std_s,
              "opus_overhead_pct": None if r.opus_overhead_pct is None
-             else round(r.opus_overhead_pct, 3)}
+             else round(r.opus_overhead_pct, 3),
+             "control_cost_pct": _rounded(control_cost_pct(r, result.reference,
+                                                           cfg.time_scale)),
+             "exposed_delays_per_iteration": _rounded(result.exposed_delays(r)),
+             "opus_exposed_delays_per_iteration": _rounded(result.opus_exposed_delays(r))}
             for r in result.rows
         ],
     }
@@ -592,13 +653,20 @@ def _parser() -> argparse.ArgumentParser:
                    help="measured iterations per run (default 6, as Opus's CSVs; --quick 2)")
     p.add_argument("--warmup", type=int, default=None,
                    help="unmeasured iterations first (default 4, as Opus's notebook; "
-                        "--quick 3)")
+                        "--quick 2: the controller learns the schedule in 2)")
+    p.add_argument("--link-gbps", type=float, default=LINK_GBPS,
+                   help=f"rail link speed for the replayed transfers (nbytes / link, times "
+                        f"the time scale; default {LINK_GBPS:g}: Perlmutter's Slingshot)")
+    p.add_argument("--phases", choices=["runs", "calls"], default="runs",
+                   help="runs: a run of calls of one collective on one group is one phase, "
+                        "as the PyTorch gate and Opus's shim gate them (default); calls: "
+                        "every call is a phase (lightrail replay's granularity)")
     p.add_argument("--devices", choices=["tl1", "emulated"], default="tl1",
                    help="the emulated rails: a lightrail emulate process over TL1 sockets, or "
                         "the controller's in-process driver (default tl1)")
     p.add_argument("--quick", action="store_true",
-                   help="a short run for tests: time scale 0.02, 3 warm-up + 2 measured "
-                        "iterations")
+                   help=f"a short run for tests: time scale {QUICK_TIME_SCALE:g}, 2 warm-up + 2 "
+                        "measured iterations")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     return p
 
@@ -612,8 +680,10 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
         time_scale=a.time_scale if a.time_scale is not None else (
             QUICK_TIME_SCALE if a.quick else DEFAULT_TIME_SCALE),
         iterations=a.iterations if a.iterations is not None else (2 if a.quick else 6),
-        warmup=a.warmup if a.warmup is not None else (3 if a.quick else 4),
+        warmup=a.warmup if a.warmup is not None else (2 if a.quick else 4),
         devices=a.devices,
+        link_gbps=a.link_gbps,
+        phases=a.phases,
     )
 
 
@@ -630,14 +700,14 @@ async def main_async(argv: Sequence[str] | None = None, *,
     folder = a.folder or shared_data_dir() / FOLDER
     try:
         workload = load_workload(folder)
-        opus = read_opus_latencies(folder if folder.is_dir() else folder.parent)
+        opus = read_opus_table(folder)
     except (TraceError, OSError) as exc:
         print(f"opus_replay: {exc}", file=sys.stderr)
         return 2, None
     if not a.json:
         print(f"{workload.name}: {workload.world_size} ranks on {HOSTS} hosts x "
               f"{GPUS_PER_HOST} GPUs; Opus's CSVs in {folder}")
-        for note in expand_workload(workload)[1]:
+        for note in expand_workload(replayed_workload(workload, cfg))[1]:
             print(f"  note: {note}")
         sys.stdout.flush()
 
