@@ -18,6 +18,7 @@ import pytest
 from lightrail.controller.store.etcd_server import EmbeddedEtcd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import opus_live as live
 import opus_replay as bench
 
 FOLDER = Path(__file__).resolve().parents[2].parent / "shared" / "data" / bench.FOLDER
@@ -38,7 +39,7 @@ async def test_quick_live_table_on_the_16_gpu_pattern(
     doc = json.loads(out)
     assert doc["time_scale"] == bench.QUICK_TIME_SCALE
 
-    expected = {(d, m) for d in bench.DELAYS_MS for m in bench.Mode}
+    expected = {(d, m) for d in live.DELAYS_MS for m in live.Mode}
     assert {(r.delay_ms, r.mode) for r in result.rows} == expected
     assert {(r["delay_ms"], r["mode"]) for r in doc["rows"]} == {
         (d, m.value) for d, m in expected}
@@ -50,11 +51,11 @@ async def test_quick_live_table_on_the_16_gpu_pattern(
         assert r.live.median_s > result.compute_s, r
         assert r.opus is not None and r.opus_overhead_pct is not None, r  # Opus ran every δ
         assert r.live.provisioning is not None
-    for mode in bench.Mode:
+    for mode in live.Mode:
         assert by[(1000.0, mode)].overhead_pct > by[(0.0, mode)].overhead_pct, mode
         # the circuits changed: PP pairs and DP pairs share every host's rail ports
         assert by[(1000.0, mode)].live.reconfigurations_per_iter > 0
-    assert by[(0.0, bench.Mode.PROVISIONING)].live.provisioning.learned  # type: ignore[union-attr]
+    assert by[(0.0, live.Mode.PROVISIONING)].live.provisioning.learned  # type: ignore[union-attr]
 
     table = bench.format_table(result)
     assert f"time scale {bench.QUICK_TIME_SCALE:g}:" in table

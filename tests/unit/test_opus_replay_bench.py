@@ -21,6 +21,7 @@ from lightrail.agents.replay.trace.opus_latency import LatencyTable
 from lightrail.controller.domain.model import Collective, ProcessGroup
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import opus_live as live
 import opus_replay as bench
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -36,7 +37,7 @@ def test_the_shared_16_gpu_table_gives_the_issues_figures() -> None:
     # issue 13: no controller 10.18 s; at 10 ms on-demand 10.46, provisioning 10.37; at
     # 1,000 ms 15.40 and 15.12; at 0 ms +2.6 % (on-demand) and +0.4 % (provisioning)
     assert table.no_controller.mean_s == pytest.approx(10.18, abs=0.005)
-    od, prov = bench.Mode.ON_DEMAND, bench.Mode.PROVISIONING
+    od, prov = live.Mode.ON_DEMAND, live.Mode.PROVISIONING
     for mode, delay, mean in ((od, 10.0, 10.46), (prov, 10.0, 10.37), (od, 1000.0, 15.40),
                               (prov, 1000.0, 15.12)):
         row = bench.opus_row(table, mode, delay)
@@ -44,7 +45,7 @@ def test_the_shared_16_gpu_table_gives_the_issues_figures() -> None:
     assert bench.opus_overhead_pct(table, od, 0.0) == pytest.approx(2.6, abs=0.05)
     assert bench.opus_overhead_pct(table, prov, 0.0) == pytest.approx(0.4, abs=0.05)
     assert bench.opus_overhead_pct(table, prov, 5.0) is None
-    for delay in bench.DELAYS_MS:  # Opus ran every δ of the live table in both modes
+    for delay in live.DELAYS_MS:  # Opus ran every δ of the live table in both modes
         assert bench.opus_row(table, od, delay) is not None
         assert bench.opus_row(table, prov, delay) is not None
 
@@ -63,12 +64,12 @@ def test_a_folder_without_csvs_is_refused(tmp_path: Path) -> None:
 
 def test_measured_intervals_skip_the_warm_up() -> None:
     stamps = [1.0, 2.0, 3.5, 5.0, 7.0]
-    assert bench._measured(stamps, 3) == (1.5, 2.0)
-    assert bench._measured(stamps, 1) == (1.0, 1.5, 1.5, 2.0)
+    assert live._measured(stamps, 3) == (1.5, 2.0)
+    assert live._measured(stamps, 1) == (1.0, 1.5, 1.5, 2.0)
 
 
-def _run(median_s: float) -> bench.LiveRun:
-    return bench.LiveRun((median_s - 0.01, median_s, median_s + 0.01), 4.0, 1.0, None)
+def _run(median_s: float) -> live.LiveRun:
+    return live.LiveRun((median_s - 0.01, median_s, median_s + 0.01), 4.0, 1.0, None)
 
 
 def _table(tmp_path: Path) -> LatencyTable:
@@ -80,11 +81,11 @@ def _table(tmp_path: Path) -> LatencyTable:
 
 
 def test_derived_columns(tmp_path: Path) -> None:
-    cfg = bench.BenchConfig(delays_ms=(0.0, 1000.0), modes=(bench.Mode.ON_DEMAND,),
+    cfg = live.BenchConfig(delays_ms=(0.0, 1000.0), modes=(live.Mode.ON_DEMAND,),
                             time_scale=0.1)
     table = _table(tmp_path)
     ref = _run(1.0)  # 1 s scaled = 10 s unscaled
-    od = bench.Mode.ON_DEMAND
+    od = live.Mode.ON_DEMAND
     zero = bench.Row(0.0, od, _run(1.002), 0.2, 2.0, bench.opus_row(table, od, 0.0),
                      bench.opus_overhead_pct(table, od, 0.0))
     full = bench.Row(1000.0, od, _run(1.302), 30.2, 302.0, bench.opus_row(table, od, 1000.0),
@@ -113,7 +114,7 @@ def test_derived_columns(tmp_path: Path) -> None:
     (["--delay-ms", "-1"], "delay_ms"),
 ])
 def test_bad_options_are_refused(argv: list[str], message: str) -> None:
-    with pytest.raises(bench.BenchError, match=message):
+    with pytest.raises(live.BenchError, match=message):
         bench.config_from_args(bench._parser().parse_args(argv))
 
 
@@ -125,7 +126,7 @@ def test_quick_changes_only_the_defaults() -> None:
     given = bench.config_from_args(bench._parser().parse_args(
         ["--quick", "--time-scale", "0.5", "--mode", "provisioning", "--delay-ms", "5"]))
     assert (given.time_scale, given.modes, given.delays_ms) == (
-        0.5, (bench.Mode.PROVISIONING,), (5.0,))
+        0.5, (live.Mode.PROVISIONING,), (5.0,))
 
 
 def test_merge_runs_keeps_the_time_under_each_phase() -> None:
@@ -142,7 +143,7 @@ def test_merge_runs_keeps_the_time_under_each_phase() -> None:
            CommOp(Collective.ALL_TO_ALL, a2a, "ep", 30, 0.0),
            CommOp(Collective.ALL_TO_ALL, a2a, "ep", 30, 0.0), send(0.0, 0))
     w = Workload("w", SourceFormat.SYNTHETIC, 3, {0: ops}, tail_gap_s={0: 2.0})
-    merged = bench.merge_runs(w, 8.0)  # 8 Gb/s = 1e9 B/s
+    merged = live.merge_runs(w, 8.0)  # 8 Gb/s = 1e9 B/s
     out = merged.ranks[0]
     assert [(op.collective, op.group) for op in out] == [
         (Collective.SEND_RECV, pp), (Collective.ALL_GATHER, dp), (Collective.ALL_TO_ALL, a2a),
@@ -154,11 +155,11 @@ def test_merge_runs_keeps_the_time_under_each_phase() -> None:
     assert not out[2].approximate and out[4] == ops[6]
     assert merged.tail_gap_s[0] == 2.0
     assert "one phase per run" in merged.assumptions[-1]
-    assert bench.compute_lower_bound_s(w) == pytest.approx(0.5 + 0.25 + 1.0 + 0.125 + 2.0)
+    assert live.compute_lower_bound_s(w) == pytest.approx(0.5 + 0.25 + 1.0 + 0.125 + 2.0)
 
 
 def test_calls_granularity_replays_the_workload_as_read() -> None:
     w = Workload("w", SourceFormat.SYNTHETIC, 2, {0: (), 1: ()})
-    assert bench.replayed_workload(w, bench.BenchConfig(phases="calls")) is w
-    with pytest.raises(bench.BenchError, match="phases"):
-        bench.BenchConfig(phases="steps")
+    assert live.replayed_workload(w, live.BenchConfig(phases="calls")) is w
+    with pytest.raises(live.BenchError, match="phases"):
+        live.BenchConfig(phases="steps")
