@@ -133,6 +133,11 @@ class LiveRun:
         """Median measured iteration time, s."""
         return statistics.median(self.iteration_s)
 
+    @property
+    def half_range_s(self) -> float:
+        """Half the range of the measured iteration times, s: how far the median can be off."""
+        return (max(self.iteration_s) - min(self.iteration_s)) / 2
+
 
 def _measured(stamps: Sequence[float], warmup: int) -> tuple[float, ...]:
     """Intervals between iteration completions after the first ``warmup`` iterations."""

@@ -166,25 +166,42 @@ class BenchResult:
         """The measured row of (δ, mode), None when not run."""
         return next((r for r in self.rows if (r.delay_ms, r.mode) == (delay_ms, mode)), None)
 
-    def exposed_delays(self, row: Row) -> float | None:
+    def exposed_delays(self, row: Row) -> Estimate | None:
         """How many δ the live run paid per iteration beyond its mode's own control cost:
-        (added ms - the δ = 0 row's added ms) / (δ x time scale). None at δ = 0 or when δ = 0
-        was not run in that mode. Independent of the iteration's length, so it compares with
+        (added ms - the δ = 0 row's added ms) / (δ x time scale), give or take the two rows'
+        half-ranges over the same scaled δ. None at δ = 0 or when δ = 0 was not run in that
+        mode. Independent of the iteration's length, so it compares with
         ``opus_exposed_delays`` even where the replay's no-controller iteration differs from
         Opus's."""
         zero = self.row(0.0, row.mode)
         if row.delay_ms == 0 or zero is None:
             return None
-        return (row.added_ms - zero.added_ms) / (row.delay_ms * self.config.time_scale)
+        scaled_s = row.delay_ms / 1e3 * self.config.time_scale
+        return Estimate((row.added_ms - zero.added_ms) / 1e3 / scaled_s,
+                        (row.live.half_range_s + zero.live.half_range_s) / scaled_s)
 
-    def opus_exposed_delays(self, row: Row) -> float | None:
-        """The same for Opus: (mean at δ - mean at l_0 of the mode) / δ; None at δ = 0 or
-        without both runs in its CSVs."""
+    def opus_exposed_delays(self, row: Row) -> Estimate | None:
+        """The same for Opus: (mean at δ - mean at l_0 of the mode) / δ, give or take the sum
+        of the two runs' standard deviations over δ; None at δ = 0 or without both runs in
+        its CSVs."""
         here = opus_row(self.opus, row.mode, row.delay_ms)
         zero = opus_row(self.opus, row.mode, 0.0)
         if row.delay_ms == 0 or here is None or zero is None:
             return None
-        return (here.mean_s - zero.mean_s) * 1e3 / row.delay_ms
+        delay_s = row.delay_ms / 1e3
+        return Estimate((here.mean_s - zero.mean_s) / delay_s,
+                        (here.std_s + zero.std_s) / delay_s)
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """A derived figure and how far it can be off (``value`` +- ``spread``, same unit)."""
+
+    value: float
+    spread: float
+
+    def __str__(self) -> str:
+        return f"{self.value:.1f}±{self.spread:.1f}"
 
 
 async def _rows_at(etcd_endpoint: str, workload: Workload, opus: LatencyTable,
@@ -242,17 +259,24 @@ def _pct(v: float | None) -> str:
     return "-" if v is None else f"{v:+.2f}"
 
 
-def _num(v: float | None) -> str:
-    return "-" if v is None else f"{v:.1f}"
+def _est(v: Estimate | None) -> str:
+    return "-" if v is None else str(v)
 
 
-def control_cost_pct(row: Row, reference: LiveRun, time_scale: float) -> float | None:
+def _pct_est(v: Estimate | None) -> str:
+    return "-" if v is None else f"{v.value:+.2f}±{v.spread:.2f}"
+
+
+def control_cost_pct(row: Row, reference: LiveRun, time_scale: float) -> Estimate | None:
     """At δ = 0, the control plane's added time per iteration (which the time scale does not
-    shrink) over the reference's unscaled iteration (live median / ``time_scale``), in %: the
-    figure to set beside Opus's +0.4 % / +2.6 %. None at δ > 0 (δ does scale)."""
+    shrink) over the reference's unscaled iteration (live median / ``time_scale``), in %, give
+    or take the two runs' half-ranges over the same: the figure to set beside Opus's +0.4 % /
+    +2.6 %. None at δ > 0 (δ does scale)."""
     if row.delay_ms != 0:
         return None
-    return row.added_ms / 1e3 / (reference.median_s / time_scale) * 100
+    unscaled_s = reference.median_s / time_scale
+    return Estimate(row.added_ms / 1e3 / unscaled_s * 100,
+                    (row.live.half_range_s + reference.half_range_s) / unscaled_s * 100)
 
 
 def format_table(result: BenchResult) -> str:
@@ -274,8 +298,8 @@ def format_table(result: BenchResult) -> str:
         f"(mean, {opus_ref.experiment})",
         "",
         f"{'δ ms':>6} {'mode':<13} {'live s/iter (median [range])':>30} {'live ovh %':>10} "
-        f"{'added ms':>9} {'ctl-cost %':>10} {'Opus s':>8} {'Opus ovh %':>10} "
-        f"{'δ/it':>5} {'Opus δ/it':>9} {'switched':>8} {'prov hit':>8}",
+        f"{'added ms':>9} {'ctl-cost %':>11} {'Opus s':>8} {'Opus ovh %':>10} "
+        f"{'δ/it':>11} {'Opus δ/it':>11} {'switched':>8} {'prov hit':>8}",
     ]
     for r in result.rows:
         it = r.live.iteration_s
@@ -285,29 +309,37 @@ def format_table(result: BenchResult) -> str:
             f"{r.delay_ms:>6g} {r.mode.value:<13} "
             f"{f'{r.live.median_s:.3f} [{min(it):.3f}-{max(it):.3f}]':>30} "
             f"{_pct(r.overhead_pct):>10} {r.added_ms:>9.1f} "
-            f"{_pct(control_cost_pct(r, ref, cfg.time_scale)):>10} "
+            f"{_pct_est(control_cost_pct(r, ref, cfg.time_scale)):>11} "
             f"{'-' if r.opus is None else f'{r.opus.mean_s:.3f}':>8} "
-            f"{_pct(r.opus_overhead_pct):>10} {_num(result.exposed_delays(r)):>5} "
-            f"{_num(result.opus_exposed_delays(r)):>9} "
+            f"{_pct(r.opus_overhead_pct):>10} {_est(result.exposed_delays(r)):>11} "
+            f"{_est(result.opus_exposed_delays(r)):>11} "
             f"{r.live.reconfigurations_per_iter:>8.1f} {hit:>8}")
     lines += [
         "",
         "live ovh %: live median over the live no-controller median (both on the scaled "
         "clock). added ms: live median minus that reference, per iteration. ctl-cost % "
         "(δ = 0 only): the added ms, which the time scale does not shrink, over the "
-        "reference's unscaled iteration; the like-for-like figure beside Opus's at l_0. Opus "
+        "reference's unscaled iteration (± the two runs' half-ranges over the same); the "
+        "like-for-like figure beside Opus's at l_0. Opus "
         "ovh %: its mean over its no-controller mean. δ/it: reconfiguration delays paid per "
-        "iteration beyond the mode's δ = 0 cost, (added - added at δ = 0) / scaled δ; Opus "
-        "δ/it: (its mean - its l_0 mean) / δ (both independent of the iteration's length). "
-        "switched: phase instances per iteration that needed new circuits. prov hit: of "
-        "those, switched ahead and ready when the ranks came (the controller's counters "
-        "over the whole run, warm-up included).",
+        "iteration beyond the mode's δ = 0 cost, (added - added at δ = 0) / scaled δ, ± the "
+        "two rows' half-ranges over the scaled δ; Opus δ/it: (its mean - its l_0 mean) / δ, "
+        "± the sum of the two runs' std over δ (both independent of the iteration's length; "
+        "unresolved where ± exceeds the value). switched: phase instances per iteration "
+        "admitted after a reconfiguration (circuits provisioned in time count as ready). "
+        "prov hit: of the phases that needed new circuits, those switched ahead and ready "
+        "when the ranks came (the controller's counters over the whole run, warm-up "
+        "included).",
     ]
     return "\n".join(lines)
 
 
 def _rounded(v: float | None) -> float | None:
     return None if v is None else round(v, 3)
+
+
+def _estimate(v: Estimate | None) -> dict[str, float] | None:
+    return None if v is None else {"value": round(v.value, 3), "spread": round(v.spread, 3)}
 
 
 def result_to_json(result: BenchResult) -> dict[str, object]:
@@ -345,10 +377,10 @@ def result_to_json(result: BenchResult) -> dict[str, object]:
              "opus_std_s": None if r.opus is None else r.opus.std_s,
              "opus_overhead_pct": None if r.opus_overhead_pct is None
              else round(r.opus_overhead_pct, 3),
-             "control_cost_pct": _rounded(control_cost_pct(r, result.reference,
-                                                           cfg.time_scale)),
-             "exposed_delays_per_iteration": _rounded(result.exposed_delays(r)),
-             "opus_exposed_delays_per_iteration": _rounded(result.opus_exposed_delays(r))}
+             "control_cost_pct": _estimate(control_cost_pct(r, result.reference,
+                                                            cfg.time_scale)),
+             "exposed_delays_per_iteration": _estimate(result.exposed_delays(r)),
+             "opus_exposed_delays_per_iteration": _estimate(result.opus_exposed_delays(r))}
             for r in result.rows
         ],
     }

@@ -92,19 +92,27 @@ def test_derived_columns(tmp_path: Path) -> None:
                      bench.opus_overhead_pct(table, od, 1000.0))
     result = bench.BenchResult(cfg, "w", ref, (zero, full), table, 0.9, ())
     # 2 ms of control-plane cost per iteration, which does not scale, over 10 s unscaled
-    assert bench.control_cost_pct(zero, ref, cfg.time_scale) == pytest.approx(0.02)
+    cost = bench.control_cost_pct(zero, ref, cfg.time_scale)
+    assert cost is not None  # give or take 10 ms + 10 ms over 10 s
+    assert cost.value == pytest.approx(0.02) and cost.spread == pytest.approx(0.2)
     assert bench.control_cost_pct(full, ref, cfg.time_scale) is None
-    # (302 - 2) ms over a scaled δ of 100 ms: 3 delays paid per iteration; Opus: 4 s / 1 s
-    assert result.exposed_delays(full) == pytest.approx(3.0)
-    assert result.opus_exposed_delays(full) == pytest.approx(4.0)
+    # (302 - 2) ms over a scaled δ of 100 ms: 3 delays paid per iteration, give or take the
+    # two half-ranges (10 ms each) over 100 ms; Opus: 4 s / 1 s, its std 0 here
+    paid, opus_paid = result.exposed_delays(full), result.opus_exposed_delays(full)
+    assert paid is not None and opus_paid is not None
+    assert paid.value == pytest.approx(3.0) and paid.spread == pytest.approx(0.2)
+    assert opus_paid.value == pytest.approx(4.0) and opus_paid.spread == 0.0
     assert result.exposed_delays(zero) is None and result.opus_exposed_delays(zero) is None
     text = bench.format_table(result)
     assert "time scale 0.1" in text
     lines = [ln.split() for ln in text.splitlines()]
-    assert any(ln[:2] == ["1000", "on-demand"] and "3.0" in ln and "4.0" in ln for ln in lines)
+    assert any(ln[:2] == ["1000", "on-demand"] and "3.0±0.2" in ln and "4.0±0.0" in ln
+               for ln in lines)
+    assert any(ln[:2] == ["0", "on-demand"] and "+0.02±0.20" in ln for ln in lines)
     doc = bench.result_to_json(result)
     rows = doc["rows"]
-    assert isinstance(rows, list) and rows[1]["exposed_delays_per_iteration"] == 3.0
+    assert isinstance(rows, list)
+    assert rows[1]["exposed_delays_per_iteration"] == {"value": 3.0, "spread": 0.2}
 
 
 @pytest.mark.parametrize(("argv", "message"), [
