@@ -12,7 +12,7 @@ import enum
 import math
 import statistics
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from lightrail.agents.client import ControllerClient
@@ -161,6 +161,10 @@ class BenchConfig:
     phases: str = "runs"
     """``runs``: a run of calls of one kind on one group is one phase (``merge_runs``);
     ``calls``: every call is a phase (the replayer's own granularity)."""
+    calibrate: bool = True
+    """Scale the compute gaps so that the live no-controller iteration matches Opus's
+    measured no-controller mean (``calibrate_gaps``), as ``lightrail evaluate`` calibrates
+    its prediction on that row only."""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.time_scale) and self.time_scale > 0):
@@ -227,6 +231,47 @@ async def no_controller_run(workload: Workload, cfg: BenchConfig) -> LiveRun:
                           _hosts(fabric_section(0.0)), cfg, "opus-no-controller")
     assert isinstance(r, NoControllerReplayer)
     return _live_run(await r.run_alone(), stamps, cfg)
+
+
+def scale_gaps(workload: Workload, factor: float) -> Workload:
+    """``workload`` with every compute gap (before each call, and each rank's tail) times
+    ``factor`` (> 0); sizes and groups unchanged. Raises ``ValueError`` for a factor that is
+    not finite and > 0."""
+    if not (math.isfinite(factor) and factor > 0):
+        raise ValueError(f"factor: must be finite and > 0, got {factor}")
+    return dataclasses.replace(
+        workload,
+        ranks={r: tuple(dataclasses.replace(op, compute_gap_s=op.compute_gap_s * factor)
+                        for op in ops) for r, ops in workload.ranks.items()},
+        tail_gap_s={r: g * factor for r, g in workload.tail_gap_s.items()})
+
+
+CALIBRATION_TOLERANCE = 0.01
+"""Calibration stops once the live no-controller iteration is within 1 % of the target."""
+CALIBRATION_RUNS = 4
+"""At most this many no-controller runs to calibrate (the time is close to affine in the gap
+factor: gaps plus the transfers and waits that do not scale, so a few steps suffice)."""
+
+
+async def calibrate_gaps(workload: Workload, target_s: float, cfg: BenchConfig,
+                         prepare: Callable[[Workload], Workload]) -> tuple[float, LiveRun]:
+    """The factor on ``workload``'s compute gaps that makes its live no-controller iteration
+    (unscaled: median / time scale) ``target_s``, and the reference run at that factor.
+    ``prepare`` turns the scaled workload into what is replayed (e.g. ``merge_runs``). Each
+    step multiplies the factor by target / measured (``CALIBRATION_RUNS``,
+    ``CALIBRATION_TOLERANCE``); the last run is the one returned, so the factor and the run
+    always agree. Raises ``BenchError`` for a target that is not > 0."""
+    if not (math.isfinite(target_s) and target_s > 0):
+        raise BenchError(f"calibration target: must be > 0 s, got {target_s}")
+    factor = 1.0
+    run = await no_controller_run(prepare(workload), cfg)
+    for _ in range(CALIBRATION_RUNS - 1):
+        measured_s = run.median_s / cfg.time_scale
+        if abs(measured_s / target_s - 1) <= CALIBRATION_TOLERANCE:
+            break
+        factor *= target_s / measured_s
+        run = await no_controller_run(prepare(scale_gaps(workload, factor)), cfg)
+    return factor, run
 
 
 @contextlib.asynccontextmanager

@@ -2,11 +2,12 @@
 
 Run: ``.venv/bin/python bench/opus_replay.py [--quick] [--delay-ms 0 10 100 1000]
 [--mode on-demand provisioning] [--time-scale 0.05] [--iterations 6] [--warmup 4]
-[--link-gbps 200] [--devices tl1|emulated] [--json] [FOLDER]`` (``--help`` says what each
-does). A script, not a test (pytest does not collect ``bench/``;
-``tests/e2e/test_opus_replay.py`` runs ``--quick``). The runs themselves (the no-controller
-reference, one replay through the stack, the merging of runs of calls) are in
-``bench/opus_live.py``; this module holds Opus's rows, the table and the command line.
+[--link-gbps 200] [--phases runs|calls] [--no-calibrate] [--devices tl1|emulated] [--json]
+[FOLDER]`` (``--help`` says what each does). A script, not a test (pytest does not collect
+``bench/``; ``tests/e2e/test_opus_replay.py`` runs ``--quick``). The runs themselves (the
+no-controller reference, one replay through the stack, the merging of runs of calls, the
+calibration) are in ``bench/opus_live.py``; this module holds Opus's rows, the table and the
+command line.
 
 What runs (issue 13, section 1, "Live")
 ----------------------------------------
@@ -15,7 +16,16 @@ What runs (issue 13, section 1, "Live")
   ``lightrail.agents.replay.trace.opus``): one training step of every rank, PP and DP phases,
   compute gaps from the timed files, message sizes derived from the model (its assumptions are
   printed). Each call "transfers" for ``nbytes / --link-gbps`` (times the time scale), as the
-  replayer does; TP is inside a host (NVLink) and never reaches the controller.
+  replayer does; TP is inside a host (NVLink) and never reaches the controller. A run of calls
+  of one collective on one group is one phase (``--phases runs``, the default: as Lightrail's
+  PyTorch gate and Opus's shim gate them; the compute between its calls is time under its
+  circuits); ``--phases calls`` makes every call a phase, as ``lightrail replay`` does.
+* Calibration (default; ``--no-calibrate`` to skip): the compute gaps are multiplied by the
+  factor that makes the live no-controller iteration Opus's measured no-controller mean (a few
+  no-controller runs, each step multiplying by target / measured), as ``lightrail evaluate``
+  calibrates its prediction on that row only; the controlled rows are not fitted. The
+  folder's gaps come from the timed files of a ``b24`` run while the CSVs were measured on
+  ``b16`` runs (README), so they do not give Opus's iteration as read.
 * Fabric: a generated rail fabric of 4 hosts x 4 GPUs (Perlmutter: 4 nodes of 4 GPUs; rail g =
   NIC g of every host, one 4 x 4 N x N OCS per rail). Ranks are placed by the replayer's rule:
   rank r on host r // 4, GPU r % 4 (the notebook's ``global rank = N*4 + M``), so each rail
@@ -75,11 +85,13 @@ from opus_live import (
     BenchError,
     LiveRun,
     Mode,
+    calibrate_gaps,
     compute_lower_bound_s,
     controller_run,
     emulated_rails,
     no_controller_run,
     replayed_workload,
+    scale_gaps,
 )
 
 from lightrail.agents.replay.replayer import expand_workload
@@ -161,6 +173,8 @@ class BenchResult:
     opus: LatencyTable
     compute_s: float
     notes: tuple[str, ...]
+    gap_scale: float = 1.0
+    """The calibration factor applied to the workload's compute gaps (1: none)."""
 
     def row(self, delay_ms: float, mode: Mode) -> Row | None:
         """The measured row of (δ, mode), None when not run."""
@@ -238,11 +252,26 @@ async def run_bench(workload: Workload, opus: LatencyTable, cfg: BenchConfig, *,
                     on_row: Callable[[Row], None] | None = None) -> BenchResult:
     """The reference, then every (δ, mode) of ``cfg`` through the stack, on ``etcd_endpoint``
     (a private etcd when None). ``on_row`` sees each row as it is measured. Raises
-    ``BenchError`` naming the run that failed (the cause chained)."""
+    ``BenchError`` naming the run that failed (the cause chained). With ``cfg.calibrate`` the
+    compute gaps are first scaled so that the live no-controller iteration is Opus's
+    (``calibrate_gaps``; the factor is ``BenchResult.gap_scale`` and a note)."""
+    target_s = opus.no_controller.mean_s
+    if cfg.calibrate:
+        factor, reference = await calibrate_gaps(
+            workload, target_s, cfg, lambda w: replayed_workload(w, cfg))
+        workload = scale_gaps(workload, factor)
+    else:
+        factor = 1.0
+        reference = await no_controller_run(replayed_workload(workload, cfg), cfg)
     compute_s = compute_lower_bound_s(workload) * cfg.time_scale
     workload = replayed_workload(workload, cfg)
     _ops, notes = expand_workload(workload)
-    reference = await no_controller_run(workload, cfg)
+    if cfg.calibrate:
+        notes.append(
+            f"calibration (no-controller row only, as lightrail evaluate): compute gaps x "
+            f"{factor:.4f} so that the live no-controller iteration "
+            f"({reference.median_s / cfg.time_scale:.3f} s unscaled) matches Opus's measured "
+            f"mean {target_s:.3f} s; the controlled rows are not fitted")
     rows: list[Row] = []
     async with contextlib.AsyncExitStack() as stack:
         if etcd_endpoint is None:
@@ -252,7 +281,7 @@ async def run_bench(workload: Workload, opus: LatencyTable, cfg: BenchConfig, *,
             rows += await _rows_at(etcd_endpoint, workload, opus, cfg, reference, delay,
                                    on_row)
     return BenchResult(cfg, workload.name, reference, tuple(rows), opus, compute_s,
-                       tuple(notes))
+                       tuple(notes), factor)
 
 
 def _pct(v: float | None) -> str:
@@ -293,11 +322,14 @@ def format_table(result: BenchResult) -> str:
         + ("Polatis TL1 over loopback sockets (lightrail emulate process)"
            if cfg.devices == "tl1" else "the controller's in-process emulated driver"),
         f"no controller: live {ref.median_s:.3f} s [{min(ref.iteration_s):.3f}-"
-        f"{max(ref.iteration_s):.3f}] = {ref.median_s / cfg.time_scale:.2f} s unscaled "
+        f"{max(ref.iteration_s):.3f}] = {ref.median_s / cfg.time_scale:.3f} s unscaled "
         f"(compute lower bound {result.compute_s:.3f} s); Opus {opus_ref.mean_s:.3f} s "
-        f"(mean, {opus_ref.experiment})",
+        f"(mean, {opus_ref.experiment}); "
+        + (f"compute gaps x {result.gap_scale:.4f} (calibrated on that row only)"
+           if cfg.calibrate else "gaps as read (not calibrated)"),
         "",
-        f"{'δ ms':>6} {'mode':<13} {'live s/iter (median [range])':>30} {'live ovh %':>10} "
+        f"{'δ ms':>6} {'mode':<13} {'live s/iter (median [range])':>30} {'÷ scale':>7} "
+        f"{'live ovh %':>10} "
         f"{'added ms':>9} {'ctl-cost %':>11} {'Opus s':>8} {'Opus ovh %':>10} "
         f"{'δ/it':>11} {'Opus δ/it':>11} {'switched':>8} {'prov hit':>8}",
     ]
@@ -308,6 +340,7 @@ def format_table(result: BenchResult) -> str:
         lines.append(
             f"{r.delay_ms:>6g} {r.mode.value:<13} "
             f"{f'{r.live.median_s:.3f} [{min(it):.3f}-{max(it):.3f}]':>30} "
+            f"{r.live.median_s / cfg.time_scale:>7.2f} "
             f"{_pct(r.overhead_pct):>10} {r.added_ms:>9.1f} "
             f"{_pct_est(control_cost_pct(r, ref, cfg.time_scale)):>11} "
             f"{'-' if r.opus is None else f'{r.opus.mean_s:.3f}':>8} "
@@ -316,8 +349,9 @@ def format_table(result: BenchResult) -> str:
             f"{r.live.reconfigurations_per_iter:>8.1f} {hit:>8}")
     lines += [
         "",
-        "live ovh %: live median over the live no-controller median (both on the scaled "
-        "clock). added ms: live median minus that reference, per iteration. ctl-cost % "
+        "÷ scale: the live median in unscaled s (its control-plane part magnified by 1 / "
+        "scale). live ovh %: live median over the live no-controller median (both on the "
+        "scaled clock). added ms: live median minus that reference, per iteration. ctl-cost % "
         "(δ = 0 only): the added ms, which the time scale does not shrink, over the "
         "reference's unscaled iteration (± the two runs' half-ranges over the same); the "
         "like-for-like figure beside Opus's at l_0. Opus "
@@ -364,6 +398,8 @@ def result_to_json(result: BenchResult) -> dict[str, object]:
         "iterations": cfg.iterations,
         "warmup": cfg.warmup,
         "devices": cfg.devices,
+        "gap_scale": round(result.gap_scale, 6),
+        "calibrated": cfg.calibrate,
         "phases": cfg.phases,
         "link_gbps": cfg.link_gbps,
         "compute_lower_bound_s": round(result.compute_s, 6),
@@ -417,6 +453,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="runs: a run of calls of one collective on one group is one phase, "
                         "as the PyTorch gate and Opus's shim gate them (default); calls: "
                         "every call is a phase (lightrail replay's granularity)")
+    p.add_argument("--no-calibrate", dest="calibrate", action="store_false",
+                   help="replay the compute gaps as read; by default they are scaled so that "
+                        "the live no-controller iteration matches Opus's no-controller mean "
+                        "(as lightrail evaluate calibrates; the factor is printed)")
     p.add_argument("--devices", choices=["tl1", "emulated"], default="tl1",
                    help="the emulated rails: a lightrail emulate process over TL1 sockets, or "
                         "the controller's in-process driver (default tl1)")
@@ -440,6 +480,7 @@ def config_from_args(a: argparse.Namespace) -> BenchConfig:
         devices=a.devices,
         link_gbps=a.link_gbps,
         phases=a.phases,
+        calibrate=a.calibrate,
     )
 
 

@@ -44,6 +44,7 @@ async def test_quick_live_table_on_the_16_gpu_pattern(
     assert {(r["delay_ms"], r["mode"]) for r in doc["rows"]} == {
         (d, m.value) for d, m in expected}
     assert result.compute_s > 0
+    assert result.gap_scale > 0 and doc["gap_scale"] > 0  # calibrated on Opus's no-controller
     assert result.reference.median_s > result.compute_s
     by = {(r.delay_ms, r.mode): r for r in result.rows}
     for r in result.rows:

@@ -171,3 +171,21 @@ def test_calls_granularity_replays_the_workload_as_read() -> None:
     assert live.replayed_workload(w, live.BenchConfig(phases="calls")) is w
     with pytest.raises(live.BenchError, match="phases"):
         live.BenchConfig(phases="steps")
+
+
+def test_scale_gaps_scales_compute_only() -> None:
+    g = ProcessGroup.of([0, 1])
+    ops = (CommOp(Collective.ALL_GATHER, g, "dp", 10, 0.5),
+           CommOp(Collective.ALL_GATHER, g, "dp", 10, 0.0))
+    w = Workload("w", SourceFormat.SYNTHETIC, 2, {0: ops, 1: ops}, tail_gap_s={1: 2.0})
+    half = live.scale_gaps(w, 0.5)
+    assert [op.compute_gap_s for op in half.ranks[0]] == [0.25, 0.0]
+    assert [op.nbytes for op in half.ranks[0]] == [10, 10]
+    assert dict(half.tail_gap_s) == {1: 1.0}
+    with pytest.raises(ValueError, match="factor"):
+        live.scale_gaps(w, 0.0)
+
+
+def test_calibration_is_on_unless_refused() -> None:
+    assert bench.config_from_args(bench._parser().parse_args([])).calibrate
+    assert not bench.config_from_args(bench._parser().parse_args(["--no-calibrate"])).calibrate
