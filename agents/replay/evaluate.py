@@ -742,19 +742,19 @@ def _policy_results(
     tail_gap_s: Mapping[int, float],
     static: State,
     fixed: Mapping[Policy, _Tally | None],
-    fabric_name: str,
+    make_fabric: Callable[[float], Fabric],
     delays_ms: Sequence[float],
     step: Callable[[], None],
 ) -> list[PolicyResult]:
     """One ``PolicyResult`` per δ of ``delays_ms`` and ``Policy`` (in that order): the
     policies of ``fixed`` (independent of δ; None: not applicable) take their tally from it, the
-    others run on the built-in fabric ``fabric_name`` with that δ. Overheads in % of the
+    others run on the fabric ``make_fabric(δ in s)`` builds. Overheads in % of the
     ideal-EPS time. ``step()`` is called after each policy run at one δ."""
     ideal_tally = fixed[Policy.IDEAL_EPS]
     assert ideal_tally is not None
     ideal_s = ideal_tally.time_s
     results: list[PolicyResult] = []
-    per_delay = {d: BUILTIN_FABRICS[fabric_name](d / 1e3) for d in delays_ms}
+    per_delay = {d: make_fabric(d / 1e3) for d in delays_ms}
     for d in delays_ms:
         caps = {sid: sw.capabilities for sid, sw in per_delay[d].switches.items()}
         for pol in Policy:
@@ -786,9 +786,12 @@ def evaluation_steps(config: EvaluationConfig) -> int:
 
 
 def evaluate(workload: Workload, config: EvaluationConfig | None = None, *,
-             on_progress: ProgressCallback | None = None) -> Evaluation:
+             on_progress: ProgressCallback | None = None,
+             fabric_factory: Callable[[float], Fabric] | None = None) -> Evaluation:
     """Evaluate ``workload`` under every :class:`Policy` and δ of ``config``;
     ``on_progress(done, total)`` after each policy run (``evaluation_steps``).
+    ``fabric_factory(δ in s)``: the fabric to run on, instead of ``config.fabric``'s built-in
+    one (e.g. a rail fabric of the job's size, ``controller.domain.fabric.rail_fabric``).
 
     Returns an :class:`Evaluation` (times in s, overheads in % of ``ideal_eps``). Raises
     ``EvaluationError`` when the job does not fit the fabric or a phase cannot be planned.
@@ -805,7 +808,9 @@ def evaluate(workload: Workload, config: EvaluationConfig | None = None, *,
 
     started = time.perf_counter()
     fabric_name = cfg.fabric or ("demo-4x2" if workload.world_size <= 8 else "rail-16x8")
-    fabric = BUILTIN_FABRICS[fabric_name](0.0)
+    make_fabric = fabric_factory or BUILTIN_FABRICS[fabric_name]
+    fabric = make_fabric(0.0)
+    fabric_name = fabric.name
     layout = _lay_out(workload, fabric)
     ops, notes = expand_workload(workload)
     longest = max((len(v) for v in ops.values()), default=0)
@@ -844,7 +849,7 @@ def evaluate(workload: Workload, config: EvaluationConfig | None = None, *,
         notes.append("static circuits: some collective cannot reach its peers over the fixed "
                      "circuit set (n/a)")
     results = _policy_results(sim, phases, workload.tail_gap_s, static.state, fixed,
-                              fabric_name, cfg.delays_ms, step)
+                              make_fabric, cfg.delays_ms, step)
 
     rails_used = len({ep.rail for ep in layout.endpoints})
     rep_info = tuple(

@@ -410,6 +410,19 @@ def power_cost_config(args: argparse.Namespace) -> Any:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from lightrail.agents.replay.evaluate import evaluate_main
+    from lightrail.agents.replay.trace.opus import is_opus_folder
+
+    if is_opus_folder(Path(args.workload)) and any(Path(args.workload).glob("*.csv")):
+        from lightrail.agents.replay.opus_compare import opus_evaluate_main
+
+        # an Opus experiment folder (patterns + latency CSVs): measured beside predicted
+        unused = [flag for flag, v in (("--delay-ms", args.delay_ms), ("--fabric", args.fabric),
+                                       ("--max-ops", args.max_ops),
+                                       ("--link-gbps", args.link_gbps),
+                                       ("--alpha-us", args.alpha_us),
+                                       ("--scale-up-gbps", args.scale_up_gbps)) if v is not None]
+        return opus_evaluate_main(Path(args.workload), as_json=args.json,
+                                  out_dir=Path(args.out) if args.out else None, unused=unused)
 
     with progress_display(f"evaluating {Path(args.workload).name}") as bar:
 
@@ -445,7 +458,8 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
     """Register ``lightrail replay``, ``lightrail demo`` and ``lightrail evaluate``."""
     c = subcommands.add_parser("replay",
                                help="replay a recorded trace or workload through a controller")
-    c.add_argument("trace", help="Kineto dir/tarball/JSON, AICB CSV or SimAI text")
+    c.add_argument("trace", help="Kineto dir/tarball/JSON, AICB CSV, SimAI text or an Opus "
+                                 "experiment/pattern folder")
     c.add_argument("--controller", default=None,
                    help="controller host:port, or the replicas' addresses "
                         "HOST:PORT,HOST:PORT,... (the leader answers) (default: start an "
@@ -480,7 +494,10 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
     c = subcommands.add_parser("evaluate",
                                help="iteration time of a workload under five rail policies "
                                     "over reconfiguration delays (analytic, no controller)")
-    c.add_argument("workload", help="Kineto dir/tarball/JSON, AICB CSV or SimAI text")
+    c.add_argument("workload", help="Kineto dir/tarball/JSON, AICB CSV, SimAI text or an Opus "
+                                    "pattern folder; an Opus experiment folder (patterns and "
+                                    "latency CSVs) prints Opus's measured table beside the "
+                                    "prediction")
     c.add_argument("--delay-ms", type=float, nargs="+", default=None,
                    help="reconfiguration delays in ms (default: 0.004 0.1 1 10 25 100)")
     c.add_argument("--out", default=None,

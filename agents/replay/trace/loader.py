@@ -3,6 +3,7 @@
 =========================================  ==============================
 input                                      reader
 =========================================  ==============================
+Opus experiment / pattern folder           :func:`~lightrail.agents.replay.trace.opus.read_opus`
 directory of ``*.json`` / ``*.json.gz``    :func:`~lightrail.agents.replay.trace.kineto.read_kineto`
 ``*.tar.gz`` / ``*.tgz`` / ``*.tar``       :func:`~lightrail.agents.replay.trace.kineto.read_kineto`
 ``*.json`` / ``*.json.gz``                 :func:`~lightrail.agents.replay.trace.kineto.read_kineto`
@@ -20,6 +21,7 @@ from pathlib import Path
 from lightrail.agents.replay.trace.aicb import read_aicb_csv, read_simai
 from lightrail.agents.replay.trace.kineto import read_kineto
 from lightrail.agents.replay.trace.model import TraceError, Workload
+from lightrail.agents.replay.trace.opus import is_opus_folder, read_opus
 
 __all__ = ["load_workload"]
 
@@ -65,6 +67,8 @@ def load_workload(path: Path, *, world_size: int | None = None) -> Workload:
     path = Path(path)
     name = path.name.lower()
     if path.is_dir():
+        if is_opus_folder(path):
+            return read_opus(path).workload()
         return read_kineto(path)
     if not path.is_file():
         raise TraceError(path, "path", str(path), "no such file or directory")

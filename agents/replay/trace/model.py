@@ -81,6 +81,8 @@ class SourceFormat(enum.Enum):
     """AICB physical workload CSV (aliyun/aicb ``workload/physical``), generated, not profiled."""
     SIMAI = "simai"
     """SimAI / ASTRA-sim layer workload text (aliyun/aicb ``workload/simAI``), generated."""
+    OPUS = "opus"
+    """Opus artifact phase patterns (per-rank pattern files, timed files; opusfabric/Opus)."""
     SYNTHETIC = "synthetic"
     """Built in code (tests, benchmarks), not read from any file."""
 
