@@ -38,16 +38,25 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from lightrail.agents.replay.trace.megatron import (
+    Demand,
+    GroupKind,
+    MegatronSchedule,
+    ParallelLayout,
+    RankCoords,
+    expand_per_rank,
+)
 from lightrail.agents.replay.trace.model import (
     MAX_MESSAGE_BYTES,
     MAX_OPS_PER_ITERATION,
     CommOp,
     Direction,
+    ScheduledRanks,
     SourceFormat,
     TraceError,
     Workload,
 )
-from lightrail.controller.domain.model import Collective, ProcessGroup
+from lightrail.controller.domain.model import Collective
 
 __all__ = ["GroupKind", "ParallelLayout", "RankCoords", "read_aicb_csv", "read_simai"]
 
@@ -57,191 +66,14 @@ _REQUIRED_COLUMNS = ("comm_type", "comm_group", "comm_group_size", "msg_size", "
 _NONE_VALUES = frozenset({"", "None", "NONE", "none"})
 
 
-class GroupKind(enum.Enum):
-    """A parallelism dimension's process group, as AICB / SimAI name them."""
-
-    TP = "tp"
-    DP = "dp"
-    PP = "pp"
-    EP = "ep"
-    EP_DP = "ep_dp"
-    """Expert-data-parallel: the DP ranks that hold the same experts (stride ``ep``)."""
-    EP_TP = "ep_tp"
-    """Tensor x expert parallel: the TP ranks of one EP block."""
-    EMBEDDING = "embedding"
-    """First and last pipeline stage of one pipeline (tied embeddings)."""
-    WORLD = "world"
-
-
-@dataclass(frozen=True, slots=True)
-class RankCoords:
-    """Position of a rank along each parallelism dimension (0-based)."""
-
-    tp: int
-    dp: int
-    pp: int
-
-
-@dataclass(frozen=True, slots=True)
-class ParallelLayout:
-    """Megatron rank layout: ``rank = tp_idx + tp * (dp_idx + dp * pp_idx)``.
-
-    ``ep`` must divide ``dp``. Raises ``ValueError`` on degrees < 1 or an ``ep`` that does not
-    divide ``dp``. Source: Megatron-LM ``megatron/core/parallel_state.py``
-    (``initialize_model_parallel``, order tp-dp-pp).
-    """
-
-    tp: int
-    dp: int
-    pp: int
-    ep: int = 1
-
-    def __post_init__(self) -> None:
-        if min(self.tp, self.dp, self.pp, self.ep) < 1:
-            raise ValueError(f"ParallelLayout: degrees must be >= 1: {self}")
-        if self.dp % self.ep:
-            raise ValueError(f"ParallelLayout: ep {self.ep} does not divide dp {self.dp}")
-
-    @property
-    def world_size(self) -> int:
-        """Number of ranks."""
-        return self.tp * self.dp * self.pp
-
-    def rank(self, coords: RankCoords) -> int:
-        """Global rank of a position."""
-        return coords.tp + self.tp * (coords.dp + self.dp * coords.pp)
-
-    def coords(self, rank: int) -> RankCoords:
-        """Position of a global rank; ``ValueError`` outside ``0 .. world_size-1``."""
-        if not 0 <= rank < self.world_size:
-            raise ValueError(f"rank {rank} outside 0..{self.world_size - 1}")
-        return RankCoords(rank % self.tp, (rank // self.tp) % self.dp, rank // (self.tp * self.dp))
-
-    def group_size(self, kind: GroupKind) -> int:
-        """Size of every group of ``kind``."""
-        return {
-            GroupKind.TP: self.tp,
-            GroupKind.DP: self.dp,
-            GroupKind.PP: self.pp,
-            GroupKind.EP: self.ep,
-            GroupKind.EP_DP: self.dp // self.ep,
-            GroupKind.EP_TP: self.tp * self.ep,
-            GroupKind.EMBEDDING: 2 if self.pp > 1 else 1,
-            GroupKind.WORLD: self.world_size,
-        }[kind]
-
-    def group(self, kind: GroupKind, rank: int) -> ProcessGroup:
-        """The group of ``kind`` that contains ``rank``."""
-        c = self.coords(rank)
-        block = c.dp - c.dp % self.ep
-        if kind is GroupKind.TP:
-            members = [RankCoords(t, c.dp, c.pp) for t in range(self.tp)]
-        elif kind is GroupKind.DP:
-            members = [RankCoords(c.tp, d, c.pp) for d in range(self.dp)]
-        elif kind is GroupKind.PP:
-            members = [RankCoords(c.tp, c.dp, p) for p in range(self.pp)]
-        elif kind is GroupKind.EP:
-            members = [RankCoords(c.tp, d, c.pp) for d in range(block, block + self.ep)]
-        elif kind is GroupKind.EP_DP:
-            members = [RankCoords(c.tp, d, c.pp) for d in range(c.dp % self.ep, self.dp, self.ep)]
-        elif kind is GroupKind.EP_TP:
-            blocks = range(block, block + self.ep)
-            members = [RankCoords(t, d, c.pp) for d in blocks for t in range(self.tp)]
-        elif kind is GroupKind.EMBEDDING:
-            members = [RankCoords(c.tp, c.dp, p) for p in sorted({0, self.pp - 1})]
-        else:
-            return ProcessGroup.of(tuple(range(self.world_size)))
-        return ProcessGroup.of(tuple(self.rank(m) for m in members))
-
-    def describe(self) -> str:
-        """The layout as a sentence for ``Workload.assumptions``."""
-        ep = f", ep={self.ep} (consecutive DP blocks)" if self.ep > 1 else ""
-        return (
-            "rank layout: Megatron order, TP fastest, then DP, then PP: "
-            f"rank = tp_idx + {self.tp}*(dp_idx + {self.dp}*pp_idx) "
-            f"(tp={self.tp}, dp={self.dp}, pp={self.pp}{ep})"
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class _Demand:
-    """One collective of the schedule, before expansion to ranks."""
-
-    line: int
-    collective: Collective
-    kind: GroupKind
-    size_bytes: int
-    gap_s: float
-    direction: Direction | None = None
-    peer_step: int = 0
-
-
-# --- shared expansion ---------------------------------------------------------------------------
-
-
-def _op_for(demand: _Demand, group: ProcessGroup, name: str, peer: int | None) -> CommOp:
-    notes: list[str] = []
-    approximate = False
-    nbytes = demand.size_bytes
-    splits: tuple[int, ...] | None = None
-    if demand.collective is Collective.ALL_GATHER:
-        nbytes, rest = divmod(demand.size_bytes, group.size)
-        if rest:
-            nbytes += 1
-            approximate = True
-            notes.append(
-                f"gathered size {demand.size_bytes} B is not a multiple of the group size "
-                f"{group.size}: shard rounded up to {nbytes} B"
-            )
-    elif demand.collective is Collective.ALL_TO_ALL:
-        if demand.size_bytes % group.size == 0:
-            splits = (demand.size_bytes // group.size,) * group.size
-            notes.append("total size only: equal splits, as the generator assumes")
-        else:
-            approximate = True
-            notes.append("total size does not split evenly: per-peer bytes unknown")
-    return CommOp(
-        collective=demand.collective,
-        group=group,
-        group_name=name,
-        nbytes=nbytes,
-        compute_gap_s=demand.gap_s,
-        approximate=approximate,
-        notes=tuple(notes),
-        split_nbytes=splits,
-        direction=demand.direction,
-        peer=peer,
-    )
-
-
-def _expand(
-    demands: Sequence[_Demand], layout: ParallelLayout
-) -> dict[int, tuple[CommOp, ...]]:
-    """Every rank's sequence; ops are shared between the members of one group."""
-    cache: dict[tuple[int, ProcessGroup, int | None], CommOp] = {}
-    ops: dict[int, list[CommOp]] = {rank: [] for rank in range(layout.world_size)}
-    groups: dict[tuple[GroupKind, int], ProcessGroup] = {}
-    for index, demand in enumerate(demands):
-        for rank in range(layout.world_size):
-            key = (demand.kind, rank)
-            group = groups.get(key)
-            if group is None:
-                group = layout.group(demand.kind, rank)
-                for member in group.ranks:
-                    groups[(demand.kind, member)] = group
-            peer: int | None = None
-            if demand.collective is Collective.SEND_RECV:
-                c = layout.coords(rank)
-                stage = c.pp + demand.peer_step
-                if not 0 <= stage < layout.pp:
-                    continue  # first / last pipeline stage: no neighbour on that side
-                peer = layout.rank(RankCoords(c.tp, c.dp, stage))
-            op = cache.get((index, group, peer))
-            if op is None:
-                op = _op_for(demand, group, demand.kind.value, peer)
-                cache[(index, group, peer)] = op
-            ops[rank].append(op)
-    return {rank: tuple(seq) for rank, seq in ops.items()}
+def _ranks(demands: Sequence[Demand], layout: ParallelLayout) -> Mapping[int, tuple[CommOp, ...]]:
+    """``Workload.ranks`` of ``demands`` over ``layout``: by class of ranks
+    (:class:`MegatronSchedule`: nothing stored per rank), or every rank's sequence where a
+    demand's group would not hold its ranks (``Workload`` then refuses it, as it always has)."""
+    try:
+        return ScheduledRanks(MegatronSchedule(demands, layout))
+    except ValueError:
+        return expand_per_rank(demands, layout)
 
 
 # --- AICB CSV -----------------------------------------------------------------------------------
@@ -490,7 +322,7 @@ def read_aicb_csv(path: Path) -> Workload:
     layout = _infer_layout(path, world, rows, assumptions)
     assumptions.append(layout.describe())
     label, body = _iteration_rows(path, rows, assumptions)
-    demands: list[_Demand] = []
+    demands: list[Demand] = []
     skipped: dict[str, int] = {}
     for row in body:
         if row.comm_type not in _AICB_COLLECTIVES:
@@ -509,7 +341,7 @@ def read_aicb_csv(path: Path) -> Workload:
             if direction is not expected:
                 raise TraceError(path, "additional", row.additional,
                                  f"contradicts comm_type {row.comm_type}", line=row.line)
-        demand = _Demand(row.line, _AICB_COLLECTIVES[row.comm_type], row.group, row.msg_size,
+        demand = Demand(row.line, _AICB_COLLECTIVES[row.comm_type], row.group, row.msg_size,
                          0.0, direction, step)
         demands.extend([demand] * row.count)
         if len(demands) > MAX_OPS_PER_ITERATION:
@@ -529,7 +361,7 @@ def read_aicb_csv(path: Path) -> Workload:
         name=path.name,
         source_format=SourceFormat.AICB_CSV,
         world_size=layout.world_size,
-        ranks=_expand(demands, layout),
+        ranks=_ranks(demands, layout),
         assumptions=tuple(assumptions),
         iteration=label,
     )
@@ -611,12 +443,27 @@ def _simai_slot(source: Path, line: int, fields: Sequence[str], at: int, which: 
     return _Slot(compute, collective, kind, size)
 
 
-def _simai_layers(source: Path, lines: Sequence[str]) -> list[_Layer]:
-    if len(lines) < 2:
+def _stream_lines(source: Path) -> Iterator[str]:
+    """The lines of ``source`` one at a time, split as ``str.splitlines`` splits the whole text
+    (so line numbers match a whole-file read). Raises ``TraceError`` for text that is not
+    UTF-8, ``OSError`` when the file cannot be opened."""
+    with source.open(encoding="utf-8") as f:
+        try:
+            for raw in f:
+                yield from raw.splitlines() or [""]
+        except UnicodeDecodeError as exc:
+            raise TraceError(source, "<file>", str(exc)[:60], "not UTF-8 text") from exc
+
+
+def _simai_layers(source: Path, lines: Iterator[str]) -> list[_Layer]:
+    """The layer lines after the header (``lines`` is past line 1): line 2 the layer count,
+    then one layer per non-blank line."""
+    second = next(lines, None)
+    if second is None:
         raise TraceError(source, "layer count", None, "missing second line", line=2)
-    count = _csv_int(source, 2, "layer count", lines[1], minimum=0)
+    count = _csv_int(source, 2, "layer count", second, minimum=0)
     layers: list[_Layer] = []
-    for offset, text in enumerate(lines[2:]):
+    for offset, text in enumerate(lines):
         line = 3 + offset
         fields = text.split()
         if not fields:
@@ -658,10 +505,11 @@ def read_simai(path: Path, *, world_size: int | None = None) -> Workload:
     inconsistent degrees.
     """
     path = Path(path)
-    lines = _read_lines(path)
-    if not lines:
+    lines = _stream_lines(path)
+    first = next(lines, None)
+    if first is None:
         raise TraceError(path, "workload type", "", "empty file", line=1)
-    policy, params = _simai_header(path, lines[0])
+    policy, params = _simai_header(path, first)
     header_world = params.get("all_gpus")
     if header_world is not None and world_size is not None and header_world != world_size:
         raise TraceError(path, "all_gpus", header_world, f"but world_size={world_size} was given",
@@ -681,13 +529,13 @@ def read_simai(path: Path, *, world_size: int | None = None) -> Workload:
     except ValueError as exc:
         raise TraceError(path, "ep", ep, str(exc), line=1) from exc
     layers = _simai_layers(path, lines)
-    demands: list[_Demand] = []
+    demands: list[Demand] = []
     pending_ns = 0
     for layer, slot in _simai_order(layers):
         pending_ns += slot.compute_ns
         if slot.collective is None:
             continue
-        demands.append(_Demand(layer.line, slot.collective, slot.kind, slot.size_bytes,
+        demands.append(Demand(layer.line, slot.collective, slot.kind, slot.size_bytes,
                                pending_ns * _NS))
         pending_ns = 0
     assumptions = [
@@ -708,13 +556,17 @@ def read_simai(path: Path, *, world_size: int | None = None) -> Workload:
         assumptions.append(f"header without pp/all_gpus (older AICB): pp={pp}, world={world}")
     if any(d.collective is Collective.BROADCAST for d in demands):
         assumptions.append("BROADCAST layers are kept (SimAI itself ignores them)")
-    ops = _expand(demands, layout)
-    tails = {rank: pending_ns * _NS for rank in ops}
+    if pp > 1:
+        assumptions.append(
+            f"pp={pp}: every pipeline stage runs every layer line of the file; the pipeline "
+            f"send/recv between stages (header pp_comm: {params.get('pp_comm', 0)} B) is not "
+            "modelled")
+    tails = dict.fromkeys(range(layout.world_size), pending_ns * _NS)
     return Workload(
         name=path.name,
         source_format=SourceFormat.SIMAI,
         world_size=layout.world_size,
-        ranks=ops,
+        ranks=_ranks(demands, layout),
         assumptions=tuple(assumptions),
         iteration="one iteration (the whole file)",
         tail_gap_s=tails,

@@ -1,0 +1,332 @@
+"""The Megatron rank layout and a generated schedule expanded over it, by class of ranks.
+
+AICB and SimAI workloads (``lightrail.agents.replay.trace.aicb``) are one schedule every rank
+runs on its own process groups. :class:`ParallelLayout` places ranks as Megatron-LM does (TP
+fastest, then DP, then PP; expert groups inside DP), :class:`Demand` is one collective of the
+schedule, and :class:`MegatronSchedule` gives any rank's sequence on demand and the classes of
+ranks that run alike (pipeline stages with the same send/recv neighbours), so a job of 9,216
+ranks is never materialized rank by rank (``lightrail.agents.replay.trace.model.RankSchedule``).
+
+Source of the layout: Megatron-LM ``megatron/core/parallel_state.py``
+(``initialize_model_parallel``, order tp-dp-pp; expert-parallel groups as consecutive blocks of
+``ep`` DP ranks, expert-data-parallel groups as strides of ``ep``).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from lightrail.agents.replay.trace.model import CommOp, Direction, RankSchedule
+from lightrail.controller.domain.model import Collective, ProcessGroup
+
+__all__ = ["Demand", "GroupKind", "MegatronSchedule", "ParallelLayout", "RankCoords",
+           "expand_per_rank", "op_for"]
+
+
+class GroupKind(enum.Enum):
+    """A parallelism dimension's process group, as AICB / SimAI name them."""
+
+    TP = "tp"
+    DP = "dp"
+    PP = "pp"
+    EP = "ep"
+    EP_DP = "ep_dp"
+    """Expert-data-parallel: the DP ranks that hold the same experts (stride ``ep``)."""
+    EP_TP = "ep_tp"
+    """Tensor x expert parallel: the TP ranks of one EP block."""
+    EMBEDDING = "embedding"
+    """First and last pipeline stage of one pipeline (tied embeddings)."""
+    WORLD = "world"
+
+
+@dataclass(frozen=True, slots=True)
+class RankCoords:
+    """Position of a rank along each parallelism dimension (0-based)."""
+
+    tp: int
+    dp: int
+    pp: int
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelLayout:
+    """Megatron rank layout: ``rank = tp_idx + tp * (dp_idx + dp * pp_idx)``.
+
+    ``ep`` must divide ``dp``. Raises ``ValueError`` on degrees < 1 or an ``ep`` that does not
+    divide ``dp``. Source: Megatron-LM ``megatron/core/parallel_state.py``
+    (``initialize_model_parallel``, order tp-dp-pp).
+    """
+
+    tp: int
+    dp: int
+    pp: int
+    ep: int = 1
+
+    def __post_init__(self) -> None:
+        if min(self.tp, self.dp, self.pp, self.ep) < 1:
+            raise ValueError(f"ParallelLayout: degrees must be >= 1: {self}")
+        if self.dp % self.ep:
+            raise ValueError(f"ParallelLayout: ep {self.ep} does not divide dp {self.dp}")
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks."""
+        return self.tp * self.dp * self.pp
+
+    def rank(self, coords: RankCoords) -> int:
+        """Global rank of a position."""
+        return coords.tp + self.tp * (coords.dp + self.dp * coords.pp)
+
+    def coords(self, rank: int) -> RankCoords:
+        """Position of a global rank; ``ValueError`` outside ``0 .. world_size-1``."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} outside 0..{self.world_size - 1}")
+        return RankCoords(rank % self.tp, (rank // self.tp) % self.dp, rank // (self.tp * self.dp))
+
+    def group_size(self, kind: GroupKind) -> int:
+        """Size of every group of ``kind``."""
+        return {
+            GroupKind.TP: self.tp,
+            GroupKind.DP: self.dp,
+            GroupKind.PP: self.pp,
+            GroupKind.EP: self.ep,
+            GroupKind.EP_DP: self.dp // self.ep,
+            GroupKind.EP_TP: self.tp * self.ep,
+            GroupKind.EMBEDDING: 2 if self.pp > 1 else 1,
+            GroupKind.WORLD: self.world_size,
+        }[kind]
+
+    def group(self, kind: GroupKind, rank: int) -> ProcessGroup:
+        """The group of ``kind`` that contains ``rank``."""
+        c = self.coords(rank)
+        block = c.dp - c.dp % self.ep
+        if kind is GroupKind.TP:
+            members = [RankCoords(t, c.dp, c.pp) for t in range(self.tp)]
+        elif kind is GroupKind.DP:
+            members = [RankCoords(c.tp, d, c.pp) for d in range(self.dp)]
+        elif kind is GroupKind.PP:
+            members = [RankCoords(c.tp, c.dp, p) for p in range(self.pp)]
+        elif kind is GroupKind.EP:
+            members = [RankCoords(c.tp, d, c.pp) for d in range(block, block + self.ep)]
+        elif kind is GroupKind.EP_DP:
+            members = [RankCoords(c.tp, d, c.pp) for d in range(c.dp % self.ep, self.dp, self.ep)]
+        elif kind is GroupKind.EP_TP:
+            blocks = range(block, block + self.ep)
+            members = [RankCoords(t, d, c.pp) for d in blocks for t in range(self.tp)]
+        elif kind is GroupKind.EMBEDDING:
+            members = [RankCoords(c.tp, c.dp, p) for p in sorted({0, self.pp - 1})]
+        else:
+            return ProcessGroup.of(tuple(range(self.world_size)))
+        return ProcessGroup.of(tuple(self.rank(m) for m in members))
+
+    def stage_groups(self, kind: GroupKind, stage: int) -> tuple[ProcessGroup, ...]:
+        """The distinct groups of ``kind`` that hold a rank of pipeline stage ``stage``, in
+        order of their lowest such rank (``ValueError`` for a stage outside ``0 .. pp-1``). A
+        TP group of stage 0 is ``group(TP, r)`` for some ``r`` of that stage; a PP group spans
+        every stage."""
+        if not 0 <= stage < self.pp:
+            raise ValueError(f"stage {stage} outside 0..{self.pp - 1}")
+        per_stage = self.tp * self.dp
+        seen: set[int] = set()
+        out: list[ProcessGroup] = []
+        for rank in range(stage * per_stage, (stage + 1) * per_stage):
+            if rank in seen:
+                continue
+            group = self.group(kind, rank)
+            seen.update(group.ranks)
+            out.append(group)
+        return tuple(out)
+
+    def describe(self) -> str:
+        """The layout as a sentence for ``Workload.assumptions``."""
+        ep = f", ep={self.ep} (consecutive DP blocks)" if self.ep > 1 else ""
+        return (
+            "rank layout: Megatron order, TP fastest, then DP, then PP: "
+            f"rank = tp_idx + {self.tp}*(dp_idx + {self.dp}*pp_idx) "
+            f"(tp={self.tp}, dp={self.dp}, pp={self.pp}{ep})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """One collective of the schedule, before expansion to ranks: from ``line`` of the source,
+    ``collective`` on each rank's group of ``kind``, ``size_bytes`` in the generator's
+    convention (the whole buffer: see ``lightrail.agents.replay.trace.aicb``), ``gap_s`` of
+    compute before it; send/recv only: ``direction`` and ``peer_step``, the pipeline stage of
+    the peer relative to the rank's (+1 next, -1 previous)."""
+
+    line: int
+    collective: Collective
+    kind: GroupKind
+    size_bytes: int
+    gap_s: float
+    direction: Direction | None = None
+    peer_step: int = 0
+
+
+def op_for(demand: Demand, group: ProcessGroup, name: str, peer: int | None) -> CommOp:
+    """The :class:`CommOp` of ``demand`` on ``group`` (labelled ``name``), with ``peer`` for a
+    send/recv: an all-gather's bytes become this rank's shard (rounded up, and marked
+    approximate, when the size does not divide), an all-to-all's become equal splits when they
+    divide."""
+    notes: list[str] = []
+    approximate = False
+    nbytes = demand.size_bytes
+    splits: tuple[int, ...] | None = None
+    if demand.collective is Collective.ALL_GATHER:
+        nbytes, rest = divmod(demand.size_bytes, group.size)
+        if rest:
+            nbytes += 1
+            approximate = True
+            notes.append(
+                f"gathered size {demand.size_bytes} B is not a multiple of the group size "
+                f"{group.size}: shard rounded up to {nbytes} B"
+            )
+    elif demand.collective is Collective.ALL_TO_ALL:
+        if demand.size_bytes % group.size == 0:
+            splits = (demand.size_bytes // group.size,) * group.size
+            notes.append("total size only: equal splits, as the generator assumes")
+        else:
+            approximate = True
+            notes.append("total size does not split evenly: per-peer bytes unknown")
+    return CommOp(
+        collective=demand.collective,
+        group=group,
+        group_name=name,
+        nbytes=nbytes,
+        compute_gap_s=demand.gap_s,
+        approximate=approximate,
+        notes=tuple(notes),
+        split_nbytes=splits,
+        direction=demand.direction,
+        peer=peer,
+    )
+
+
+def expand_per_rank(
+    demands: Sequence[Demand], layout: ParallelLayout
+) -> dict[int, tuple[CommOp, ...]]:
+    """Every rank's sequence, materialized (the per-rank form :class:`MegatronSchedule`
+    computes on demand); ops are shared between the members of one group."""
+    cache: dict[tuple[int, ProcessGroup, int | None], CommOp] = {}
+    ops: dict[int, list[CommOp]] = {rank: [] for rank in range(layout.world_size)}
+    groups: dict[tuple[GroupKind, int], ProcessGroup] = {}
+    for index, demand in enumerate(demands):
+        for rank in range(layout.world_size):
+            key = (demand.kind, rank)
+            group = groups.get(key)
+            if group is None:
+                group = layout.group(demand.kind, rank)
+                for member in group.ranks:
+                    groups[(demand.kind, member)] = group
+            peer: int | None = None
+            if demand.collective is Collective.SEND_RECV:
+                c = layout.coords(rank)
+                stage = c.pp + demand.peer_step
+                if not 0 <= stage < layout.pp:
+                    continue  # first / last pipeline stage: no neighbour on that side
+                peer = layout.rank(RankCoords(c.tp, c.dp, stage))
+            op = cache.get((index, group, peer))
+            if op is None:
+                op = op_for(demand, group, demand.kind.value, peer)
+                cache[(index, group, peer)] = op
+            ops[rank].append(op)
+    return {rank: tuple(seq) for rank, seq in ops.items()}
+
+
+class MegatronSchedule(RankSchedule):
+    """``demands`` run by every rank of ``layout`` on its own groups, by class of ranks.
+
+    Rank ``r``'s sequence is every demand in order, on ``layout.group(kind, r)``; a send/recv
+    whose peer stage (``stage + peer_step``) is outside the pipeline is left out (first and last
+    stage), so pipeline stages with the same neighbours form one block. Nothing is stored per
+    rank: groups are made when a rank or a stage asks for them (and kept, a few thousand at
+    most for 9,216 ranks). ``ValueError`` when a demand's group would not hold the ranks that
+    issue it (an embedding group with more than two pipeline stages: the middle stages are not
+    in it); :func:`expand_per_rank` gives the per-rank form then.
+    """
+
+    def __init__(self, demands: Sequence[Demand], layout: ParallelLayout) -> None:
+        if layout.pp > 2 and any(d.kind is GroupKind.EMBEDDING for d in demands):
+            raise ValueError("MegatronSchedule: an embedding group over more than 2 stages does "
+                             "not hold the middle stages")
+        self.world_size = layout.world_size
+        self._demands = tuple(demands)
+        self._layout = layout
+        present = [self._present(stage) for stage in range(layout.pp)]
+        per_stage = layout.tp * layout.dp
+        blocks: list[range] = []
+        self._block_demands: list[tuple[int, ...]] = []
+        self._block_stages: list[range] = []
+        first = 0
+        for stage in range(1, layout.pp + 1):
+            if stage == layout.pp or present[stage] != present[first]:
+                blocks.append(range(first * per_stage, stage * per_stage))
+                self._block_demands.append(present[first])
+                self._block_stages.append(range(first, stage))
+                first = stage
+        self._blocks = tuple(blocks)
+        self._groups: dict[tuple[GroupKind, int], ProcessGroup] = {}
+        self._stage_groups: dict[tuple[GroupKind, int], tuple[ProcessGroup, ...]] = {}
+        self._at: dict[tuple[int, GroupKind], frozenset[ProcessGroup]] = {}
+
+    def _present(self, stage: int) -> tuple[int, ...]:
+        """Indices of the demands a rank of pipeline ``stage`` issues."""
+        return tuple(i for i, d in enumerate(self._demands)
+                     if d.collective is not Collective.SEND_RECV
+                     or 0 <= stage + d.peer_step < self._layout.pp)
+
+    def _group(self, kind: GroupKind, rank: int) -> ProcessGroup:
+        group = self._groups.get((kind, rank))
+        if group is None:
+            group = self._layout.group(kind, rank)
+            for member in group.ranks:
+                self._groups[(kind, member)] = group
+        return group
+
+    def ops_of(self, rank: int) -> tuple[CommOp, ...]:
+        """``rank``'s sequence, as :func:`expand_per_rank` gives it (``KeyError`` outside the
+        world)."""
+        if not 0 <= rank < self.world_size:
+            raise KeyError(rank)
+        layout = self._layout
+        c = layout.coords(rank)
+        ops: list[CommOp] = []
+        for index in self._block_demands[self._block_index(c.pp)]:
+            demand = self._demands[index]
+            peer: int | None = None
+            if demand.collective is Collective.SEND_RECV:
+                peer = layout.rank(RankCoords(c.tp, c.dp, c.pp + demand.peer_step))
+            ops.append(op_for(demand, self._group(demand.kind, rank), demand.kind.value, peer))
+        return tuple(ops)
+
+    def _block_index(self, stage: int) -> int:
+        for i, stages in enumerate(self._block_stages):
+            if stage in stages:
+                return i
+        raise KeyError(stage)  # pragma: no cover - blocks cover every stage
+
+    def blocks(self) -> tuple[range, ...]:
+        """Runs of consecutive pipeline stages with the same send/recv neighbours: one block
+        without pipeline send/recv, else first stage, middle stages, last stage."""
+        return self._blocks
+
+    def groups_at(self, block: int, index: int) -> frozenset[ProcessGroup]:
+        """Every group of op ``index``'s kind over the block's stages (``IndexError`` past the
+        block's sequence)."""
+        kind = self._demands[self._block_demands[block][index]].kind
+        key = (block, kind)
+        groups = self._at.get(key)
+        if groups is None:
+            found: set[ProcessGroup] = set()
+            for stage in self._block_stages[block]:
+                sg = self._stage_groups.get((kind, stage))
+                if sg is None:
+                    sg = self._layout.stage_groups(kind, stage)
+                    self._stage_groups[(kind, stage)] = sg
+                found.update(sg)
+            groups = frozenset(found)
+            self._at[key] = groups
+        return groups
