@@ -32,6 +32,12 @@ from lightrail.controller.cli.common import (
     shared_data_dir,
 )
 from lightrail.controller.cli.progress import progress_display
+from lightrail.controller.domain.fabric import (
+    BUILTIN_FABRICS,
+    FabricError,
+    rail_shape,
+    rail_shape_for,
+)
 from lightrail.controller.logs import configure_logging
 from lightrail.v1 import operator_pb2, operator_pb2_grpc
 
@@ -187,10 +193,12 @@ async def replay_main(
     err = make_console(stderr=True)
     try:
         workload = load_workload(trace)
-    except (TraceError, OSError) as exc:
-        err.print(f"lightrail replay: {exc}")
+        fabric_name = fabric or ("demo-4x2" if workload.world_size <= 8 else "rail-16x8")
+        if controller is None:
+            _check_embedded_fabric(workload.world_size, fabric_name)
+    except (TraceError, OSError, FabricError, _TooSmall) as exc:
+        err.print(f"lightrail replay: {exc}", markup=False, highlight=False, soft_wrap=True)
         return 2
-    fabric_name = fabric or ("demo-4x2" if workload.world_size <= 8 else "rail-16x8")
 
     async def run(target: str, shown_as: str, tls: ClientTls | None = None) -> int:
         """Replay against the controller at ``target`` (TLS with ``tls``); the summary names
@@ -206,7 +214,8 @@ async def replay_main(
                                 iterations=iterations,
                                 time_scale=time_scale, max_ops=max_ops, tls=tls)
         except ReplayError as exc:
-            err.print(f"lightrail replay: {exc}")
+            err.print(_replayer_error(exc, served.name, shown_as, external=controller is not None),
+                      markup=False, highlight=False, soft_wrap=True)
             return 2
         reached = asyncio.Event()
         with progress_display(f"replaying {trace.name}", iterations, console=err,
@@ -248,6 +257,49 @@ async def replay_main(
                                   delay_ms=delay_ms, devices=devices,
                                   err=err if progress and not as_json and err.is_terminal
                                   else None, mqtt=mqtt)
+
+
+def _fit_hint(world_size: int, *, external: bool) -> str:
+    """Which rail fabric holds ``world_size`` ranks and how to ask for it: ``--fabric
+    rail:HOSTSxGPUS`` (``rail_shape_for``) on the embedded controller; with an ``external``
+    controller, that its fabric must be as large, or the embedded one with that option."""
+    try:
+        fit = rail_shape_for(world_size)
+    except FabricError as exc:
+        return f"no rail fabric fits: {exc}"
+    size = f"{fit.hosts} hosts x {fit.gpus_per_host} GPUs = {fit.gpus}"
+    if external:
+        return (f"replay against a controller whose fabric has at least {world_size} GPUs, "
+                f"or without --controller with --fabric {fit.option} ({size}) for an "
+                "embedded one that fits")
+    return f"a fabric that fits: --fabric {fit.option} ({size})"
+
+
+def _replayer_error(exc: Exception, fabric: str, shown_as: str, *, external: bool) -> str:
+    """The line for a ``ReplayError`` of building the replay on ``fabric`` (served at
+    ``shown_as``): a job larger than the fabric says which fabric would fit and how to ask
+    for it."""
+    from lightrail.agents.replay.replayer import FabricTooSmall
+
+    if not isinstance(exc, FabricTooSmall):
+        return f"lightrail replay: {exc}"
+    where = f"fabric {fabric} of the controller at {shown_as}" if external else f"fabric {fabric}"
+    return f"lightrail replay: {exc} ({where}); {_fit_hint(exc.world_size, external=external)}"
+
+
+class _TooSmall(ValueError):
+    """The embedded fabric has fewer GPUs than the job has ranks (the message says which
+    fabric would fit and how to ask for it)."""
+
+
+def _check_embedded_fabric(world_size: int, fabric: str) -> None:
+    """Raise ``_TooSmall`` when the embedded fabric ``fabric`` (a built-in name or
+    ``rail:HOSTSxGPUS``) has fewer GPUs than the job has ranks; before anything starts."""
+    shape = rail_shape(fabric)
+    if world_size > shape.gpus:
+        raise _TooSmall(f"job has {world_size} ranks but fabric {shape.name} offers "
+                        f"{shape.hosts} hosts x {shape.gpus_per_host} GPUs = {shape.gpus}; "
+                        f"{_fit_hint(world_size, external=False)}")
 
 
 def _print_failovers(err: Console, replayer: Replayer) -> None:
@@ -320,6 +372,35 @@ async def _replay_embedded(
                 err.print(f"events over gRPC: lightrail events --follow --controller "
                           f"{child.grpc_target}", markup=False, highlight=False)
             return await run(child.grpc_target, fabric_name)
+
+
+class FabricChoices(tuple[str, ...]):
+    """``--fabric``'s choices: the built-in names (what completion offers), and every valid
+    ``rail:HOSTSxGPUS`` (``fabric_option`` has checked the value by then)."""
+
+    def __contains__(self, value: object) -> bool:
+        if not isinstance(value, str):
+            return False
+        try:
+            rail_shape(value)
+        except FabricError:
+            return False
+        return True
+
+
+def fabric_option(text: str) -> str:
+    """argparse type of ``--fabric``: a built-in fabric name or ``rail:HOSTSxGPUS`` (e.g.
+    ``rail:1152x8``), returned as given. Raises ``argparse.ArgumentTypeError`` naming the value
+    and what is wrong (argparse adds the option: ``argument --fabric: ...``)."""
+    try:
+        rail_shape(text)
+    except FabricError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _fabric_choices() -> FabricChoices:
+    return FabricChoices(BUILTIN_FABRICS)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -451,8 +532,10 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
                         "HOST:PORT,HOST:PORT,... (the leader answers) (default: start an "
                         "embedded one)")
     add_tls_arguments(c)
-    c.add_argument("--fabric", choices=["demo-4x2", "rail-16x8"], default=None,
-                   help="embedded fabric (default: by world size)")
+    c.add_argument("--fabric", type=fabric_option, choices=_fabric_choices(), default=None,
+                   metavar="FABRIC",
+                   help="embedded fabric: demo-4x2, rail-16x8 or rail:HOSTSxGPUS (e.g. "
+                        "rail:32x8) (default: demo-4x2 up to 8 ranks, else rail-16x8)")
     c.add_argument("--job-id", default="replay", help="job id to register (default replay)")
     c.add_argument("--json", action="store_true", help="print the summary as JSON")
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -485,8 +568,11 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
                    help="reconfiguration delays in ms (default: 0.004 0.1 1 10 25 100)")
     c.add_argument("--out", default=None,
                    help="directory for evaluation.csv, evaluation.json, overhead_vs_delay.png")
-    c.add_argument("--fabric", choices=["demo-4x2", "rail-16x8"], default=None,
-                   help="built-in fabric (default: by world size)")
+    c.add_argument("--fabric", type=fabric_option, choices=_fabric_choices(), default=None,
+                   metavar="FABRIC",
+                   help="rail fabric: demo-4x2, rail-16x8 or rail:HOSTSxGPUS (e.g. "
+                        "rail:1152x8) (default: demo-4x2 up to 8 ranks, rail-16x8 up to 128, "
+                        "else sized from the job with 8 GPUs per host)")
     c.add_argument("--max-ops", type=int, default=None,
                    help="evaluate only the first N collectives of each rank's iteration")
     c.add_argument("--link-gbps", type=float, default=None, help="rail link Gb/s (default 100)")
