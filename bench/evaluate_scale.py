@@ -4,7 +4,7 @@ rank (every rank's sequence materialized, as before issue 13).
 
 Run: ``.venv/bin/python bench/evaluate_scale.py [--world 9216] [--pp 12] [--per-rank]
 [--json]``. A script, not a test (pytest does not collect ``bench/``); a few seconds by class,
-about ten more with ``--per-rank`` on a 2-core machine.
+up to half a minute more with ``--per-rank`` on a shared 2-core machine.
 
 The workload is the shared Llama-7B SimAI file (``$LIGHTRAIL_DATA`` or ``../shared/data``,
 ``workloads/aicb/L7B-M1-C04_Llama7B_megatron_tp2_pp1_mbs1_A100.txt``, TP 2) under a header for

@@ -325,6 +325,10 @@ class _Simulator:
                    frozenset[CrossConnect]] = field(default_factory=dict)
     _plans: dict[tuple[ProcessGroup, Collective, int], Mapping[str, frozenset[CrossConnect]]] = (
         field(default_factory=dict))
+    _merged: dict[tuple[Collective, frozenset[ProcessGroup]],
+                  tuple[Mapping[str, frozenset[CrossConnect]], ...]] = field(default_factory=dict)
+    """``_step_plans`` by (collective, concurrent groups): a generated schedule runs the same
+    groups at most positions, and merging hundreds of group plans is the costly part."""
 
     def __post_init__(self) -> None:
         for ep in self.fabric.endpoints.values():
@@ -604,6 +608,9 @@ def _step_plans(
     per step, every group's plan merged by switch. An all-to-all has as many steps as its
     largest group needs (a group with fewer steps drops out); any other collective has one.
     Raises ``PlanError``."""
+    cached = sim._merged.get((collective, concurrent))
+    if cached is not None:
+        return cached
     layout = sim.layout
     steps = max(all_to_all_steps(layout, g) for g in concurrent) \
         if collective is Collective.ALL_TO_ALL else 1
@@ -616,6 +623,7 @@ def _step_plans(
             for sid, xcs in sim.group_plan(g, collective, step).items():
                 merged[sid] = merged.get(sid, _EMPTY) | xcs
         plans.append(merged)
+    sim._merged[(collective, concurrent)] = tuple(plans)
     return tuple(plans)
 
 
