@@ -241,9 +241,10 @@ class MegatronSchedule(RankSchedule):
 
     Rank ``r``'s sequence is every demand in order, on ``layout.group(kind, r)``; a send/recv
     whose peer stage (``stage + peer_step``) is outside the pipeline is left out (first and last
-    stage), so pipeline stages with the same neighbours form one block. Nothing is stored per
-    rank: groups are made when a rank or a stage asks for them (and kept, a few thousand at
-    most for 9,216 ranks). ``ValueError`` when a demand's group would not hold the ranks that
+    stage), so pipeline stages with the same neighbours form one block. No sequence is stored:
+    groups are made when a rank or a stage asks for them and kept (each group once, looked up
+    by the ranks asked for), calls are made anew on each ``ops_of``. ``ValueError`` when a
+    demand's group would not hold the ranks that
     issue it (an embedding group with more than two pipeline stages: the middle stages are not
     in it); :func:`expand_per_rank` gives the per-rank form then.
     """
