@@ -282,3 +282,15 @@ def test_replayer_refuses_a_job_larger_than_the_controllers_fabric_before_expand
         Replayer(workload, "127.0.0.1:1", hosts)
     assert (err.value.world_size, err.value.capacity) == (256, 128)
     assert Counting.asked == 0
+
+
+def test_replay_against_a_controller_too_small_points_to_a_fabric_that_fits() -> None:
+    from lightrail.controller.cli.replay import _replayer_error
+
+    line = _replayer_error(FabricTooSmall(256, 16, 8), "rail-16x8", "10.0.0.1:50051",
+                           external=True)
+    assert line == (
+        "lightrail replay: job has 256 ranks but the fabric offers 16 hosts x 8 GPUs = 128 "
+        "(fabric rail-16x8 of the controller at 10.0.0.1:50051); replay against a controller "
+        "whose fabric has at least 256 GPUs, or without --controller with --fabric rail:32x8 "
+        "(32 hosts x 8 GPUs = 256) for an embedded one that fits")
