@@ -6,6 +6,10 @@ fastest, then DP, then PP; expert groups inside DP), :class:`Demand` is one coll
 schedule, and :class:`MegatronSchedule` gives any rank's sequence on demand and the classes of
 ranks that run alike (pipeline stages with the same send/recv neighbours), so a job of 9,216
 ranks is never materialized rank by rank (``lightrail.agents.replay.trace.model.RankSchedule``).
+A pipeline send/recv runs on the pair of a rank and its peer of the next or previous stage
+(``GroupKind.PP_NEXT`` / ``PP_PREV``), and a stage's wait for the pipeline before a demand
+(``idle_s``) is added to that demand's gap, so stages that wait differently are classes of
+their own.
 
 Source of the layout: Megatron-LM ``megatron/core/parallel_state.py``
 (``initialize_model_parallel``, order tp-dp-pp; expert-parallel groups as consecutive blocks of
@@ -14,15 +18,17 @@ Source of the layout: Megatron-LM ``megatron/core/parallel_state.py``
 
 from __future__ import annotations
 
+import dataclasses
 import enum
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from lightrail.agents.replay.trace.model import CommOp, Direction, RankSchedule
+from lightrail.agents.replay.trace.model import CommOp, Direction, RankSchedule, ScheduledRanks
 from lightrail.controller.domain.model import Collective, ProcessGroup
 
 __all__ = ["Demand", "GroupKind", "MegatronSchedule", "ParallelLayout", "RankCoords",
-           "expand_per_rank", "op_for"]
+           "expand_per_rank", "op_for", "schedule_ranks"]
 
 
 class GroupKind(enum.Enum):
@@ -38,7 +44,16 @@ class GroupKind(enum.Enum):
     """Tensor x expert parallel: the TP ranks of one EP block."""
     EMBEDDING = "embedding"
     """First and last pipeline stage of one pipeline (tied embeddings)."""
+    PP_NEXT = "pp_next"
+    """A rank and its peer of the next pipeline stage (same TP and DP coordinates): the pair
+    of one pipeline send/recv (stage s -> s+1 forward, s+1 -> s backward)."""
+    PP_PREV = "pp_prev"
+    """A rank and its peer of the previous pipeline stage: the same pairs seen from s+1."""
     WORLD = "world"
+
+
+_PAIR_STEPS = {GroupKind.PP_NEXT: 1, GroupKind.PP_PREV: -1}
+"""The pipeline pair kinds and the peer stage each holds (relative to the rank's)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,11 +110,15 @@ class ParallelLayout:
             GroupKind.EP_DP: self.dp // self.ep,
             GroupKind.EP_TP: self.tp * self.ep,
             GroupKind.EMBEDDING: 2 if self.pp > 1 else 1,
+            GroupKind.PP_NEXT: 2,
+            GroupKind.PP_PREV: 2,
             GroupKind.WORLD: self.world_size,
         }[kind]
 
     def group(self, kind: GroupKind, rank: int) -> ProcessGroup:
-        """The group of ``kind`` that contains ``rank``."""
+        """The group of ``kind`` that contains ``rank``. ``ValueError`` for a pipeline pair
+        (``PP_NEXT`` / ``PP_PREV``) of a rank of the last / first stage, which has no peer
+        on that side."""
         c = self.coords(rank)
         block = c.dp - c.dp % self.ep
         if kind is GroupKind.TP:
@@ -117,6 +136,12 @@ class ParallelLayout:
             members = [RankCoords(t, d, c.pp) for d in blocks for t in range(self.tp)]
         elif kind is GroupKind.EMBEDDING:
             members = [RankCoords(c.tp, c.dp, p) for p in sorted({0, self.pp - 1})]
+        elif kind in (GroupKind.PP_NEXT, GroupKind.PP_PREV):
+            peer = c.pp + (1 if kind is GroupKind.PP_NEXT else -1)
+            if not 0 <= peer < self.pp:
+                raise ValueError(f"rank {rank} of stage {c.pp} has no {kind.value} peer "
+                                 f"(pp={self.pp})")
+            members = [RankCoords(c.tp, c.dp, p) for p in sorted((c.pp, peer))]
         else:
             return ProcessGroup.of(tuple(range(self.world_size)))
         return ProcessGroup.of(tuple(self.rank(m) for m in members))
@@ -165,6 +190,20 @@ class Demand:
     direction: Direction | None = None
     peer_step: int = 0
 
+    def __post_init__(self) -> None:
+        step = _PAIR_STEPS.get(self.kind)
+        if step is not None and (self.collective is not Collective.SEND_RECV
+                                 or self.peer_step != step):
+            raise ValueError(f"Demand (line {self.line}): a {self.kind.value} group holds a "
+                             f"send/recv with peer_step {step}, got {self.collective.value} "
+                             f"with peer_step {self.peer_step}")
+
+
+def _sharing(kind: GroupKind, group: ProcessGroup, rank: int) -> tuple[int, ...]:
+    """The ranks whose group of ``kind`` is ``group`` (found for ``rank``): every member, but
+    only ``rank`` for a pipeline pair (its peer's pair of the same kind is the next one)."""
+    return (rank,) if kind in _PAIR_STEPS else group.ranks
+
 
 def op_for(demand: Demand, group: ProcessGroup, name: str, peer: int | None) -> CommOp:
     """The :class:`CommOp` of ``demand`` on ``group`` (labelled ``name``), with ``peer`` for a
@@ -205,22 +244,43 @@ def op_for(demand: Demand, group: ProcessGroup, name: str, peer: int | None) -> 
     )
 
 
+def _checked_idle(
+    idle_s: Mapping[int, Sequence[float]], demands: int, pp: int
+) -> dict[int, tuple[float, ...]]:
+    """``idle_s`` checked: demand indices in range, one finite value >= 0 per stage."""
+    out: dict[int, tuple[float, ...]] = {}
+    for index, values in idle_s.items():
+        if not 0 <= index < demands:
+            raise ValueError(f"idle_s: demand index {index} outside 0..{demands - 1}")
+        if len(values) != pp or not all(math.isfinite(v) and v >= 0 for v in values):
+            raise ValueError(f"idle_s[{index}]: expected {pp} finite seconds >= 0 (one per "
+                             f"stage), got {tuple(values)}")
+        out[index] = tuple(float(v) for v in values)
+    return out
+
+
+def _idled(demand: Demand, idle: Mapping[int, Sequence[float]], index: int, stage: int) -> Demand:
+    """``demand`` with the idle time of ``stage`` before it added to its gap."""
+    extra = idle.get(index)
+    if extra is None or not extra[stage]:
+        return demand
+    return dataclasses.replace(demand, gap_s=demand.gap_s + extra[stage])
+
+
 def expand_per_rank(
-    demands: Sequence[Demand], layout: ParallelLayout
+    demands: Sequence[Demand],
+    layout: ParallelLayout,
+    idle_s: Mapping[int, Sequence[float]] | None = None,
 ) -> dict[int, tuple[CommOp, ...]]:
     """Every rank's sequence, materialized (the per-rank form :class:`MegatronSchedule`
-    computes on demand); ops are shared between the members of one group."""
-    cache: dict[tuple[int, ProcessGroup, int | None], CommOp] = {}
+    computes on demand); ops are shared between the members of one group. ``idle_s``: per
+    demand index, seconds each pipeline stage waits before it (added to the gap)."""
+    idle = _checked_idle(idle_s or {}, len(demands), layout.pp)
+    cache: dict[tuple[int, ProcessGroup, int | None, int], CommOp] = {}
     ops: dict[int, list[CommOp]] = {rank: [] for rank in range(layout.world_size)}
     groups: dict[tuple[GroupKind, int], ProcessGroup] = {}
     for index, demand in enumerate(demands):
         for rank in range(layout.world_size):
-            key = (demand.kind, rank)
-            group = groups.get(key)
-            if group is None:
-                group = layout.group(demand.kind, rank)
-                for member in group.ranks:
-                    groups[(demand.kind, member)] = group
             peer: int | None = None
             if demand.collective is Collective.SEND_RECV:
                 c = layout.coords(rank)
@@ -228,10 +288,18 @@ def expand_per_rank(
                 if not 0 <= stage < layout.pp:
                     continue  # first / last pipeline stage: no neighbour on that side
                 peer = layout.rank(RankCoords(c.tp, c.dp, stage))
-            op = cache.get((index, group, peer))
+            key = (demand.kind, rank)
+            group = groups.get(key)
+            if group is None:
+                group = layout.group(demand.kind, rank)
+                for member in _sharing(demand.kind, group, rank):
+                    groups[(demand.kind, member)] = group
+            own_stage = layout.coords(rank).pp
+            op = cache.get((index, group, peer, own_stage))
             if op is None:
-                op = op_for(demand, group, demand.kind.value, peer)
-                cache[(index, group, peer)] = op
+                op = op_for(_idled(demand, idle, index, own_stage), group, demand.kind.value,
+                            peer)
+                cache[(index, group, peer, own_stage)] = op
             ops[rank].append(op)
     return {rank: tuple(seq) for rank, seq in ops.items()}
 
@@ -241,7 +309,10 @@ class MegatronSchedule(RankSchedule):
 
     Rank ``r``'s sequence is every demand in order, on ``layout.group(kind, r)``; a send/recv
     whose peer stage (``stage + peer_step``) is outside the pipeline is left out (first and last
-    stage), so pipeline stages with the same neighbours form one block. No sequence is stored:
+    stage), so pipeline stages with the same neighbours form one block. ``idle_s`` (demand
+    index -> seconds per stage, ``pp`` values each; ``ValueError`` otherwise) adds the time a
+    stage waits for the pipeline before a demand to its gap: stages that wait differently are
+    blocks of their own. No sequence is stored:
     groups are made when a rank or a stage asks for them and kept (each group once, looked up
     by the ranks asked for), calls are made anew on each ``ops_of``. ``ValueError`` when a
     demand's group would not hold the ranks that
@@ -249,14 +320,21 @@ class MegatronSchedule(RankSchedule):
     in it); :func:`expand_per_rank` gives the per-rank form then.
     """
 
-    def __init__(self, demands: Sequence[Demand], layout: ParallelLayout) -> None:
+    def __init__(
+        self,
+        demands: Sequence[Demand],
+        layout: ParallelLayout,
+        idle_s: Mapping[int, Sequence[float]] | None = None,
+    ) -> None:
         if layout.pp > 2 and any(d.kind is GroupKind.EMBEDDING for d in demands):
             raise ValueError("MegatronSchedule: an embedding group over more than 2 stages does "
                              "not hold the middle stages")
         self.world_size = layout.world_size
         self._demands = tuple(demands)
         self._layout = layout
-        present = [self._present(stage) for stage in range(layout.pp)]
+        self._idle = _checked_idle(idle_s or {}, len(self._demands), layout.pp)
+        present = [(self._present(stage), self._stage_idle(stage))
+                   for stage in range(layout.pp)]
         per_stage = layout.tp * layout.dp
         blocks: list[range] = []
         self._block_demands: list[tuple[int, ...]] = []
@@ -265,13 +343,17 @@ class MegatronSchedule(RankSchedule):
         for stage in range(1, layout.pp + 1):
             if stage == layout.pp or present[stage] != present[first]:
                 blocks.append(range(first * per_stage, stage * per_stage))
-                self._block_demands.append(present[first])
+                self._block_demands.append(present[first][0])
                 self._block_stages.append(range(first, stage))
                 first = stage
         self._blocks = tuple(blocks)
         self._groups: dict[tuple[GroupKind, int], ProcessGroup] = {}
         self._stage_groups: dict[tuple[GroupKind, int], tuple[ProcessGroup, ...]] = {}
         self._at: dict[tuple[int, GroupKind], frozenset[ProcessGroup]] = {}
+
+    def _stage_idle(self, stage: int) -> tuple[tuple[int, float], ...]:
+        """The idle seconds ``idle_s`` adds before demands of ``stage`` (index, s; 0 left out)."""
+        return tuple((i, v[stage]) for i, v in sorted(self._idle.items()) if v[stage])
 
     def _present(self, stage: int) -> tuple[int, ...]:
         """Indices of the demands a rank of pipeline ``stage`` issues."""
@@ -283,7 +365,7 @@ class MegatronSchedule(RankSchedule):
         group = self._groups.get((kind, rank))
         if group is None:
             group = self._layout.group(kind, rank)
-            for member in group.ranks:
+            for member in _sharing(kind, group, rank):
                 self._groups[(kind, member)] = group
         return group
 
@@ -296,7 +378,7 @@ class MegatronSchedule(RankSchedule):
         c = layout.coords(rank)
         ops: list[CommOp] = []
         for index in self._block_demands[self._block_index(c.pp)]:
-            demand = self._demands[index]
+            demand = _idled(self._demands[index], self._idle, index, c.pp)
             peer: int | None = None
             if demand.collective is Collective.SEND_RECV:
                 peer = layout.rank(RankCoords(c.tp, c.dp, c.pp + demand.peer_step))
@@ -331,3 +413,18 @@ class MegatronSchedule(RankSchedule):
             groups = frozenset(found)
             self._at[key] = groups
         return groups
+
+
+def schedule_ranks(
+    demands: Sequence[Demand],
+    layout: ParallelLayout,
+    idle_s: Mapping[int, Sequence[float]] | None = None,
+) -> Mapping[int, tuple[CommOp, ...]]:
+    """``Workload.ranks`` of ``demands`` over ``layout`` (``idle_s``: pipeline waits, see
+    :class:`MegatronSchedule`): by class of ranks (nothing stored per rank), or every rank's
+    sequence where a demand's group would not hold its ranks (``Workload`` then refuses it, as
+    it always has)."""
+    try:
+        return ScheduledRanks(MegatronSchedule(demands, layout, idle_s))
+    except ValueError:
+        return expand_per_rank(demands, layout, idle_s)

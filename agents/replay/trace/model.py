@@ -333,3 +333,18 @@ class Workload:
         for op in self.ranks[rank]:
             counts[op.collective] = counts.get(op.collective, 0) + 1
         return MappingProxyType(counts)
+
+
+def int_field(source: str | os.PathLike[str], line: int, column: str, value: str, *, minimum: int,
+              maximum: int | None = None) -> int:
+    """``value`` (field ``column`` of ``source`` at ``line``) as an integer in ``minimum ..
+    maximum``; ``TraceError`` naming the file, line, field and value otherwise."""
+    try:
+        number = int(value.strip())
+    except ValueError:
+        raise TraceError(source, column, value, "not an integer", line=line) from None
+    if number < minimum:
+        raise TraceError(source, column, value, f"must be >= {minimum}", line=line)
+    if maximum is not None and number > maximum:
+        raise TraceError(source, column, value, f"must be <= {maximum}", line=line)
+    return number
