@@ -13,6 +13,7 @@ import pytest
 from lightrail.agents.replay.evaluate import (
     EvaluationConfig,
     EvaluationError,
+    Policy,
     evaluate,
     evaluate_main,
 )
@@ -137,25 +138,68 @@ def test_readers_return_schedules_that_price_as_the_per_rank_sequences(tmp_path:
     same_evaluation(workload, EvaluationConfig(max_ops=2, delays_ms=(10.0,)))
 
 
-def test_scaled_simai_at_1152_gpus_prices_as_the_per_rank_sequences(tmp_path: Path) -> None:
-    source = tmp_path / "l7b_A100.txt"
-    layers = ["\t".join(["attention", "-1", "1000", "ALLREDUCE", "16777216", "2000", "ALLREDUCE",
-                         "16777216", "3000", "NONE", "0", "100"]),
-              "\t".join(["grad", "-1", "1", "NONE", "0", "1", "NONE", "0", "50000",
-                         "REDUCESCATTER", "13509853184", "100"])]
+def _simai_line(name: str, fwd: str, ig: str, wg: str) -> str:
+    return "\t".join([name, "-1", *fwd.split(), *ig.split(), *wg.split(), "100"])
+
+
+def whole_model_simai(tmp_path: Path, blocks: int) -> Path:
+    """A whole-model SimAI file (TP 2, pp 1) in AICB's layout: gradient norms, one microbatch
+    (embedding_layer, ``blocks`` x (attention_layer, mlp_layer), embedding_norm), cross
+    entropy; the grad_norm sizes say 1e6 parameters, the embedding 2 x 1000 / 2 of them."""
+    lines = [_simai_line("grad_norm", "1 ALLGATHER 2000000", "1 NONE 0", "2 REDUCESCATTER 4000000"),
+             _simai_line("layernorm", "1 NONE 0", "1 ALLREDUCE 2000000", "1 NONE 0"),
+             _simai_line("embedding_layer", "10 ALLREDUCE 16777216", "20 ALLREDUCE 16777216",
+                         "30 NONE 0")]
+    for _ in range(blocks):
+        lines.append(_simai_line("attention_layer", "1000 ALLREDUCE 16777216",
+                                 "2000 ALLREDUCE 16777216", "3000 NONE 0"))
+        lines.append(_simai_line("mlp_layer", "500 ALLREDUCE 16777216",
+                                 "600 ALLREDUCE 16777216", "700 NONE 0"))
+    lines += [_simai_line("embedding_norm", "5 ALLREDUCE 1000", "6 NONE 0", "7 NONE 0"),
+              _simai_line("cross_entropy1", "8 ALLREDUCE 8192", "9 NONE 0", "4 NONE 0")]
+    source = tmp_path / "whole_A100.txt"
     source.write_text("\n".join(["HYBRID_TRANSFORMER_FWD_IN_BCKWD\tmodel_parallel_NPU_group: 2 "
-                                 "checkpoints: 0 checkpoint_initiates: 0", "2", *layers]) + "\n")
-    scaled = scale_simai(source, tmp_path / "l7b_1152.txt", world_size=1152, pp=3)
+                                 "checkpoints: 0 checkpoint_initiates: 0", str(len(lines)),
+                                 *lines]) + "\n")
+    return source
+
+
+@pytest.mark.parametrize(("world", "pp"), [(96, 4), (192, 12), (1152, 3)])
+def test_scaled_simai_with_a_pipeline_prices_as_the_per_rank_sequences(
+    tmp_path: Path, world: int, pp: int
+) -> None:
+    scaled = scale_simai(whole_model_simai(tmp_path, 12), tmp_path / f"l_{world}.txt",
+                         world_size=world, pp=pp)
     workload = read_simai(scaled)
     schedule = workload.schedule
-    assert workload.world_size == 1152 and schedule is not None
-    assert any("pp=3" in a and "pp_comm: 16777216 B" in a for a in workload.assumptions)
+    assert workload.world_size == world and schedule is not None
+    assert any(f"pp={pp}: the layer lines are one stage's" in a for a in workload.assumptions)
+    assert any("pp_comm 16777216 B" in a for a in workload.assumptions)
     view = schedule_view(workload, schedule, None)
     reference = per_rank_view(per_rank(workload), None)
-    assert view is not None and reference.groups_at is not None and view.groups_at is not None
-    assert list(view.groups_at) == list(reference.groups_at)
-    assert view.members == reference.members == {0: 1152}
+    assert view is not None
+    assert (view.reps, view.members) == (reference.reps, reference.members)
+    # every stage waits differently for the pipeline: one class per stage
+    assert list(view.members) == [s * world // pp for s in range(pp)]
+    assert view.groups_at is None and reference.groups_at is None  # boundary stages differ
     same_evaluation(workload, EvaluationConfig(delays_ms=(1.0, 100.0)))
+
+
+def test_a_pipeline_makes_the_rails_switch_between_pp_pairs_and_the_dp_ring(
+    tmp_path: Path,
+) -> None:
+    scaled = scale_simai(whole_model_simai(tmp_path, 12), tmp_path / "l_192.txt",
+                         world_size=192, pp=4)
+    result = evaluate(read_simai(scaled), EvaluationConfig(delays_ms=(10.0,)))
+    on_demand = result.result(Policy.ON_DEMAND, 10.0)
+    provisioning = result.result(Policy.PROVISIONING, 10.0)
+    ideal = result.result(Policy.IDEAL_EPS, 10.0)
+    assert on_demand.reconfigurations == provisioning.reconfigurations == 4
+    assert on_demand.exposed_delay_s == pytest.approx(4 * 0.010)
+    assert provisioning.exposed_delay_s < on_demand.exposed_delay_s
+    assert ideal.iteration_s is not None and provisioning.iteration_s is not None
+    assert on_demand.iteration_s is not None
+    assert ideal.iteration_s < provisioning.iteration_s < on_demand.iteration_s
 
 
 def test_scaled_header_follows_aicb_and_checks_its_degrees() -> None:
@@ -175,13 +219,20 @@ def test_scaled_header_follows_aicb_and_checks_its_degrees() -> None:
 def test_the_9216_gpu_simai_workload_is_priced_by_class(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    scaled = scale_simai(SHARED_SIMAI, tmp_path / "l7b_9216.txt", world_size=9216, pp=12)
+    with pytest.raises(ValueError, match="pp: 12 does not divide the 32 transformer layers"):
+        scale_simai(SHARED_SIMAI, tmp_path / "l7b_9216.txt", world_size=9216, pp=12)
+    scaled = scale_simai(SHARED_SIMAI, tmp_path / "l7b_9216.txt", world_size=9216, pp=8)
     assert evaluate_main(scaled, [10.0], None, as_json=True) == 0
     data = json.loads(capsys.readouterr().out)
     assert (data["world_size"], data["fabric"], data["hosts"]) == (9216, "rail-1152x8", 1152)
-    assert data["representatives"] == [
-        {"rank": 0, "ranks": 9216, "ops": 142, "compute_ms": data["representatives"][0][
-            "compute_ms"]}]
+    # one class per stage of 1152 ranks; the first and last lack one neighbour's 2 transfers
+    reps = data["representatives"]
+    assert [(r["rank"], r["ranks"], r["ops"]) for r in reps] == \
+        [(s * 1152, 1152, 32 if s in (0, 7) else 34) for s in range(8)]
+    at10 = {r["policy"]: r for r in data["results"]}
+    assert at10["on_demand"]["reconfigurations_per_iteration"] == 4
+    assert at10["ideal_eps"]["iteration_ms"] < at10["provisioning"]["iteration_ms"] \
+        < at10["on_demand"]["iteration_ms"]
     assert data["load_s"] >= 0 and data["peak_rss_mib"] > 0
     assert evaluate_main(scaled, [10.0], None) == 0
     out = " ".join(capsys.readouterr().out.split())

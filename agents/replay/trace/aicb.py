@@ -1,4 +1,4 @@
-"""AICB workload CSV and SimAI workload text -> :class:`Workload` for every rank.
+"""AICB workload CSV -> :class:`Workload` for every rank.
 
 Both formats come from Alibaba's AICB (github.com/aliyun/aicb) and are *generated from the model*,
 not profiled: one schedule that every rank runs on its own process groups. The readers expand it
@@ -18,62 +18,40 @@ _elapsed_time,algbw,busbw,count``. ``CommType.epoch_end`` rows close the init se
 iteration; the first iteration after init is taken. Rows of ``computation``, ``barrier``,
 ``NONE`` (whatever their size) are not demand and are skipped. No compute times: gaps are 0.
 
-SimAI text (``workload/simAI/model_workload/*.txt``, read by SimAI's
-``astra-sim/workload/Workload.cc``): a first line with the parallelism policy and
-``key: value`` degrees (``model_parallel_NPU_group``, ``ep``, ``pp``, ``all_gpus`` ...), a line
-with the layer count, then per layer: name, dependency, then for the forward, input-gradient and
-weight-gradient passes a compute time in ns, a collective type and a size in bytes, and a final
-update time. Forward and input-gradient collectives run on the TP group, weight-gradient ones on
-the DP group; suffixes ``_EP`` / ``_DP_EP`` select the EP / expert-data-parallel group. The
-iteration is SimAI's order: forward layers 0..L-1, then for layers L-1..0 input gradient then
-weight gradient; compute before a collective is its gap.
+SimAI text, the other AICB output, is read by ``lightrail.agents.replay.trace.simai``.
 """
 
 from __future__ import annotations
 
 import csv
-import enum
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from lightrail.agents.replay.trace.megatron import (
     Demand,
     GroupKind,
-    MegatronSchedule,
     ParallelLayout,
     RankCoords,
-    expand_per_rank,
+    schedule_ranks,
 )
 from lightrail.agents.replay.trace.model import (
     MAX_MESSAGE_BYTES,
     MAX_OPS_PER_ITERATION,
-    CommOp,
     Direction,
-    ScheduledRanks,
     SourceFormat,
     TraceError,
     Workload,
+    int_field,
 )
 from lightrail.controller.domain.model import Collective
 
-__all__ = ["GroupKind", "ParallelLayout", "RankCoords", "read_aicb_csv", "read_simai"]
+__all__ = ["GroupKind", "ParallelLayout", "RankCoords", "read_aicb_csv"]
 
-_NS = 1e-9
 _WORLD_LINE_RE = re.compile(r"^\[\s*rank(\d+)\s*~\s*rank(\d+)\s*\]$")
 _REQUIRED_COLUMNS = ("comm_type", "comm_group", "comm_group_size", "msg_size", "stage")
 _NONE_VALUES = frozenset({"", "None", "NONE", "none"})
-
-
-def _ranks(demands: Sequence[Demand], layout: ParallelLayout) -> Mapping[int, tuple[CommOp, ...]]:
-    """``Workload.ranks`` of ``demands`` over ``layout``: by class of ranks
-    (:class:`MegatronSchedule`: nothing stored per rank), or every rank's sequence where a
-    demand's group would not hold its ranks (``Workload`` then refuses it, as it always has)."""
-    try:
-        return ScheduledRanks(MegatronSchedule(demands, layout))
-    except ValueError:
-        return expand_per_rank(demands, layout)
 
 
 # --- AICB CSV -----------------------------------------------------------------------------------
@@ -120,19 +98,6 @@ class _CsvRow:
     stage: str
     additional: str
     count: int
-
-
-def _csv_int(source: Path, line: int, column: str, value: str, *, minimum: int,
-             maximum: int | None = None) -> int:
-    try:
-        number = int(value.strip())
-    except ValueError:
-        raise TraceError(source, column, value, "not an integer", line=line) from None
-    if number < minimum:
-        raise TraceError(source, column, value, f"must be >= {minimum}", line=line)
-    if maximum is not None and number > maximum:
-        raise TraceError(source, column, value, f"must be <= {maximum}", line=line)
-    return number
 
 
 def _read_lines(source: Path) -> list[str]:
@@ -186,14 +151,14 @@ def _csv_row(source: Path, line: int, cells: Mapping[str, str]) -> _CsvRow:
     raw_size = cells["comm_group_size"].strip()
     group_size = (
         None if raw_size in _NONE_VALUES
-        else _csv_int(source, line, "comm_group_size", raw_size, minimum=1)
+        else int_field(source, line, "comm_group_size", raw_size, minimum=1)
     )
     raw_msg = cells["msg_size"].strip()
-    msg_size = 0 if raw_msg in _NONE_VALUES else _csv_int(
+    msg_size = 0 if raw_msg in _NONE_VALUES else int_field(
         source, line, "msg_size", raw_msg, minimum=0, maximum=MAX_MESSAGE_BYTES
     )
     raw_count = cells.get("count", "").strip()
-    count = 1 if raw_count in _NONE_VALUES else _csv_int(
+    count = 1 if raw_count in _NONE_VALUES else int_field(
         source, line, "count", raw_count, minimum=1, maximum=MAX_OPS_PER_ITERATION
     )
     if comm_type in _AICB_COLLECTIVES:
@@ -361,213 +326,7 @@ def read_aicb_csv(path: Path) -> Workload:
         name=path.name,
         source_format=SourceFormat.AICB_CSV,
         world_size=layout.world_size,
-        ranks=_ranks(demands, layout),
+        ranks=schedule_ranks(demands, layout),
         assumptions=tuple(assumptions),
         iteration=label,
-    )
-
-
-# --- SimAI text ---------------------------------------------------------------------------------
-
-_SIMAI_POLICIES = frozenset({"HYBRID_TRANSFORMER_FWD_IN_BCKWD", "HYBRID_TRANSFORMER"})
-_SIMAI_BASES: Mapping[str, Collective] = {
-    "ALLREDUCE": Collective.ALL_REDUCE,
-    "ALLGATHER": Collective.ALL_GATHER,
-    "REDUCESCATTER": Collective.REDUCE_SCATTER,
-    "ALLTOALL": Collective.ALL_TO_ALL,
-    "BROADCAST": Collective.BROADCAST,
-}
-_SIMAI_FIELDS = 12
-
-
-class _Pass(enum.Enum):
-    FORWARD = "fwd"
-    INPUT_GRAD = "ig"
-    WEIGHT_GRAD = "wg"
-
-
-@dataclass(frozen=True, slots=True)
-class _Slot:
-    compute_ns: int
-    collective: Collective | None
-    kind: GroupKind
-    size_bytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class _Layer:
-    line: int
-    name: str
-    forward: _Slot
-    input_grad: _Slot
-    weight_grad: _Slot
-
-
-def _simai_header(source: Path, line: str) -> tuple[str, dict[str, int]]:
-    tokens = line.split()
-    if not tokens or tokens[0] not in _SIMAI_POLICIES:
-        raise TraceError(source, "workload type", tokens[0] if tokens else line,
-                         f"not a SimAI workload type this reader supports "
-                         f"({', '.join(sorted(_SIMAI_POLICIES))})", line=1)
-    params: dict[str, int] = {}
-    i = 1
-    while i < len(tokens):
-        key = tokens[i].rstrip(":")
-        if tokens[i].endswith(":") or key == "pp_comm":
-            if i + 1 >= len(tokens):
-                raise TraceError(source, key, None, "missing value", line=1)
-            value = tokens[i + 1]
-            try:
-                params[key] = int(float(value)) if key == "pp_comm" else int(value)
-            except ValueError:
-                raise TraceError(source, key, value, "not an integer", line=1) from None
-            i += 2
-        else:
-            i += 1
-    return tokens[0], params
-
-
-def _simai_slot(source: Path, line: int, fields: Sequence[str], at: int, which: _Pass) -> _Slot:
-    names = (f"{which.value}_compute_time", f"{which.value}_comm_type", f"{which.value}_comm_size")
-    compute = _csv_int(source, line, names[0], fields[at], minimum=0)
-    raw_type = fields[at + 1]
-    size = _csv_int(source, line, names[2], fields[at + 2], minimum=0, maximum=MAX_MESSAGE_BYTES)
-    if raw_type == "NONE":
-        return _Slot(compute, None, GroupKind.TP, 0)  # a size on NONE is not demand
-    base, _, suffix = raw_type.partition("_")
-    collective = _SIMAI_BASES.get(base)
-    plain = GroupKind.DP if which is _Pass.WEIGHT_GRAD else GroupKind.TP
-    kind = {"": plain, "EP": GroupKind.EP, "DP_EP": GroupKind.EP_DP}.get(suffix)
-    if collective is None or kind is None:
-        raise TraceError(source, names[1], raw_type, "unknown SimAI collective type", line=line)
-    return _Slot(compute, collective, kind, size)
-
-
-def _stream_lines(source: Path) -> Iterator[str]:
-    """The lines of ``source`` one at a time, split as ``str.splitlines`` splits the whole text
-    (so line numbers match a whole-file read). Raises ``TraceError`` for text that is not
-    UTF-8, ``OSError`` when the file cannot be opened."""
-    with source.open(encoding="utf-8") as f:
-        try:
-            for raw in f:
-                yield from raw.splitlines() or [""]
-        except UnicodeDecodeError as exc:
-            raise TraceError(source, "<file>", str(exc)[:60], "not UTF-8 text") from exc
-
-
-def _simai_layers(source: Path, lines: Iterator[str]) -> list[_Layer]:
-    """The layer lines after the header (``lines`` is past line 1): line 2 the layer count,
-    then one layer per non-blank line."""
-    second = next(lines, None)
-    if second is None:
-        raise TraceError(source, "layer count", None, "missing second line", line=2)
-    count = _csv_int(source, 2, "layer count", second, minimum=0)
-    layers: list[_Layer] = []
-    for offset, text in enumerate(lines):
-        line = 3 + offset
-        fields = text.split()
-        if not fields:
-            continue
-        if len(fields) != _SIMAI_FIELDS:
-            raise TraceError(source, "<layer>", text,
-                             f"{len(fields)} fields, expected {_SIMAI_FIELDS}", line=line)
-        _csv_int(source, line, "dependency", fields[1].lstrip("-"), minimum=0)
-        _csv_int(source, line, "wg_update_time", fields[11], minimum=0)
-        layers.append(_Layer(
-            line=line,
-            name=fields[0],
-            forward=_simai_slot(source, line, fields, 2, _Pass.FORWARD),
-            input_grad=_simai_slot(source, line, fields, 5, _Pass.INPUT_GRAD),
-            weight_grad=_simai_slot(source, line, fields, 8, _Pass.WEIGHT_GRAD),
-        ))
-    if len(layers) != count:
-        raise TraceError(source, "layer count", count, f"but {len(layers)} layer lines follow",
-                         line=2)
-    return layers
-
-
-def _simai_order(layers: Sequence[_Layer]) -> Iterator[tuple[_Layer, _Slot]]:
-    for layer in layers:
-        yield layer, layer.forward
-    for layer in reversed(layers):
-        yield layer, layer.input_grad
-        yield layer, layer.weight_grad
-
-
-def read_simai(path: Path, *, world_size: int | None = None) -> Workload:
-    """Read a SimAI workload text file into a Workload for all ranks.
-
-    ``world_size`` is needed when the header has no ``all_gpus`` (older AICB output); when both
-    are given they must agree. Returns ``SourceFormat.SIMAI`` with gaps from the per-layer
-    compute times (ns) and ``tail_gap_s`` for the compute after the last collective. Raises
-    :class:`TraceError` naming the file, line and field on an unsupported workload type, a
-    malformed layer line (bad number, unknown collective type, wrong field count) or
-    inconsistent degrees.
-    """
-    path = Path(path)
-    lines = _stream_lines(path)
-    first = next(lines, None)
-    if first is None:
-        raise TraceError(path, "workload type", "", "empty file", line=1)
-    policy, params = _simai_header(path, first)
-    header_world = params.get("all_gpus")
-    if header_world is not None and world_size is not None and header_world != world_size:
-        raise TraceError(path, "all_gpus", header_world, f"but world_size={world_size} was given",
-                         line=1)
-    world = header_world or world_size
-    if world is None:
-        raise TraceError(path, "all_gpus", None,
-                         "world size not in the header; pass world_size", line=1)
-    tp = params.get("model_parallel_NPU_group", 1)
-    pp = params.get("pp", 1)
-    ep = params.get("ep", 1)
-    if tp < 1 or pp < 1 or world % (tp * pp):
-        raise TraceError(path, "model_parallel_NPU_group", tp,
-                         f"tp {tp} x pp {pp} does not divide the world size {world}", line=1)
-    try:
-        layout = ParallelLayout(tp=tp, dp=world // (tp * pp), pp=pp, ep=ep)
-    except ValueError as exc:
-        raise TraceError(path, "ep", ep, str(exc), line=1) from exc
-    layers = _simai_layers(path, lines)
-    demands: list[Demand] = []
-    pending_ns = 0
-    for layer, slot in _simai_order(layers):
-        pending_ns += slot.compute_ns
-        if slot.collective is None:
-            continue
-        demands.append(Demand(layer.line, slot.collective, slot.kind, slot.size_bytes,
-                               pending_ns * _NS))
-        pending_ns = 0
-    assumptions = [
-        "SimAI schedule generated from the model, not profiled: every rank runs the same "
-        "sequence on its own process groups",
-        layout.describe(),
-        "groups as SimAI's Workload.cc: forward and input-gradient collectives on the TP group, "
-        "weight-gradient ones on the DP group (_EP: EP group, _DP_EP: expert-data-parallel)",
-        "order as SimAI runs it: forward layers first to last, then per layer last to first the "
-        "input-gradient then the weight-gradient collective; SimAI overlaps weight-gradient "
-        "collectives with later compute, here they are sequenced",
-        "compute gaps are the layer compute times (ns) before each collective; update times are "
-        "not modelled",
-    ]
-    if policy == "HYBRID_TRANSFORMER_FWD_IN_BCKWD" and params.get("checkpoints", 0) > 0:
-        assumptions.append("activation checkpointing (forward recompute in backward) not modelled")
-    if "pp" not in params or "all_gpus" not in params:
-        assumptions.append(f"header without pp/all_gpus (older AICB): pp={pp}, world={world}")
-    if any(d.collective is Collective.BROADCAST for d in demands):
-        assumptions.append("BROADCAST layers are kept (SimAI itself ignores them)")
-    if pp > 1:
-        assumptions.append(
-            f"pp={pp}: every pipeline stage runs every layer line of the file; the pipeline "
-            f"send/recv between stages (header pp_comm: {params.get('pp_comm', 0)} B) is not "
-            "modelled")
-    tails = dict.fromkeys(range(layout.world_size), pending_ns * _NS)
-    return Workload(
-        name=path.name,
-        source_format=SourceFormat.SIMAI,
-        world_size=layout.world_size,
-        ranks=_ranks(demands, layout),
-        assumptions=tuple(assumptions),
-        iteration="one iteration (the whole file)",
-        tail_gap_s=tails,
     )

@@ -13,6 +13,17 @@ the tensor-parallel degree only (AICB writes the same lines for every data-paral
 a file generated for TP 2 on a few GPUs describes TP 2 on 9,216. :func:`scale_simai` writes such
 a file (tests and ``bench/evaluate_scale.py`` make the 9,216-GPU workload from the shared
 Llama-7B one this way; no large generated file is kept).
+
+With ``pp > 1`` the file holds one stage's layers, as AICB writes it (``utils/utils.py``
+``get_params``: ``num_layers //= pipeline_model_parallel``; the reader's side is
+``lightrail.agents.replay.trace.simai_pipeline``): of each microbatch's transformer layers
+(the lines between ``embedding_layer`` and ``embedding_norm``, a repeating run of layer names,
+e.g. ``attention_layer``, ``mlp_layer``) the first ``1/pp`` are kept; the lines before and
+after (gradient norms, cross entropy, optimizer) stay, the parameter-sized ones
+(``grad_norm``, ``layernorm``) sized for one stage's parameters as AICB sizes them.
+Megatron-LM refuses a pipeline degree that does not divide the layers (``num_layers`` must be
+a multiple of the pipeline size), and so does :func:`scale_simai`; AICB would silently drop
+the remainder.
 """
 
 from __future__ import annotations
@@ -20,7 +31,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-__all__ = ["scale_simai", "scaled_simai_header"]
+__all__ = ["scale_simai", "scaled_simai_header", "stage_layers"]
 
 _HEADER_KEYS = ("model_parallel_NPU_group", "ep", "pp", "vpp", "ga", "all_gpus", "checkpoints",
                 "checkpoint_initiates")
@@ -110,10 +121,11 @@ def scale_simai(
     """Write ``dest``: ``source``'s SimAI workload (its layer count and layer lines unchanged)
     under the header of :func:`scaled_simai_header`. ``pp_comm_bytes`` defaults to the layer
     lines' activation size (the most frequent forward ALLREDUCE) when ``pp > 1``, else 0.
-    Returns ``dest``.
+    With ``pp > 1`` only one stage's layers are written (:func:`stage_layers`), the layer count
+    line updated. Returns ``dest``.
 
-    Raises ``ValueError`` as :func:`scaled_simai_header` does or when ``source`` has no layer
-    count line, ``OSError`` when a file cannot be read or written.
+    Raises ``ValueError`` as :func:`scaled_simai_header` and :func:`stage_layers` do or when
+    ``source`` has no layer count line, ``OSError`` when a file cannot be read or written.
     """
     lines = Path(source).read_text(encoding="utf-8").splitlines()
     if len(lines) < 2:
@@ -122,5 +134,110 @@ def scale_simai(
         pp_comm_bytes = _activation_bytes(lines[2:]) if pp > 1 else 0
     header = scaled_simai_header(lines[0], world_size=world_size, pp=pp, tp=tp, ep=ep,
                                  pp_comm_bytes=pp_comm_bytes)
-    Path(dest).write_text("\n".join([header, *lines[1:]]) + "\n", encoding="utf-8")
+    layer_lines = [text for text in lines[2:] if text.split()]
+    if pp > 1:
+        tp_degree = tp if tp is not None else int(
+            _header_fields(lines[0])[1].get("model_parallel_NPU_group", "1"))
+        layer_lines = stage_layers(layer_lines, pp, tp=tp_degree, source=str(source))
+        body = [str(len(layer_lines)), *layer_lines]
+    else:
+        body = lines[1:]
+    Path(dest).write_text("\n".join([header, *body]) + "\n", encoding="utf-8")
     return Path(dest)
+
+
+def _period(names: list[str]) -> int:
+    """The shortest run of names that ``names`` repeats (its length when none)."""
+    for period in range(1, len(names) + 1):
+        if len(names) % period == 0 and all(n == names[i % period] for i, n in enumerate(names)):
+            return period
+    return len(names)
+
+
+def stage_layers(
+    layer_lines: list[str], pp: int, *, tp: int = 1, source: str = "source"
+) -> list[str]:
+    """One pipeline stage's share of ``layer_lines`` (a whole model's SimAI layer lines) for
+    ``pp`` stages: in each microbatch (``embedding_layer`` ... ``embedding_norm``) the
+    transformer layers between the two, ``n`` repetitions of one run of layer names, are cut
+    to the first ``n / pp``; every other line is kept, the sizes of the parameter-sized ones
+    (gradient norms, layernorm) cut to one stage's parameters (``_stage_parameters``; ``tp``
+    is the TP degree).
+
+    Raises ``ValueError`` naming the value: ``pp`` < 1, no microbatch (no ``embedding_layer``
+    ... ``embedding_norm``: the transformer layers cannot be told apart), or ``pp`` not
+    dividing a microbatch's ``n`` transformer layers."""
+    if pp < 1:
+        raise ValueError(f"pp: must be >= 1, got {pp}")
+    names = [text.split()[0] for text in layer_lines]
+    out: list[str] = []
+    i = 0
+    found = False
+    while i < len(layer_lines):
+        if names[i] != "embedding_layer":
+            out.append(layer_lines[i])
+            i += 1
+            continue
+        try:
+            end = names.index("embedding_norm", i + 1)
+        except ValueError:
+            raise ValueError(f"source: {source}: embedding_layer at layer {i} has no "
+                             "embedding_norm after it") from None
+        found = True
+        transformer = names[i + 1:end]
+        period = _period(transformer)
+        count = len(transformer) // period if transformer else 0
+        if count % pp:
+            raise ValueError(f"pp: {pp} does not divide the {count} transformer layers "
+                             f"({' + '.join(transformer[:period])}) of {source}; Megatron-LM "
+                             "needs num_layers to be a multiple of the pipeline size")
+        keep = period * (count // pp)
+        out.extend(layer_lines[i:i + 1 + keep])
+        out.append(layer_lines[end])
+        i = end + 1
+    if not found:
+        raise ValueError(f"source: {source} has no embedding_layer ... embedding_norm "
+                         f"microbatch: its transformer layers cannot be split over pp {pp} "
+                         "stages")
+    return _stage_parameters(out, layer_lines, pp, tp)
+
+
+_PARAMETER_LINES = frozenset({"grad_norm", "layernorm", "moe_grad_norm1", "moe_grad_norm2"})
+"""AICB's lines sized by the parameters of the model (of one stage with ``pp > 1``)."""
+
+
+def _comm_size(fields: list[str], at: int) -> int:
+    return int(fields[at]) if len(fields) > at and fields[at].isdecimal() else 0
+
+
+def _stage_parameters(kept: list[str], whole: list[str], pp: int, tp: int) -> list[str]:
+    """``kept`` with the sizes of the parameter-sized lines (``_PARAMETER_LINES``: AICB writes
+    2 or 4 bytes per parameter of a TP rank, ``_get_total_params``) cut to one stage's
+    parameters. The parameters are ``grad_norm``'s forward all-gather size / 2; the embedding's
+    share, which every AICB stage holds, stays whole: AICB's ``MockedMegatron.MegatronEmbedding``
+    has ``4 x vocab / tp x hidden`` parameters, and ``embedding_norm``'s forward size is ``vocab
+    x hidden x 2`` B, so the embedding is ``2 x that size / tp`` (the position embedding and the
+    vocabulary padding are left out); the rest is divided by ``pp``. Without a ``grad_norm``
+    line nothing changes."""
+    names = [text.split()[0] for text in whole]
+    if "grad_norm" not in names:
+        return kept
+    total = _comm_size(whole[names.index("grad_norm")].split(), 4) / 2
+    if total <= 0:
+        return kept
+    embedding = 0.0
+    if "embedding_norm" in names:
+        embedding = 2 * _comm_size(whole[names.index("embedding_norm")].split(), 4) / tp
+    embedding = min(embedding, total)
+    fraction = (embedding + (total - embedding) / pp) / total
+    out: list[str] = []
+    for text in kept:
+        fields = text.split()
+        if fields[0] not in _PARAMETER_LINES:
+            out.append(text)
+            continue
+        for at in (4, 7, 10):
+            if len(fields) > at and fields[at].isdecimal():
+                fields[at] = str(round(int(fields[at]) * fraction))
+        out.append("\t".join(fields))
+    return out
