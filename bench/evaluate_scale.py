@@ -2,14 +2,17 @@
 workload of that size, by class of ranks (the evaluator's path) and, for comparison, rank by
 rank (every rank's sequence materialized, as before issue 13).
 
-Run: ``.venv/bin/python bench/evaluate_scale.py [--world 9216] [--pp 12] [--per-rank]
+Run: ``.venv/bin/python bench/evaluate_scale.py [--world 9216] [--pp 8] [--per-rank]
 [--json]``. A script, not a test (pytest does not collect ``bench/``); a few seconds by class,
 up to half a minute more with ``--per-rank`` on a shared 2-core machine.
 
 The workload is the shared Llama-7B SimAI file (``$LIGHTRAIL_DATA`` or ``../shared/data``,
 ``workloads/aicb/L7B-M1-C04_Llama7B_megatron_tp2_pp1_mbs1_A100.txt``, TP 2) under a header for
-``--world`` GPUs in ``--pp`` stages (``lightrail.agents.replay.trace.simai_scale.scale_simai``),
-written to a temporary folder and removed afterwards. Each measurement runs in a child process
+``--world`` GPUs in ``--pp`` stages (``lightrail.agents.replay.trace.simai_scale.scale_simai``:
+one stage's 32 / pp transformer layers, as AICB writes a pipelined file, so pp must divide
+Llama-7B's 32 layers: 8 by default, 12 is refused), written to a temporary folder and removed
+afterwards; the reader adds the pipeline send/recv of ``pp_comm`` bytes between the stages
+(``lightrail.agents.replay.trace.simai_pipeline``). Each measurement runs in a child process
 of its own, so its figures are its own:
 
 * ``class`` runs ``lightrail evaluate FILE --json`` (reading the file, sizing the rail fabric
@@ -102,7 +105,8 @@ def _per_rank_child(file: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--world", type=int, default=9216, help="GPUs (default 9216)")
-    ap.add_argument("--pp", type=int, default=12, help="pipeline stages (default 12)")
+    ap.add_argument("--pp", type=int, default=8,
+                    help="pipeline stages, a divisor of the 32 layers (default 8)")
     ap.add_argument("--per-rank", action="store_true",
                     help="also price it rank by rank (every sequence materialized)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
@@ -116,8 +120,11 @@ def main() -> None:
         raise SystemExit(f"shared SimAI workload not found: {source} (set LIGHTRAIL_DATA)")
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="lightrail-scale-") as tmp:
-        file = scale_simai(source, Path(tmp) / f"L7B_tp2_pp{args.pp}_{args.world}.txt",
-                           world_size=args.world, pp=args.pp)
+        try:
+            file = scale_simai(source, Path(tmp) / f"L7B_tp2_pp{args.pp}_{args.world}.txt",
+                               world_size=args.world, pp=args.pp)
+        except ValueError as exc:
+            raise SystemExit(f"evaluate_scale: {exc}") from None
         runs = [("class", [str(LIGHTRAIL), "evaluate", str(file), "--json"])]
         if args.per_rank:
             runs.append(("per-rank", [sys.executable, __file__, "--per-rank-child", str(file)]))
