@@ -25,9 +25,10 @@ would put on the rails, for each reconfiguration delay δ. Policies:
 Model (say it in the output, too):
 
 * Ranks are placed as the replay places them (``lightrail.agents.replay.place_ranks``) on
-``demo-4x2``
-  (<= 8 ranks) or ``rail-16x8`` (<= 128). A collective over several hosts runs as scale-up
-  stages (NVLink, ``scale_up`` link) plus one stage per rail in parallel
+  ``demo-4x2`` (<= 8 ranks), ``rail-16x8`` (<= 128), or a rail fabric the job's size
+  (``lightrail.controller.domain.fabric.rail_shape_for``: 8 GPUs per host when 8 divides the
+  world size; ``--fabric rail:HOSTSxGPUS`` names another). A collective over several hosts
+  runs as scale-up stages (NVLink, ``scale_up`` link) plus one stage per rail in parallel
   (``lightrail.controller.core.costmodel.hierarchical_stages``); a group inside one host costs
   scale-up time
   only. Unknown process groups cost nothing (they are counted).
@@ -36,6 +37,9 @@ Model (say it in the output, too):
   plan replaces the cross-connects on the ports it uses and leaves the others.
 * One representative rank (the lowest) is evaluated per distinct sequence of (collective,
   group size, bytes, compute gap): all ranks of a generated schedule run the same sequence.
+  A generated schedule (``Workload.schedule``: AICB, SimAI) is read by class of ranks, never
+  rank by rank: its blocks of ranks that run alike are merged by that signature, and the
+  groups sharing the rails at each position come from the schedule.
   The job's iteration time is the slowest representative's; waiting for peers is not modelled
   separately (Kineto gaps already contain it).
 * Steady state: one warm-up iteration sets the circuits, the second is measured; the first
@@ -45,9 +49,11 @@ Model (say it in the output, too):
 from __future__ import annotations
 
 import csv
+import dataclasses
 import enum
 import json
 import math
+import resource
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -58,11 +64,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from lightrail.agents.replay.rank_view import rank_view
 from lightrail.agents.replay.replayer import (
+    FabricTooSmall,
     HostSlot,
     ReplayError,
     ReplayOp,
-    expand_workload,
     place_ranks,
 )
 from lightrail.agents.replay.trace.loader import load_workload
@@ -95,7 +102,14 @@ from lightrail.controller.core.planner import (
     layout_job,
     plan_phase,
 )
-from lightrail.controller.domain.fabric import BUILTIN_FABRICS, Fabric
+from lightrail.controller.domain.fabric import (
+    BUILTIN_FABRICS,
+    Fabric,
+    FabricError,
+    RailShape,
+    rail_shape,
+    rail_shape_for,
+)
 from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup
 from lightrail.drivers.base import CrossConnect, SwitchCapabilities, SwitchKind
 
@@ -147,8 +161,9 @@ _LABELS = {
 class EvaluationConfig:
     """What to evaluate. ``delays_ms``: δ values in ms (finite, >= 0, at least one);
     ``link``: α-β of a rail link; ``scale_up``: α-β of NVLink; ``fabric``: a built-in fabric
-    name or None to choose by world size; ``max_ops``: evaluate only the first N collectives
-    of each rank; ``power``: constants of the power and cost estimate."""
+    name or ``rail:HOSTSxGPUS`` (``lightrail.controller.domain.fabric.rail_shape``), None to
+    size one from the world size (``rail_shape_for``); ``max_ops``: evaluate only the first N
+    collectives of each rank; ``power``: constants of the power and cost estimate."""
 
     delays_ms: tuple[float, ...] = DEFAULT_DELAYS_MS
     link: LinkModel = DEFAULT_LINK
@@ -163,12 +178,24 @@ class EvaluationConfig:
         for d in self.delays_ms:
             if not math.isfinite(d) or d < 0:
                 raise EvaluationError(f"delays_ms: {d} is not a finite delay >= 0 ms")
-        if self.fabric is not None and self.fabric not in BUILTIN_FABRICS:
-            raise EvaluationError(
-                f"fabric: unknown built-in fabric {self.fabric!r} "
-                f"(known: {', '.join(sorted(BUILTIN_FABRICS))})")
+        if self.fabric is not None:
+            fabric_shape(self.fabric)
         if self.max_ops is not None and self.max_ops < 1:
             raise EvaluationError(f"max_ops: must be >= 1, got {self.max_ops}")
+
+
+def fabric_shape(fabric: str) -> RailShape:
+    """The rail fabric ``fabric`` names (a built-in name or ``rail:HOSTSxGPUS``). Raises
+    ``EvaluationError`` naming the field and the value."""
+    try:
+        return rail_shape(fabric)
+    except FabricError as exc:
+        if fabric.startswith(("rail:", "rail-")):
+            raise EvaluationError(f"fabric: {exc}") from None
+        raise EvaluationError(
+            f"fabric: unknown built-in fabric {fabric!r} (known: "
+            f"{', '.join(sorted(BUILTIN_FABRICS))}; or rail:HOSTSxGPUS, e.g. rail:1152x8)"
+        ) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +246,11 @@ class Evaluation:
     delays_ms: tuple[float, ...]
     static_plan: str | None
     elapsed_s: float = 0.0
+    load_s: float | None = None
+    """Seconds to read the workload (``evaluate_main``; None when not measured)."""
+    peak_rss_mib: float | None = None
+    """Peak resident memory of the process when the evaluation ended, MiB (``getrusage``
+    ``ru_maxrss``; ``evaluate_main``; None when not measured)."""
 
     def result(self, policy: Policy, delay_ms: float) -> PolicyResult:
         """The row for ``policy`` at ``delay_ms``; ``KeyError`` if it was not evaluated."""
@@ -293,6 +325,10 @@ class _Simulator:
                    frozenset[CrossConnect]] = field(default_factory=dict)
     _plans: dict[tuple[ProcessGroup, Collective, int], Mapping[str, frozenset[CrossConnect]]] = (
         field(default_factory=dict))
+    _merged: dict[tuple[Collective, frozenset[ProcessGroup]],
+                  tuple[Mapping[str, frozenset[CrossConnect]], ...]] = field(default_factory=dict)
+    """``_step_plans`` by (collective, concurrent groups): a generated schedule runs the same
+    groups at most positions, and merging hundreds of group plans is the costly part."""
 
     def __post_init__(self) -> None:
         for ep in self.fabric.endpoints.values():
@@ -512,16 +548,6 @@ def _comm_bytes(op: ReplayOp) -> float:
     return float(op.nbytes)
 
 
-def _aligned(ops: Mapping[int, Sequence[ReplayOp]]) -> bool:
-    seqs = list(ops.values())
-    if not seqs:
-        return True
-    first = seqs[0]
-    return all(len(s) == len(first) and all(a.collective is b.collective
-                                            for a, b in zip(s, first, strict=True))
-               for s in seqs[1:])
-
-
 def _host_slots(fabric: Fabric) -> list[HostSlot]:
     return [HostSlot(h.name, tuple(g for g in range(h.gpu_count) if fabric.has_gpu(h.name, g)))
             for h in fabric.hosts.values() if not h.spare]
@@ -582,6 +608,9 @@ def _step_plans(
     per step, every group's plan merged by switch. An all-to-all has as many steps as its
     largest group needs (a group with fewer steps drops out); any other collective has one.
     Raises ``PlanError``."""
+    cached = sim._merged.get((collective, concurrent))
+    if cached is not None:
+        return cached
     layout = sim.layout
     steps = max(all_to_all_steps(layout, g) for g in concurrent) \
         if collective is Collective.ALL_TO_ALL else 1
@@ -594,6 +623,7 @@ def _step_plans(
             for sid, xcs in sim.group_plan(g, collective, step).items():
                 merged[sid] = merged.get(sid, _EMPTY) | xcs
         plans.append(merged)
+    sim._merged[(collective, concurrent)] = tuple(plans)
     return tuple(plans)
 
 
@@ -642,41 +672,27 @@ def _build_phases(
 
 def _lay_out(workload: Workload, fabric: Fabric) -> JobLayout:
     """Place ``workload``'s ranks on ``fabric``'s non-spare hosts and lay the job out. Raises
-    ``EvaluationError`` when the job does not fit."""
+    ``EvaluationError`` when the job does not fit (saying which fabric would, and how to ask
+    for it)."""
     try:
         placements = place_ranks(workload.world_size, _host_slots(fabric))
         return layout_job(fabric, "evaluate", placements)
+    except FabricTooSmall as exc:
+        raise EvaluationError(f"{workload.name}: {exc} ({fabric.name}); "
+                              f"{fitting_fabric_hint(workload.world_size)}") from exc
     except (ReplayError, ValueError) as exc:
         raise EvaluationError(f"{workload.name}: {exc}") from exc
 
 
-def _groups_at(ops: Mapping[int, Sequence[ReplayOp]]) -> list[frozenset[ProcessGroup]] | None:
-    """Per op index, the process groups the ranks' ops at that index run in (the collectives
-    that share the rails at once), when every rank's sequence lines up with the others (same
-    length and collectives); None when they do not."""
-    if not _aligned(ops):
-        return None
-    length = len(next(iter(ops.values())))
-    acc: list[set[ProcessGroup]] = [set() for _ in range(length)]
-    for seq in ops.values():
-        for i, op in enumerate(seq):
-            if op.group is not None:
-                acc[i].add(op.group)
-    return [frozenset(s) for s in acc]
-
-
-def _same_sequence_ranks(
-    ops: Mapping[int, Sequence[ReplayOp]], tail_gap_s: Mapping[int, float]
-) -> list[list[int]]:
-    """The ranks in classes that run the same sequence (collective, group size, bytes, compute
-    gap per op, and tail gap): each class sorted, the classes in order of their first rank,
-    which represents the class."""
-    by_sig: dict[tuple[object, ...], list[int]] = {}
-    for r in sorted(ops):
-        sig = (tuple((o.collective, o.group.size if o.group else 0, o.nbytes, o.gap_s)
-                     for o in ops[r]), tail_gap_s.get(r, 0.0))
-        by_sig.setdefault(sig, []).append(r)
-    return list(by_sig.values())
+def fitting_fabric_hint(world_size: int) -> str:
+    """How to ask for a rail fabric that holds ``world_size`` ranks
+    (``rail_shape_for``): ``a fabric that fits: --fabric rail:HOSTSxGPUS (...)``."""
+    try:
+        fit = rail_shape_for(world_size)
+    except FabricError as exc:
+        return f"no rail fabric fits: {exc}"
+    return (f"a fabric that fits: --fabric {fit.option} ({fit.hosts} hosts x "
+            f"{fit.gpus_per_host} GPUs = {fit.gpus})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -742,21 +758,21 @@ def _policy_results(
     tail_gap_s: Mapping[int, float],
     static: State,
     fixed: Mapping[Policy, _Tally | None],
-    make_fabric: Callable[[float], Fabric],
+    fabric: Fabric,
     delays_ms: Sequence[float],
     step: Callable[[], None],
 ) -> list[PolicyResult]:
     """One ``PolicyResult`` per δ of ``delays_ms`` and ``Policy`` (in that order): the
     policies of ``fixed`` (independent of δ; None: not applicable) take their tally from it, the
-    others run on the fabric ``make_fabric(δ in s)`` builds. Overheads in % of the
-    ideal-EPS time. ``step()`` is called after each policy run at one δ."""
+    others run on ``fabric``'s switches with that δ. Overheads in % of the ideal-EPS time.
+    ``step()`` is called after each policy run at one δ."""
     ideal_tally = fixed[Policy.IDEAL_EPS]
     assert ideal_tally is not None
     ideal_s = ideal_tally.time_s
     results: list[PolicyResult] = []
-    per_delay = {d: make_fabric(d / 1e3) for d in delays_ms}
     for d in delays_ms:
-        caps = {sid: sw.capabilities for sid, sw in per_delay[d].switches.items()}
+        caps = {sid: dataclasses.replace(sw.capabilities, settle_time_s=d / 1e3)
+                for sid, sw in fabric.switches.items()}
         for pol in Policy:
             if pol in fixed:
                 tl = fixed[pol]
@@ -786,12 +802,9 @@ def evaluation_steps(config: EvaluationConfig) -> int:
 
 
 def evaluate(workload: Workload, config: EvaluationConfig | None = None, *,
-             on_progress: ProgressCallback | None = None,
-             fabric_factory: Callable[[float], Fabric] | None = None) -> Evaluation:
+             on_progress: ProgressCallback | None = None) -> Evaluation:
     """Evaluate ``workload`` under every :class:`Policy` and δ of ``config``;
     ``on_progress(done, total)`` after each policy run (``evaluation_steps``).
-    ``fabric_factory(δ in s)``: the fabric to run on, instead of ``config.fabric``'s built-in
-    one (e.g. a rail fabric of the job's size, ``controller.domain.fabric.rail_fabric``).
 
     Returns an :class:`Evaluation` (times in s, overheads in % of ``ideal_eps``). Raises
     ``EvaluationError`` when the job does not fit the fabric or a phase cannot be planned.
@@ -807,35 +820,39 @@ def evaluate(workload: Workload, config: EvaluationConfig | None = None, *,
             on_progress(done, total)
 
     started = time.perf_counter()
-    fabric_name = cfg.fabric or ("demo-4x2" if workload.world_size <= 8 else "rail-16x8")
-    make_fabric = fabric_factory or BUILTIN_FABRICS[fabric_name]
-    fabric = make_fabric(0.0)
-    fabric_name = fabric.name
+    if cfg.fabric is not None:
+        shape = fabric_shape(cfg.fabric)
+    else:
+        try:
+            shape = rail_shape_for(workload.world_size)
+        except FabricError as exc:
+            raise EvaluationError(f"{workload.name}: {exc}") from exc
+    fabric_name = shape.name
+    fabric = shape.fabric(0.0)
     layout = _lay_out(workload, fabric)
-    ops, notes = expand_workload(workload)
-    longest = max((len(v) for v in ops.values()), default=0)
-    if cfg.max_ops is not None and longest > cfg.max_ops:
-        ops = {r: v[:cfg.max_ops] for r, v in ops.items()}
-        notes.append(f"only the first {cfg.max_ops} of up to {longest} collectives per rank "
-                     "are evaluated (--max-ops)")
-    if not ops:
+    view = rank_view(workload, cfg.max_ops)
+    if not view.reps:
         raise EvaluationError(f"{workload.name}: the workload has no rank with collectives")
+    notes = view.notes
+    if cfg.fabric is None and shape.name not in BUILTIN_FABRICS:
+        notes.append(f"fabric {shape.name} sized from the job: {shape.hosts} hosts x "
+                     f"{shape.gpus_per_host} GPUs, one rail OCS of {shape.hosts} ports per GPU "
+                     "index (--fabric rail:HOSTSxGPUS names another)")
     host_index = {name: i for i, name in enumerate(fabric.hosts)}
     sim = _Simulator(fabric, layout, cfg.link, cfg.scale_up, host_index)
-    groups_at = _groups_at(ops)
+    groups_at = view.groups_at
     if groups_at is None:
         notes.append("ranks' sequences do not line up: each representative sees only its own "
                      "groups' circuits on the rails")
 
-    classes = _same_sequence_ranks(ops, workload.tail_gap_s)
-    reps = [members[0] for members in classes]
+    reps = list(view.reps)
     try:
-        phases = {r: _build_phases(sim, ops[r], groups_at) for r in reps}
+        phases = {r: _build_phases(sim, view.reps[r], groups_at) for r in reps}
     except (PlanError, CostModelError) as exc:
         raise EvaluationError(f"{workload.name}: {exc}") from exc
     static = _static_circuits(sim, phases[reps[0]])
     notes.append(_census_note(reps[0], phases[reps[0]]))
-    notes.append(f"{len(reps)} representative rank(s) for {len(ops)} ranks (one per distinct "
+    notes.append(f"{len(reps)} representative rank(s) for {view.ranks} ranks (one per distinct "
                  "sequence of collective, group size, bytes and compute gap; generated schedules "
                  "run the same sequence on every rank); the job's iteration is the slowest")
 
@@ -849,14 +866,13 @@ def evaluate(workload: Workload, config: EvaluationConfig | None = None, *,
         notes.append("static circuits: some collective cannot reach its peers over the fixed "
                      "circuit set (n/a)")
     results = _policy_results(sim, phases, workload.tail_gap_s, static.state, fixed,
-                              make_fabric, cfg.delays_ms, step)
+                              fabric, cfg.delays_ms, step)
 
     rails_used = len({ep.rail for ep in layout.endpoints})
     rep_info = tuple(
-        Representative(members[0], len(members), len(ops[members[0]]),
-                       sum(o.gap_s for o in ops[members[0]])
-                       + workload.tail_gap_s.get(members[0], 0.0))
-        for members in classes)
+        Representative(r, view.members[r], len(view.reps[r]),
+                       sum(o.gap_s for o in view.reps[r]) + workload.tail_gap_s.get(r, 0.0))
+        for r in reps)
     return Evaluation(
         workload=workload.name,
         source_format=workload.source_format.value,
@@ -930,6 +946,8 @@ def evaluation_to_json(ev: Evaluation) -> dict[str, Any]:
                   "opus_reported": "over 23x network power reduction and 4x cost savings "
                                    "(arXiv:2602.12521)"},
         "elapsed_s": round(ev.elapsed_s, 3),
+        "load_s": None if ev.load_s is None else round(ev.load_s, 3),
+        "peak_rss_mib": None if ev.peak_rss_mib is None else round(ev.peak_rss_mib, 1),
     }
 
 
@@ -1040,6 +1058,17 @@ def print_evaluation(ev: Evaluation, console: Console) -> None:
     for a in p.assumptions:
         console.print(f"  assumption: {a}")
     console.print(f"evaluated in {ev.elapsed_s:.2f} s")
+    if ev.load_s is not None and ev.peak_rss_mib is not None:
+        console.print(f"wall time {ev.load_s + ev.elapsed_s:.2f} s (reading the workload "
+                      f"{ev.load_s:.2f} s, evaluation {ev.elapsed_s:.2f} s); peak memory "
+                      f"{ev.peak_rss_mib:.0f} MiB (ru_maxrss of this process)")
+
+
+def peak_rss_mib() -> float:
+    """The peak resident set size of this process so far, MiB (``getrusage(RUSAGE_SELF)
+    .ru_maxrss``: KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
 
 
 def evaluate_main(
@@ -1057,8 +1086,9 @@ def evaluate_main(
     console: Console | None = None,
     on_progress: ProgressCallback | None = None,
 ) -> int:
-    """Load ``path``, evaluate it, print the table (or JSON) and, when ``out_dir`` is given,
-    write ``evaluation.csv``, ``evaluation.json`` and ``overhead_vs_delay.png`` there.
+    """Load ``path``, evaluate it, print the table (or JSON) with the wall time (reading and
+    evaluating) and the peak memory (``peak_rss_mib``) and, when ``out_dir`` is given, write
+    ``evaluation.csv``, ``evaluation.json`` and ``overhead_vs_delay.png`` there.
     ``power``: the power/cost constants (default ``PowerCostConfig()``); ``on_progress``: as
     :func:`evaluate`'s.
 
@@ -1074,8 +1104,11 @@ def evaluate_main(
             delays_ms=tuple(delays_ms) if delays_ms is not None else DEFAULT_DELAYS_MS,
             link=link, scale_up=LinkModel.from_gbps(su_gbps, DEFAULT_SCALE_UP_ALPHA_S),
             fabric=fabric, max_ops=max_ops, power=power or DEFAULT_POWER)
+        load_started = time.perf_counter()
         workload = load_workload(Path(path))
+        load_s = time.perf_counter() - load_started
         ev = evaluate(workload, cfg, on_progress=on_progress)
+        ev = dataclasses.replace(ev, load_s=load_s, peak_rss_mib=peak_rss_mib())
     except (TraceError, EvaluationError, CostModelError, OSError) as exc:
         print(f"lightrail evaluate: {exc}", file=sys.stderr)
         return 2

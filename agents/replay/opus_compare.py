@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,6 @@ from lightrail.agents.replay.trace.model import TraceError, Workload
 from lightrail.agents.replay.trace.opus import GPUS_PER_NODE, OpusExperiment, read_opus
 from lightrail.agents.replay.trace.opus_latency import LatencyTable, read_latency_folder
 from lightrail.controller.core.costmodel import CostModelError, LinkModel
-from lightrail.controller.domain.fabric import Fabric, rail_fabric
 
 __all__ = ["PERLMUTTER_LINK", "OpusComparison", "OpusRow", "compare", "comparison_to_json",
            "opus_evaluate_main", "print_comparison"]
@@ -104,13 +103,9 @@ class OpusComparison:
     notes: tuple[str, ...]
 
 
-def _fabric_factory(hosts: int) -> Callable[[float], Fabric]:
-    """A rail fabric of ``hosts`` x 4 GPUs (``rail-<hosts>x4``) for a δ in s."""
-    name = f"rail-{hosts}x{GPUS_PER_NODE}"
-
-    def make(delay_s: float) -> Fabric:
-        return rail_fabric(name, hosts, GPUS_PER_NODE, delay_s=delay_s)
-    return make
+def _fabric_spec(hosts: int) -> str:
+    """The rail fabric of ``hosts`` x 4 GPUs (``rail:<hosts>x4``, named ``rail-<hosts>x4``)."""
+    return f"rail:{hosts}x{GPUS_PER_NODE}"
 
 
 def _err(pred_over: float, meas_over: float | None) -> float | None:
@@ -120,11 +115,11 @@ def _err(pred_over: float, meas_over: float | None) -> float | None:
 
 
 def _evaluate(exp: OpusExperiment, scale: float, delays: Sequence[float],
-              make: Callable[[float], Fabric]) -> tuple[Workload, Evaluation]:
+              fabric: str) -> tuple[Workload, Evaluation]:
     w = exp.workload(scale)
     cfg = EvaluationConfig(delays_ms=tuple(delays), link=PERLMUTTER_LINK,
-                           scale_up=DEFAULT_SCALE_UP)
-    return w, evaluate(w, cfg, fabric_factory=make)
+                           scale_up=DEFAULT_SCALE_UP, fabric=fabric)
+    return w, evaluate(w, cfg)
 
 
 def compare(folder: Path) -> OpusComparison:
@@ -137,12 +132,12 @@ def compare(folder: Path) -> OpusComparison:
     if table is None:
         raise TraceError(folder, "latency CSVs", None,
                          "no latency_results*.csv with the Opus header in this folder")
-    make = _fabric_factory(exp.nodes)
+    fabric = _fabric_spec(exp.nodes)
     target = table.no_controller.mean_s
     # ideal time is max over stages of (scale * gaps + comm): fixed-point on the slowest stage
     scale = 1.0
     for _ in range(_CAL_ROUNDS):
-        w, ev = _evaluate(exp, scale, (0.0,), make)
+        w, ev = _evaluate(exp, scale, (0.0,), fabric)
         t = ev.result(Policy.IDEAL_EPS, 0.0).iteration_s
         assert t is not None
         gaps = max(sum(o.compute_gap_s for o in w.ranks[r.rank]) for r in ev.representatives)
@@ -153,7 +148,7 @@ def compare(folder: Path) -> OpusComparison:
                                   "no compute gaps (timed files missing)")
         scale = (target - comm) / (gaps / scale)
     delays = table.delays_ms()
-    w, ev = _evaluate(exp, scale, delays, make)
+    w, ev = _evaluate(exp, scale, delays, fabric)
     ideal = ev.result(Policy.IDEAL_EPS, delays[0]).iteration_s
     assert ideal is not None
     pol = stage_policies(exp, scale, PERLMUTTER_LINK)

@@ -66,18 +66,30 @@ class HostSlot:
     gpus: tuple[int, ...]
 
 
+class FabricTooSmall(ReplayError):
+    """The job has more ranks than the fabric has GPUs to place them on. The message says
+    both; callers add how to ask for a fabric that fits (they know how the fabric was chosen).
+    Attributes: ``world_size`` (ranks), ``hosts`` and ``gpus_per_host`` of the fabric offered
+    (GPUs per host: the fewest wired on any host), ``capacity`` (their product)."""
+
+    def __init__(self, world_size: int, hosts: int, gpus_per_host: int) -> None:
+        self.world_size = world_size
+        self.hosts = hosts
+        self.gpus_per_host = gpus_per_host
+        self.capacity = hosts * gpus_per_host
+        super().__init__(f"job has {world_size} ranks but the fabric offers {hosts} hosts x "
+                         f"{gpus_per_host} GPUs = {self.capacity}")
+
+
 def place_ranks(world_size: int, hosts: Sequence[HostSlot]) -> list[RankPlacement]:
     """Place ``world_size`` ranks by the module's documented rule. Raises ``ReplayError`` when
-    they do not fit."""
+    the fabric has no hosts, ``FabricTooSmall`` when the ranks do not fit."""
     if not hosts:
         raise ReplayError("fabric has no hosts to place ranks on")
     g = min(len(h.gpus) for h in hosts)
     capacity = g * len(hosts)
     if world_size > capacity:
-        raise ReplayError(
-            f"job has {world_size} ranks but the fabric offers {len(hosts)} hosts x {g} GPUs "
-            f"= {capacity}; use a larger fabric (e.g. --fabric rail-16x8)"
-        )
+        raise FabricTooSmall(world_size, len(hosts), g)
     if world_size == capacity:
         return [RankPlacement(r, hosts[r // g].name, hosts[r // g].gpus[r % g])
                 for r in range(world_size)]
@@ -109,7 +121,7 @@ def expand_workload(workload: Workload) -> tuple[dict[int, list[ReplayOp]], list
     notes = list(workload.assumptions)
     ranks: dict[int, list[ReplayOp]] = {}
     for r, ops in workload.ranks.items():
-        ranks[r] = [_to_replay(r, op) for op in ops]
+        ranks[r] = replay_ops(r, ops)
     missing = [r for r in range(workload.world_size) if r not in ranks]
     if missing and ranks:
         template_rank = min(ranks)
@@ -126,6 +138,13 @@ def expand_workload(workload: Workload) -> tuple[dict[int, list[ReplayOp]], list
             notes.append(f"send/recv peers of rank {template_rank} are not carried over to "
                          f"ranks {_span(missing)}: those calls are not planned there")
     return ranks, notes
+
+
+def replay_ops(rank: int, ops: Sequence[CommOp]) -> list[ReplayOp]:
+    """``rank``'s recorded ``ops`` as it replays them: a send/recv with a peer but no group
+    runs on the pair {rank, peer}; a group without ``rank`` or of one rank is no group
+    (unplanned)."""
+    return [_to_replay(rank, op) for op in ops]
 
 
 def _to_replay(rank: int, op: CommOp) -> ReplayOp:
@@ -262,6 +281,7 @@ class Replayer:
         self.bytes_per_s = link_gbps * 1e9 / 8
         self.timeout_s = timeout_s
         self.on_progress = on_progress
+        self.placements = place_ranks(workload.world_size, hosts)
         self.ops, notes = expand_workload(workload)
         if not any(self.ops.values()):
             raise ReplayError(f"{workload.name}: no collectives in the iteration "
@@ -275,7 +295,6 @@ class Replayer:
                 notes.append(f"only the first {max_ops} of up to {longest} collectives per "
                              "rank are replayed (--max-ops)")
         self.notes = tuple(notes)
-        self.placements = place_ranks(workload.world_size, hosts)
         self._instances: dict[tuple[int, int, PhaseKey], _Instance] = {}
         self._agents: dict[str, HostAgent] = {}
         self._attempt = 0

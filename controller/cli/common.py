@@ -14,6 +14,7 @@ from typing import Any
 from rich.console import Console
 
 from lightrail.agents.channel import ClientTls, ClientTlsError
+from lightrail.controller.domain.fabric import BUILTIN_FABRICS, FabricError, rail_shape
 
 CONTROLLER_ENV = "LIGHTRAIL_CONTROLLER"
 CLI_CONFIG_ENV = "LIGHTRAIL_CLI_CONFIG"
@@ -248,3 +249,33 @@ def operator_token(args: argparse.Namespace) -> str | None:
         return token
     given: str | None = args.token if args.token is not None else os.environ.get(TOKEN_ENV)
     return (given.strip() or None) if given is not None else None
+
+
+class FabricChoices(tuple[str, ...]):
+    """``--fabric``'s choices: the built-in names (what completion offers), and every valid
+    ``rail:HOSTSxGPUS`` (``fabric_option`` has checked the value by then)."""
+
+    def __contains__(self, value: object) -> bool:
+        if not isinstance(value, str):
+            return False
+        try:
+            rail_shape(value)
+        except FabricError:
+            return False
+        return True
+
+
+def fabric_option(text: str) -> str:
+    """argparse type of ``--fabric``: a built-in fabric name or ``rail:HOSTSxGPUS`` (e.g.
+    ``rail:1152x8``), returned as given. Raises ``argparse.ArgumentTypeError`` naming the value
+    and what is wrong (argparse adds the option: ``argument --fabric: ...``)."""
+    try:
+        rail_shape(text)
+    except FabricError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def fabric_choices() -> FabricChoices:
+    """``--fabric``'s ``choices`` (``replay``, ``evaluate``)."""
+    return FabricChoices(BUILTIN_FABRICS)

@@ -19,6 +19,7 @@ from lightrail.controller.cli import (
     completion,
     daemons,
     emulate,
+    evaluate,
     events,
     operator,
     replay,
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     daemons.add_parsers(sub)
     emulate.add_parsers(sub)
     replay.add_parsers(sub)
+    evaluate.add_parsers(sub)
     slices.add_parsers(sub)
     operator.add_parsers(sub)
     switch_ops.add_parsers(sub)

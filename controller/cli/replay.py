@@ -1,5 +1,5 @@
-"""`lightrail replay`, `lightrail demo`, `lightrail evaluate`: traces through a controller or
-the cost model."""
+"""`lightrail replay`, `lightrail demo`: traces through a controller (`lightrail evaluate`,
+the cost model: ``controller/cli/evaluate.py``)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ from lightrail.controller.cli.common import (
     CliUsageError,
     add_tls_arguments,
     client_tls,
+    fabric_choices,
+    fabric_option,
     make_console,
     non_negative_float,
     positive_int,
@@ -32,6 +34,11 @@ from lightrail.controller.cli.common import (
     shared_data_dir,
 )
 from lightrail.controller.cli.progress import progress_display
+from lightrail.controller.domain.fabric import (
+    FabricError,
+    rail_shape,
+    rail_shape_for,
+)
 from lightrail.controller.logs import configure_logging
 from lightrail.v1 import operator_pb2, operator_pb2_grpc
 
@@ -187,10 +194,12 @@ async def replay_main(
     err = make_console(stderr=True)
     try:
         workload = load_workload(trace)
-    except (TraceError, OSError) as exc:
-        err.print(f"lightrail replay: {exc}")
+        fabric_name = fabric or ("demo-4x2" if workload.world_size <= 8 else "rail-16x8")
+        if controller is None:
+            _check_embedded_fabric(workload.world_size, fabric_name)
+    except (TraceError, OSError, FabricError, _TooSmall) as exc:
+        err.print(f"lightrail replay: {exc}", markup=False, highlight=False, soft_wrap=True)
         return 2
-    fabric_name = fabric or ("demo-4x2" if workload.world_size <= 8 else "rail-16x8")
 
     async def run(target: str, shown_as: str, tls: ClientTls | None = None) -> int:
         """Replay against the controller at ``target`` (TLS with ``tls``); the summary names
@@ -206,7 +215,8 @@ async def replay_main(
                                 iterations=iterations,
                                 time_scale=time_scale, max_ops=max_ops, tls=tls)
         except ReplayError as exc:
-            err.print(f"lightrail replay: {exc}")
+            err.print(_replayer_error(exc, served.name, shown_as, external=controller is not None),
+                      markup=False, highlight=False, soft_wrap=True)
             return 2
         reached = asyncio.Event()
         with progress_display(f"replaying {trace.name}", iterations, console=err,
@@ -248,6 +258,49 @@ async def replay_main(
                                   delay_ms=delay_ms, devices=devices,
                                   err=err if progress and not as_json and err.is_terminal
                                   else None, mqtt=mqtt)
+
+
+def _fit_hint(world_size: int, *, external: bool) -> str:
+    """Which rail fabric holds ``world_size`` ranks and how to ask for it: ``--fabric
+    rail:HOSTSxGPUS`` (``rail_shape_for``) on the embedded controller; with an ``external``
+    controller, that its fabric must be as large, or the embedded one with that option."""
+    try:
+        fit = rail_shape_for(world_size)
+    except FabricError as exc:
+        return f"no rail fabric fits: {exc}"
+    size = f"{fit.hosts} hosts x {fit.gpus_per_host} GPUs = {fit.gpus}"
+    if external:
+        return (f"replay against a controller whose fabric has at least {world_size} GPUs, "
+                f"or without --controller with --fabric {fit.option} ({size}) for an "
+                "embedded one that fits")
+    return f"a fabric that fits: --fabric {fit.option} ({size})"
+
+
+def _replayer_error(exc: Exception, fabric: str, shown_as: str, *, external: bool) -> str:
+    """The line for a ``ReplayError`` of building the replay on ``fabric`` (served at
+    ``shown_as``): a job larger than the fabric says which fabric would fit and how to ask
+    for it."""
+    from lightrail.agents.replay.replayer import FabricTooSmall
+
+    if not isinstance(exc, FabricTooSmall):
+        return f"lightrail replay: {exc}"
+    where = f"fabric {fabric} of the controller at {shown_as}" if external else f"fabric {fabric}"
+    return f"lightrail replay: {exc} ({where}); {_fit_hint(exc.world_size, external=external)}"
+
+
+class _TooSmall(ValueError):
+    """The embedded fabric has fewer GPUs than the job has ranks (the message says which
+    fabric would fit and how to ask for it)."""
+
+
+def _check_embedded_fabric(world_size: int, fabric: str) -> None:
+    """Raise ``_TooSmall`` when the embedded fabric ``fabric`` (a built-in name or
+    ``rail:HOSTSxGPUS``) has fewer GPUs than the job has ranks; before anything starts."""
+    shape = rail_shape(fabric)
+    if world_size > shape.gpus:
+        raise _TooSmall(f"job has {world_size} ranks but fabric {shape.name} offers "
+                        f"{shape.hosts} hosts x {shape.gpus_per_host} GPUs = {shape.gpus}; "
+                        f"{_fit_hint(world_size, external=False)}")
 
 
 def _print_failovers(err: Console, replayer: Replayer) -> None:
@@ -373,72 +426,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     ))
 
 
-POWER_COST_OPTIONS = (
-    ("--eps-radix", "eps_radix", "ports of one electrical packet switch (two tiers beyond it)"),
-    ("--eps-port-watts", "eps_port_power_w", "W per electrical switch port, optics excluded"),
-    ("--transceiver-watts", "transceiver_power_w", "W per optical transceiver module"),
-    ("--ocs-port-watts", "ocs_port_power_w", "W per OCS port (duplex)"),
-    ("--eps-port-usd", "eps_port_cost_usd", "USD per electrical switch port"),
-    ("--transceiver-usd", "transceiver_cost_usd", "USD per optical transceiver module"),
-    ("--ocs-port-usd", "ocs_port_cost_usd", "USD per OCS port (duplex)"),
-)
-"""``lightrail evaluate``'s power/cost options: flag, ``PowerCostConfig`` field, help."""
-
-
-def _radix(text: str) -> int:
-    """argparse type: an electrical switch radix, an integer >= 2."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 2:
-        raise argparse.ArgumentTypeError(f"must be >= 2, got {value}")
-    return value
-
-
-def power_cost_config(args: argparse.Namespace) -> Any:
-    """The ``PowerCostConfig`` of ``evaluate``'s power/cost options: the defaults with the
-    options given replacing their fields."""
-    import dataclasses
-
-    from lightrail.controller.core.costmodel import PowerCostConfig
-
-    given = {field: getattr(args, field) for _flag, field, _help in POWER_COST_OPTIONS
-             if getattr(args, field) is not None}
-    return dataclasses.replace(PowerCostConfig(), **given)
-
-
-def cmd_evaluate(args: argparse.Namespace) -> int:
-    from lightrail.agents.replay.evaluate import evaluate_main
-    from lightrail.agents.replay.trace.opus import is_opus_folder
-
-    if is_opus_folder(Path(args.workload)) and any(Path(args.workload).glob("*.csv")):
-        from lightrail.agents.replay.opus_compare import opus_evaluate_main
-
-        # an Opus experiment folder (patterns + latency CSVs): measured beside predicted
-        unused = [flag for flag, v in (("--delay-ms", args.delay_ms), ("--fabric", args.fabric),
-                                       ("--max-ops", args.max_ops),
-                                       ("--link-gbps", args.link_gbps),
-                                       ("--alpha-us", args.alpha_us),
-                                       ("--scale-up-gbps", args.scale_up_gbps)) if v is not None]
-        return opus_evaluate_main(Path(args.workload), as_json=args.json,
-                                  out_dir=Path(args.out) if args.out else None, unused=unused)
-
-    with progress_display(f"evaluating {Path(args.workload).name}") as bar:
-
-        def on_progress(done: int, total: int) -> None:
-            bar.update(done, total)
-            if done >= total:
-                bar.finish()  # off the screen before the table is printed
-
-        return evaluate_main(
-            Path(args.workload), args.delay_ms, Path(args.out) if args.out else None,
-            fabric=args.fabric, max_ops=args.max_ops, link_gbps=args.link_gbps,
-            alpha_us=args.alpha_us, scale_up_gbps=args.scale_up_gbps,
-            power=power_cost_config(args), as_json=args.json, on_progress=on_progress,
-        )
-
-
 def _add_replay_options(c: argparse.ArgumentParser, iterations: int) -> None:
     """The options ``replay`` and ``demo`` share; ``iterations`` is the default step count."""
     c.add_argument("--iterations", type=positive_int, default=iterations,
@@ -455,7 +442,7 @@ def _add_replay_options(c: argparse.ArgumentParser, iterations: int) -> None:
 
 
 def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``lightrail replay``, ``lightrail demo`` and ``lightrail evaluate``."""
+    """Register ``lightrail replay`` and ``lightrail demo``."""
     c = subcommands.add_parser("replay",
                                help="replay a recorded trace or workload through a controller")
     c.add_argument("trace", help="Kineto dir/tarball/JSON, AICB CSV, SimAI text or an Opus "
@@ -465,8 +452,10 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
                         "HOST:PORT,HOST:PORT,... (the leader answers) (default: start an "
                         "embedded one)")
     add_tls_arguments(c)
-    c.add_argument("--fabric", choices=["demo-4x2", "rail-16x8"], default=None,
-                   help="embedded fabric (default: by world size)")
+    c.add_argument("--fabric", type=fabric_option, choices=fabric_choices(), default=None,
+                   metavar="FABRIC",
+                   help="embedded fabric: demo-4x2, rail-16x8 or rail:HOSTSxGPUS (e.g. "
+                        "rail:32x8) (default: demo-4x2 up to 8 ranks, else rail-16x8)")
     c.add_argument("--job-id", default="replay", help="job id to register (default replay)")
     c.add_argument("--json", action="store_true", help="print the summary as JSON")
     c.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -490,33 +479,3 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
                         "and both runs' losses (needs lightrail[torch]; --iterations: steps)")
     _add_replay_options(c, 5)
     c.set_defaults(func=cmd_demo)
-
-    c = subcommands.add_parser("evaluate",
-                               help="iteration time of a workload under five rail policies "
-                                    "over reconfiguration delays (analytic, no controller)")
-    c.add_argument("workload", help="Kineto dir/tarball/JSON, AICB CSV, SimAI text or an Opus "
-                                    "pattern folder; an Opus experiment folder (patterns and "
-                                    "latency CSVs) prints Opus's measured table beside the "
-                                    "prediction")
-    c.add_argument("--delay-ms", type=float, nargs="+", default=None,
-                   help="reconfiguration delays in ms (default: 0.004 0.1 1 10 25 100)")
-    c.add_argument("--out", default=None,
-                   help="directory for evaluation.csv, evaluation.json, overhead_vs_delay.png")
-    c.add_argument("--fabric", choices=["demo-4x2", "rail-16x8"], default=None,
-                   help="built-in fabric (default: by world size)")
-    c.add_argument("--max-ops", type=int, default=None,
-                   help="evaluate only the first N collectives of each rank's iteration")
-    c.add_argument("--link-gbps", type=float, default=None, help="rail link Gb/s (default 100)")
-    c.add_argument("--alpha-us", type=float, default=None, help="per-hop latency µs (default 5)")
-    c.add_argument("--scale-up-gbps", type=float, default=None,
-                   help="NVLink Gb/s per GPU (default 2400 = 300 GB/s)")
-    from lightrail.controller.core.costmodel import PowerCostConfig
-
-    defaults = PowerCostConfig()
-    for flag, field, doc in POWER_COST_OPTIONS:
-        c.add_argument(flag, dest=field, type=_radix if field == "eps_radix"
-                       else non_negative_float, default=None, metavar="N",
-                       help=f"power/cost estimate: {doc} (default "
-                            f"{getattr(defaults, field):.4g})")
-    c.add_argument("--json", action="store_true", help="print the results as JSON")
-    c.set_defaults(func=cmd_evaluate)

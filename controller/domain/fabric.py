@@ -9,6 +9,8 @@ lands on an ingress port and its Rx fibre on an egress port; on a duplex switch 
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -251,3 +253,104 @@ BUILTIN_FABRICS = {
 }
 """Built-in fabrics by name: the demo's 4 hosts x 2 GPUs (2 rails, the Opus testbed shape) and
 16 hosts x 8 GPUs (8 rails) for 128-rank schedules. Each takes the reconfiguration delay in s."""
+
+MAX_RAIL_HOSTS = 65_536
+"""The most hosts a ``rail:HOSTSxGPUS`` fabric may have (65,536: 524,288 GPUs at 8 per host,
+beyond any cluster built; a larger number is a typo, not a fabric)."""
+MAX_GPUS_PER_HOST = 64
+"""The most GPUs per host of a ``rail:HOSTSxGPUS`` fabric (one NIC and one rail per GPU)."""
+DEFAULT_GPUS_PER_HOST = 8
+"""GPUs per host of a rail fabric sized from a job (HGX / DGX servers: 8 GPUs, 8 rail NICs)."""
+
+_RAIL_SPEC = re.compile(r"rail[:-](\d+)x(\d+)")
+
+
+@dataclass(frozen=True, slots=True)
+class RailShape:
+    """The shape of a rail fabric (``rail_fabric``): ``hosts`` x ``gpus_per_host``, one NIC
+    and one rail OCS per GPU index; ``name`` is the fabric's name (a built-in name, or
+    ``rail-HOSTSxGPUS``)."""
+
+    name: str
+    hosts: int
+    gpus_per_host: int
+
+    @property
+    def gpus(self) -> int:
+        """GPUs (ranks) the fabric holds."""
+        return self.hosts * self.gpus_per_host
+
+    @property
+    def option(self) -> str:
+        """How to ask for this fabric on the command line: its built-in name, or
+        ``rail:HOSTSxGPUS``."""
+        if self.name in BUILTIN_FABRICS:
+            return self.name
+        return f"rail:{self.hosts}x{self.gpus_per_host}"
+
+    def fabric(self, delay_s: float) -> Fabric:
+        """The fabric, every switch with reconfiguration delay ``delay_s`` (s)."""
+        return rail_fabric(self.name, self.hosts, self.gpus_per_host, delay_s=delay_s)
+
+
+BUILTIN_RAIL_SHAPES = {
+    "demo-4x2": RailShape("demo-4x2", 4, 2),
+    "rail-16x8": RailShape("rail-16x8", 16, 8),
+}
+"""The shapes of ``BUILTIN_FABRICS``."""
+
+
+def rail_shape(text: str) -> RailShape:
+    """The rail fabric ``text`` names: a built-in name (``demo-4x2``, ``rail-16x8``) or
+    ``rail:HOSTSxGPUS`` (e.g. ``rail:1152x8``: 1,152 hosts of 8 GPUs, 8 rail OCSes of 1,152
+    ports each), with 1 <= HOSTS <= ``MAX_RAIL_HOSTS`` and 1 <= GPUS <= ``MAX_GPUS_PER_HOST``.
+    A spec equal to a built-in shape is that built-in (``rail:16x8`` is ``rail-16x8``).
+
+    Raises ``FabricError`` naming the value and what is wrong with it.
+    """
+    shape = BUILTIN_RAIL_SHAPES.get(text)
+    if shape is not None:
+        return shape
+    m = _RAIL_SPEC.fullmatch(text)
+    if m is None:
+        raise FabricError(
+            f"fabric {text!r}: expected a built-in fabric ({', '.join(BUILTIN_RAIL_SHAPES)}) "
+            "or rail:HOSTSxGPUS, e.g. rail:1152x8")
+    hosts, gpus = int(m.group(1)), int(m.group(2))
+    if not 1 <= hosts <= MAX_RAIL_HOSTS:
+        raise FabricError(f"fabric {text!r}: hosts must be 1..{MAX_RAIL_HOSTS}, got {hosts}")
+    if not 1 <= gpus <= MAX_GPUS_PER_HOST:
+        raise FabricError(
+            f"fabric {text!r}: GPUs per host must be 1..{MAX_GPUS_PER_HOST}, got {gpus}")
+    for builtin in BUILTIN_RAIL_SHAPES.values():
+        if (builtin.hosts, builtin.gpus_per_host) == (hosts, gpus):
+            return builtin
+    return RailShape(f"rail-{hosts}x{gpus}", hosts, gpus)
+
+
+def rail_shape_for(world_size: int, gpus_per_host: int = DEFAULT_GPUS_PER_HOST) -> RailShape:
+    """The rail fabric a job of ``world_size`` ranks runs on when none is named: ``demo-4x2``
+    up to 8 ranks, ``rail-16x8`` up to 128 (the built-in choice, unchanged), and above that a
+    fabric exactly the job's size, so ranks fill hosts in blocks (tensor parallelism on
+    NVLink): ``gpus_per_host`` GPUs per host when it divides the world size, else the largest
+    number of GPUs per host below it that does, hosts = world / GPUs per host.
+
+    Raises ``FabricError`` for a world size < 1, ``gpus_per_host`` outside
+    1..``MAX_GPUS_PER_HOST``, or a job that needs more than ``MAX_RAIL_HOSTS`` hosts.
+    """
+    if world_size < 1:
+        raise FabricError(f"world size must be >= 1, got {world_size}")
+    if not 1 <= gpus_per_host <= MAX_GPUS_PER_HOST:
+        raise FabricError(
+            f"GPUs per host must be 1..{MAX_GPUS_PER_HOST}, got {gpus_per_host}")
+    for builtin in BUILTIN_RAIL_SHAPES.values():
+        if world_size <= builtin.gpus:
+            return builtin
+    gpus = max(g for g in range(1, gpus_per_host + 1) if world_size % g == 0)
+    hosts = world_size // gpus
+    if hosts > MAX_RAIL_HOSTS:
+        need = math.ceil(world_size / MAX_RAIL_HOSTS)
+        raise FabricError(
+            f"a job of {world_size} ranks needs {hosts} hosts of {gpus} GPUs, more than "
+            f"{MAX_RAIL_HOSTS} (MAX_RAIL_HOSTS); at least {need} GPUs per host would be needed")
+    return rail_shape(f"rail:{hosts}x{gpus}")

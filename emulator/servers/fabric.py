@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from lightrail.controller.config import FabricSection, SwitchConfig, build_fabric
-from lightrail.controller.domain.fabric import Fabric, Switch
+from lightrail.controller.domain.fabric import BUILTIN_RAIL_SHAPES, Fabric, Switch, rail_shape
 from lightrail.drivers.siph.options import SiphOptions
 from lightrail.emulator.ocs import EmulatedFabricDevices
 from lightrail.emulator.servers.mzi import MziMeshServer
@@ -33,7 +33,8 @@ SERVED_MODELS = ("tl1", "restconf", "siph")
 the SiPh MZI mesh's Qontrol-style DAC protocol."""
 
 
-RAIL_BUILTINS = {"demo-4x2": (4, 2), "rail-16x8": (16, 8)}
+RAIL_BUILTINS = {name: (shape.hosts, shape.gpus_per_host)
+                 for name, shape in BUILTIN_RAIL_SHAPES.items()}
 """Built-in fabric names as (hosts, GPUs per host) of a rail fabric."""
 
 
@@ -45,14 +46,15 @@ def rail_section(
     protocol: str = "emulated",
     switch_options: dict[str, dict[str, OptionValue]] | None = None,
 ) -> FabricSection:
-    """The config section of built-in rail fabric ``name`` (plus ``spares`` hosts), its
-    switches driven by ``protocol`` with ``switch_options``. Raises ``KeyError`` for an unknown
-    name."""
-    hosts, gpus = RAIL_BUILTINS[name]
+    """The config section of rail fabric ``name`` (a built-in name or ``rail:HOSTSxGPUS``:
+    ``lightrail.controller.domain.fabric.rail_shape``; plus ``spares`` hosts), its switches
+    driven by ``protocol`` with ``switch_options``. Raises ``FabricError`` naming an unknown
+    or malformed ``name``."""
+    shape = rail_shape(name)
     return FabricSection.model_validate({
-        "name": name + (f"+{spares}spare" if spares else ""),
-        "rail": {"hosts": hosts, "gpus_per_host": gpus, "spares": spares, "model": protocol,
-                 "switch_options": switch_options or {}},
+        "name": shape.name + (f"+{spares}spare" if spares else ""),
+        "rail": {"hosts": shape.hosts, "gpus_per_host": shape.gpus_per_host, "spares": spares,
+                 "model": protocol, "switch_options": switch_options or {}},
         "reconfiguration_delay_ms": delay_ms,
     })
 

@@ -142,8 +142,9 @@ def test_bad_inputs_are_clear_errors(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "no such file" in capsys.readouterr().err
     assert evaluate_main(tmp_path / "missing.csv", [-1.0], None) == 2
     assert "delays_ms" in capsys.readouterr().err
-    with pytest.raises(EvaluationError, match="fabric offers"):
-        evaluate(synthetic(world_size=200))
+    with pytest.raises(EvaluationError, match="fabric offers") as too_small:
+        evaluate(synthetic(world_size=200), EvaluationConfig(fabric="rail-16x8"))
+    assert "a fabric that fits: --fabric rail:25x8" in str(too_small.value)
     with pytest.raises(EvaluationError, match="unknown built-in fabric"):
         EvaluationConfig(fabric="nope")
     with pytest.raises(EvaluationError, match="max_ops"):

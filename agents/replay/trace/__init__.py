@@ -10,7 +10,6 @@ from lightrail.agents.replay.trace.aicb import (
     ParallelLayout,
     RankCoords,
     read_aicb_csv,
-    read_simai,
 )
 from lightrail.agents.replay.trace.kineto import read_kineto
 from lightrail.agents.replay.trace.loader import load_workload
@@ -22,6 +21,7 @@ from lightrail.agents.replay.trace.model import (
     TraceError,
     Workload,
 )
+from lightrail.agents.replay.trace.simai import read_simai
 
 __all__ = [
     "MAX_MESSAGE_BYTES",

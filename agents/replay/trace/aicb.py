@@ -1,4 +1,4 @@
-"""AICB workload CSV and SimAI workload text -> :class:`Workload` for every rank.
+"""AICB workload CSV -> :class:`Workload` for every rank.
 
 Both formats come from Alibaba's AICB (github.com/aliyun/aicb) and are *generated from the model*,
 not profiled: one schedule that every rank runs on its own process groups. The readers expand it
@@ -18,230 +18,40 @@ _elapsed_time,algbw,busbw,count``. ``CommType.epoch_end`` rows close the init se
 iteration; the first iteration after init is taken. Rows of ``computation``, ``barrier``,
 ``NONE`` (whatever their size) are not demand and are skipped. No compute times: gaps are 0.
 
-SimAI text (``workload/simAI/model_workload/*.txt``, read by SimAI's
-``astra-sim/workload/Workload.cc``): a first line with the parallelism policy and
-``key: value`` degrees (``model_parallel_NPU_group``, ``ep``, ``pp``, ``all_gpus`` ...), a line
-with the layer count, then per layer: name, dependency, then for the forward, input-gradient and
-weight-gradient passes a compute time in ns, a collective type and a size in bytes, and a final
-update time. Forward and input-gradient collectives run on the TP group, weight-gradient ones on
-the DP group; suffixes ``_EP`` / ``_DP_EP`` select the EP / expert-data-parallel group. The
-iteration is SimAI's order: forward layers 0..L-1, then for layers L-1..0 input gradient then
-weight gradient; compute before a collective is its gap.
+SimAI text, the other AICB output, is read by ``lightrail.agents.replay.trace.simai``.
 """
 
 from __future__ import annotations
 
 import csv
-import enum
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from lightrail.agents.replay.trace.megatron import (
+    Demand,
+    GroupKind,
+    ParallelLayout,
+    RankCoords,
+    schedule_ranks,
+)
 from lightrail.agents.replay.trace.model import (
     MAX_MESSAGE_BYTES,
     MAX_OPS_PER_ITERATION,
-    CommOp,
     Direction,
     SourceFormat,
     TraceError,
     Workload,
+    int_field,
 )
-from lightrail.controller.domain.model import Collective, ProcessGroup
+from lightrail.controller.domain.model import Collective
 
-__all__ = ["GroupKind", "ParallelLayout", "RankCoords", "read_aicb_csv", "read_simai"]
+__all__ = ["GroupKind", "ParallelLayout", "RankCoords", "read_aicb_csv"]
 
-_NS = 1e-9
 _WORLD_LINE_RE = re.compile(r"^\[\s*rank(\d+)\s*~\s*rank(\d+)\s*\]$")
 _REQUIRED_COLUMNS = ("comm_type", "comm_group", "comm_group_size", "msg_size", "stage")
 _NONE_VALUES = frozenset({"", "None", "NONE", "none"})
-
-
-class GroupKind(enum.Enum):
-    """A parallelism dimension's process group, as AICB / SimAI name them."""
-
-    TP = "tp"
-    DP = "dp"
-    PP = "pp"
-    EP = "ep"
-    EP_DP = "ep_dp"
-    """Expert-data-parallel: the DP ranks that hold the same experts (stride ``ep``)."""
-    EP_TP = "ep_tp"
-    """Tensor x expert parallel: the TP ranks of one EP block."""
-    EMBEDDING = "embedding"
-    """First and last pipeline stage of one pipeline (tied embeddings)."""
-    WORLD = "world"
-
-
-@dataclass(frozen=True, slots=True)
-class RankCoords:
-    """Position of a rank along each parallelism dimension (0-based)."""
-
-    tp: int
-    dp: int
-    pp: int
-
-
-@dataclass(frozen=True, slots=True)
-class ParallelLayout:
-    """Megatron rank layout: ``rank = tp_idx + tp * (dp_idx + dp * pp_idx)``.
-
-    ``ep`` must divide ``dp``. Raises ``ValueError`` on degrees < 1 or an ``ep`` that does not
-    divide ``dp``. Source: Megatron-LM ``megatron/core/parallel_state.py``
-    (``initialize_model_parallel``, order tp-dp-pp).
-    """
-
-    tp: int
-    dp: int
-    pp: int
-    ep: int = 1
-
-    def __post_init__(self) -> None:
-        if min(self.tp, self.dp, self.pp, self.ep) < 1:
-            raise ValueError(f"ParallelLayout: degrees must be >= 1: {self}")
-        if self.dp % self.ep:
-            raise ValueError(f"ParallelLayout: ep {self.ep} does not divide dp {self.dp}")
-
-    @property
-    def world_size(self) -> int:
-        """Number of ranks."""
-        return self.tp * self.dp * self.pp
-
-    def rank(self, coords: RankCoords) -> int:
-        """Global rank of a position."""
-        return coords.tp + self.tp * (coords.dp + self.dp * coords.pp)
-
-    def coords(self, rank: int) -> RankCoords:
-        """Position of a global rank; ``ValueError`` outside ``0 .. world_size-1``."""
-        if not 0 <= rank < self.world_size:
-            raise ValueError(f"rank {rank} outside 0..{self.world_size - 1}")
-        return RankCoords(rank % self.tp, (rank // self.tp) % self.dp, rank // (self.tp * self.dp))
-
-    def group_size(self, kind: GroupKind) -> int:
-        """Size of every group of ``kind``."""
-        return {
-            GroupKind.TP: self.tp,
-            GroupKind.DP: self.dp,
-            GroupKind.PP: self.pp,
-            GroupKind.EP: self.ep,
-            GroupKind.EP_DP: self.dp // self.ep,
-            GroupKind.EP_TP: self.tp * self.ep,
-            GroupKind.EMBEDDING: 2 if self.pp > 1 else 1,
-            GroupKind.WORLD: self.world_size,
-        }[kind]
-
-    def group(self, kind: GroupKind, rank: int) -> ProcessGroup:
-        """The group of ``kind`` that contains ``rank``."""
-        c = self.coords(rank)
-        block = c.dp - c.dp % self.ep
-        if kind is GroupKind.TP:
-            members = [RankCoords(t, c.dp, c.pp) for t in range(self.tp)]
-        elif kind is GroupKind.DP:
-            members = [RankCoords(c.tp, d, c.pp) for d in range(self.dp)]
-        elif kind is GroupKind.PP:
-            members = [RankCoords(c.tp, c.dp, p) for p in range(self.pp)]
-        elif kind is GroupKind.EP:
-            members = [RankCoords(c.tp, d, c.pp) for d in range(block, block + self.ep)]
-        elif kind is GroupKind.EP_DP:
-            members = [RankCoords(c.tp, d, c.pp) for d in range(c.dp % self.ep, self.dp, self.ep)]
-        elif kind is GroupKind.EP_TP:
-            blocks = range(block, block + self.ep)
-            members = [RankCoords(t, d, c.pp) for d in blocks for t in range(self.tp)]
-        elif kind is GroupKind.EMBEDDING:
-            members = [RankCoords(c.tp, c.dp, p) for p in sorted({0, self.pp - 1})]
-        else:
-            return ProcessGroup.of(tuple(range(self.world_size)))
-        return ProcessGroup.of(tuple(self.rank(m) for m in members))
-
-    def describe(self) -> str:
-        """The layout as a sentence for ``Workload.assumptions``."""
-        ep = f", ep={self.ep} (consecutive DP blocks)" if self.ep > 1 else ""
-        return (
-            "rank layout: Megatron order, TP fastest, then DP, then PP: "
-            f"rank = tp_idx + {self.tp}*(dp_idx + {self.dp}*pp_idx) "
-            f"(tp={self.tp}, dp={self.dp}, pp={self.pp}{ep})"
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class _Demand:
-    """One collective of the schedule, before expansion to ranks."""
-
-    line: int
-    collective: Collective
-    kind: GroupKind
-    size_bytes: int
-    gap_s: float
-    direction: Direction | None = None
-    peer_step: int = 0
-
-
-# --- shared expansion ---------------------------------------------------------------------------
-
-
-def _op_for(demand: _Demand, group: ProcessGroup, name: str, peer: int | None) -> CommOp:
-    notes: list[str] = []
-    approximate = False
-    nbytes = demand.size_bytes
-    splits: tuple[int, ...] | None = None
-    if demand.collective is Collective.ALL_GATHER:
-        nbytes, rest = divmod(demand.size_bytes, group.size)
-        if rest:
-            nbytes += 1
-            approximate = True
-            notes.append(
-                f"gathered size {demand.size_bytes} B is not a multiple of the group size "
-                f"{group.size}: shard rounded up to {nbytes} B"
-            )
-    elif demand.collective is Collective.ALL_TO_ALL:
-        if demand.size_bytes % group.size == 0:
-            splits = (demand.size_bytes // group.size,) * group.size
-            notes.append("total size only: equal splits, as the generator assumes")
-        else:
-            approximate = True
-            notes.append("total size does not split evenly: per-peer bytes unknown")
-    return CommOp(
-        collective=demand.collective,
-        group=group,
-        group_name=name,
-        nbytes=nbytes,
-        compute_gap_s=demand.gap_s,
-        approximate=approximate,
-        notes=tuple(notes),
-        split_nbytes=splits,
-        direction=demand.direction,
-        peer=peer,
-    )
-
-
-def _expand(
-    demands: Sequence[_Demand], layout: ParallelLayout
-) -> dict[int, tuple[CommOp, ...]]:
-    """Every rank's sequence; ops are shared between the members of one group."""
-    cache: dict[tuple[int, ProcessGroup, int | None], CommOp] = {}
-    ops: dict[int, list[CommOp]] = {rank: [] for rank in range(layout.world_size)}
-    groups: dict[tuple[GroupKind, int], ProcessGroup] = {}
-    for index, demand in enumerate(demands):
-        for rank in range(layout.world_size):
-            key = (demand.kind, rank)
-            group = groups.get(key)
-            if group is None:
-                group = layout.group(demand.kind, rank)
-                for member in group.ranks:
-                    groups[(demand.kind, member)] = group
-            peer: int | None = None
-            if demand.collective is Collective.SEND_RECV:
-                c = layout.coords(rank)
-                stage = c.pp + demand.peer_step
-                if not 0 <= stage < layout.pp:
-                    continue  # first / last pipeline stage: no neighbour on that side
-                peer = layout.rank(RankCoords(c.tp, c.dp, stage))
-            op = cache.get((index, group, peer))
-            if op is None:
-                op = _op_for(demand, group, demand.kind.value, peer)
-                cache[(index, group, peer)] = op
-            ops[rank].append(op)
-    return {rank: tuple(seq) for rank, seq in ops.items()}
 
 
 # --- AICB CSV -----------------------------------------------------------------------------------
@@ -288,19 +98,6 @@ class _CsvRow:
     stage: str
     additional: str
     count: int
-
-
-def _csv_int(source: Path, line: int, column: str, value: str, *, minimum: int,
-             maximum: int | None = None) -> int:
-    try:
-        number = int(value.strip())
-    except ValueError:
-        raise TraceError(source, column, value, "not an integer", line=line) from None
-    if number < minimum:
-        raise TraceError(source, column, value, f"must be >= {minimum}", line=line)
-    if maximum is not None and number > maximum:
-        raise TraceError(source, column, value, f"must be <= {maximum}", line=line)
-    return number
 
 
 def _read_lines(source: Path) -> list[str]:
@@ -354,14 +151,14 @@ def _csv_row(source: Path, line: int, cells: Mapping[str, str]) -> _CsvRow:
     raw_size = cells["comm_group_size"].strip()
     group_size = (
         None if raw_size in _NONE_VALUES
-        else _csv_int(source, line, "comm_group_size", raw_size, minimum=1)
+        else int_field(source, line, "comm_group_size", raw_size, minimum=1)
     )
     raw_msg = cells["msg_size"].strip()
-    msg_size = 0 if raw_msg in _NONE_VALUES else _csv_int(
+    msg_size = 0 if raw_msg in _NONE_VALUES else int_field(
         source, line, "msg_size", raw_msg, minimum=0, maximum=MAX_MESSAGE_BYTES
     )
     raw_count = cells.get("count", "").strip()
-    count = 1 if raw_count in _NONE_VALUES else _csv_int(
+    count = 1 if raw_count in _NONE_VALUES else int_field(
         source, line, "count", raw_count, minimum=1, maximum=MAX_OPS_PER_ITERATION
     )
     if comm_type in _AICB_COLLECTIVES:
@@ -490,7 +287,7 @@ def read_aicb_csv(path: Path) -> Workload:
     layout = _infer_layout(path, world, rows, assumptions)
     assumptions.append(layout.describe())
     label, body = _iteration_rows(path, rows, assumptions)
-    demands: list[_Demand] = []
+    demands: list[Demand] = []
     skipped: dict[str, int] = {}
     for row in body:
         if row.comm_type not in _AICB_COLLECTIVES:
@@ -509,7 +306,7 @@ def read_aicb_csv(path: Path) -> Workload:
             if direction is not expected:
                 raise TraceError(path, "additional", row.additional,
                                  f"contradicts comm_type {row.comm_type}", line=row.line)
-        demand = _Demand(row.line, _AICB_COLLECTIVES[row.comm_type], row.group, row.msg_size,
+        demand = Demand(row.line, _AICB_COLLECTIVES[row.comm_type], row.group, row.msg_size,
                          0.0, direction, step)
         demands.extend([demand] * row.count)
         if len(demands) > MAX_OPS_PER_ITERATION:
@@ -529,193 +326,7 @@ def read_aicb_csv(path: Path) -> Workload:
         name=path.name,
         source_format=SourceFormat.AICB_CSV,
         world_size=layout.world_size,
-        ranks=_expand(demands, layout),
+        ranks=schedule_ranks(demands, layout),
         assumptions=tuple(assumptions),
         iteration=label,
-    )
-
-
-# --- SimAI text ---------------------------------------------------------------------------------
-
-_SIMAI_POLICIES = frozenset({"HYBRID_TRANSFORMER_FWD_IN_BCKWD", "HYBRID_TRANSFORMER"})
-_SIMAI_BASES: Mapping[str, Collective] = {
-    "ALLREDUCE": Collective.ALL_REDUCE,
-    "ALLGATHER": Collective.ALL_GATHER,
-    "REDUCESCATTER": Collective.REDUCE_SCATTER,
-    "ALLTOALL": Collective.ALL_TO_ALL,
-    "BROADCAST": Collective.BROADCAST,
-}
-_SIMAI_FIELDS = 12
-
-
-class _Pass(enum.Enum):
-    FORWARD = "fwd"
-    INPUT_GRAD = "ig"
-    WEIGHT_GRAD = "wg"
-
-
-@dataclass(frozen=True, slots=True)
-class _Slot:
-    compute_ns: int
-    collective: Collective | None
-    kind: GroupKind
-    size_bytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class _Layer:
-    line: int
-    name: str
-    forward: _Slot
-    input_grad: _Slot
-    weight_grad: _Slot
-
-
-def _simai_header(source: Path, line: str) -> tuple[str, dict[str, int]]:
-    tokens = line.split()
-    if not tokens or tokens[0] not in _SIMAI_POLICIES:
-        raise TraceError(source, "workload type", tokens[0] if tokens else line,
-                         f"not a SimAI workload type this reader supports "
-                         f"({', '.join(sorted(_SIMAI_POLICIES))})", line=1)
-    params: dict[str, int] = {}
-    i = 1
-    while i < len(tokens):
-        key = tokens[i].rstrip(":")
-        if tokens[i].endswith(":") or key == "pp_comm":
-            if i + 1 >= len(tokens):
-                raise TraceError(source, key, None, "missing value", line=1)
-            value = tokens[i + 1]
-            try:
-                params[key] = int(float(value)) if key == "pp_comm" else int(value)
-            except ValueError:
-                raise TraceError(source, key, value, "not an integer", line=1) from None
-            i += 2
-        else:
-            i += 1
-    return tokens[0], params
-
-
-def _simai_slot(source: Path, line: int, fields: Sequence[str], at: int, which: _Pass) -> _Slot:
-    names = (f"{which.value}_compute_time", f"{which.value}_comm_type", f"{which.value}_comm_size")
-    compute = _csv_int(source, line, names[0], fields[at], minimum=0)
-    raw_type = fields[at + 1]
-    size = _csv_int(source, line, names[2], fields[at + 2], minimum=0, maximum=MAX_MESSAGE_BYTES)
-    if raw_type == "NONE":
-        return _Slot(compute, None, GroupKind.TP, 0)  # a size on NONE is not demand
-    base, _, suffix = raw_type.partition("_")
-    collective = _SIMAI_BASES.get(base)
-    plain = GroupKind.DP if which is _Pass.WEIGHT_GRAD else GroupKind.TP
-    kind = {"": plain, "EP": GroupKind.EP, "DP_EP": GroupKind.EP_DP}.get(suffix)
-    if collective is None or kind is None:
-        raise TraceError(source, names[1], raw_type, "unknown SimAI collective type", line=line)
-    return _Slot(compute, collective, kind, size)
-
-
-def _simai_layers(source: Path, lines: Sequence[str]) -> list[_Layer]:
-    if len(lines) < 2:
-        raise TraceError(source, "layer count", None, "missing second line", line=2)
-    count = _csv_int(source, 2, "layer count", lines[1], minimum=0)
-    layers: list[_Layer] = []
-    for offset, text in enumerate(lines[2:]):
-        line = 3 + offset
-        fields = text.split()
-        if not fields:
-            continue
-        if len(fields) != _SIMAI_FIELDS:
-            raise TraceError(source, "<layer>", text,
-                             f"{len(fields)} fields, expected {_SIMAI_FIELDS}", line=line)
-        _csv_int(source, line, "dependency", fields[1].lstrip("-"), minimum=0)
-        _csv_int(source, line, "wg_update_time", fields[11], minimum=0)
-        layers.append(_Layer(
-            line=line,
-            name=fields[0],
-            forward=_simai_slot(source, line, fields, 2, _Pass.FORWARD),
-            input_grad=_simai_slot(source, line, fields, 5, _Pass.INPUT_GRAD),
-            weight_grad=_simai_slot(source, line, fields, 8, _Pass.WEIGHT_GRAD),
-        ))
-    if len(layers) != count:
-        raise TraceError(source, "layer count", count, f"but {len(layers)} layer lines follow",
-                         line=2)
-    return layers
-
-
-def _simai_order(layers: Sequence[_Layer]) -> Iterator[tuple[_Layer, _Slot]]:
-    for layer in layers:
-        yield layer, layer.forward
-    for layer in reversed(layers):
-        yield layer, layer.input_grad
-        yield layer, layer.weight_grad
-
-
-def read_simai(path: Path, *, world_size: int | None = None) -> Workload:
-    """Read a SimAI workload text file into a Workload for all ranks.
-
-    ``world_size`` is needed when the header has no ``all_gpus`` (older AICB output); when both
-    are given they must agree. Returns ``SourceFormat.SIMAI`` with gaps from the per-layer
-    compute times (ns) and ``tail_gap_s`` for the compute after the last collective. Raises
-    :class:`TraceError` naming the file, line and field on an unsupported workload type, a
-    malformed layer line (bad number, unknown collective type, wrong field count) or
-    inconsistent degrees.
-    """
-    path = Path(path)
-    lines = _read_lines(path)
-    if not lines:
-        raise TraceError(path, "workload type", "", "empty file", line=1)
-    policy, params = _simai_header(path, lines[0])
-    header_world = params.get("all_gpus")
-    if header_world is not None and world_size is not None and header_world != world_size:
-        raise TraceError(path, "all_gpus", header_world, f"but world_size={world_size} was given",
-                         line=1)
-    world = header_world or world_size
-    if world is None:
-        raise TraceError(path, "all_gpus", None,
-                         "world size not in the header; pass world_size", line=1)
-    tp = params.get("model_parallel_NPU_group", 1)
-    pp = params.get("pp", 1)
-    ep = params.get("ep", 1)
-    if tp < 1 or pp < 1 or world % (tp * pp):
-        raise TraceError(path, "model_parallel_NPU_group", tp,
-                         f"tp {tp} x pp {pp} does not divide the world size {world}", line=1)
-    try:
-        layout = ParallelLayout(tp=tp, dp=world // (tp * pp), pp=pp, ep=ep)
-    except ValueError as exc:
-        raise TraceError(path, "ep", ep, str(exc), line=1) from exc
-    layers = _simai_layers(path, lines)
-    demands: list[_Demand] = []
-    pending_ns = 0
-    for layer, slot in _simai_order(layers):
-        pending_ns += slot.compute_ns
-        if slot.collective is None:
-            continue
-        demands.append(_Demand(layer.line, slot.collective, slot.kind, slot.size_bytes,
-                               pending_ns * _NS))
-        pending_ns = 0
-    assumptions = [
-        "SimAI schedule generated from the model, not profiled: every rank runs the same "
-        "sequence on its own process groups",
-        layout.describe(),
-        "groups as SimAI's Workload.cc: forward and input-gradient collectives on the TP group, "
-        "weight-gradient ones on the DP group (_EP: EP group, _DP_EP: expert-data-parallel)",
-        "order as SimAI runs it: forward layers first to last, then per layer last to first the "
-        "input-gradient then the weight-gradient collective; SimAI overlaps weight-gradient "
-        "collectives with later compute, here they are sequenced",
-        "compute gaps are the layer compute times (ns) before each collective; update times are "
-        "not modelled",
-    ]
-    if policy == "HYBRID_TRANSFORMER_FWD_IN_BCKWD" and params.get("checkpoints", 0) > 0:
-        assumptions.append("activation checkpointing (forward recompute in backward) not modelled")
-    if "pp" not in params or "all_gpus" not in params:
-        assumptions.append(f"header without pp/all_gpus (older AICB): pp={pp}, world={world}")
-    if any(d.collective is Collective.BROADCAST for d in demands):
-        assumptions.append("BROADCAST layers are kept (SimAI itself ignores them)")
-    ops = _expand(demands, layout)
-    tails = {rank: pending_ns * _NS for rank in ops}
-    return Workload(
-        name=path.name,
-        source_format=SourceFormat.SIMAI,
-        world_size=layout.world_size,
-        ranks=ops,
-        assumptions=tuple(assumptions),
-        iteration="one iteration (the whole file)",
-        tail_gap_s=tails,
     )

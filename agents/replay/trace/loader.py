@@ -8,7 +8,7 @@ directory of ``*.json`` / ``*.json.gz``    :func:`~lightrail.agents.replay.trace
 ``*.tar.gz`` / ``*.tgz`` / ``*.tar``       :func:`~lightrail.agents.replay.trace.kineto.read_kineto`
 ``*.json`` / ``*.json.gz``                 :func:`~lightrail.agents.replay.trace.kineto.read_kineto`
 ``*.csv``                                  :func:`~lightrail.agents.replay.trace.aicb.read_aicb_csv`
-``*.txt``                                  :func:`~lightrail.agents.replay.trace.aicb.read_simai`
+``*.txt``                                  :func:`~lightrail.agents.replay.trace.simai.read_simai`
 =========================================  ==============================
 """
 
@@ -18,10 +18,11 @@ import dataclasses
 import re
 from pathlib import Path
 
-from lightrail.agents.replay.trace.aicb import read_aicb_csv, read_simai
+from lightrail.agents.replay.trace.aicb import read_aicb_csv
 from lightrail.agents.replay.trace.kineto import read_kineto
 from lightrail.agents.replay.trace.model import TraceError, Workload
 from lightrail.agents.replay.trace.opus import is_opus_folder, read_opus
+from lightrail.agents.replay.trace.simai import read_simai
 
 __all__ = ["load_workload"]
 

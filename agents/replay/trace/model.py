@@ -14,10 +14,11 @@ NCCL collective semantics (docs.nvidia.com/deeplearning/nccl, "Collective Operat
 
 from __future__ import annotations
 
+import abc
 import enum
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TypeVar
@@ -184,6 +185,83 @@ def _frozen_mapping(items: Mapping[_K, _V]) -> Mapping[_K, _V]:
     return MappingProxyType(dict(items))
 
 
+class RankSchedule(abc.ABC):
+    """One schedule that every rank of a job runs on its own process groups, kept by class of
+    ranks instead of per rank (generated workloads: AICB, SimAI). A job of 9,216 ranks is 9,216
+    sequences of the same calls; a schedule computes a rank's sequence when asked and says which
+    ranks behave alike, so nothing is materialized per rank.
+
+    Contract (what :func:`lightrail.agents.replay.evaluate.evaluate` relies on):
+
+    - ``blocks()`` partitions ``0 .. world_size-1`` into ranges, in rank order; the ranks of one
+      block issue the same sequence up to the process groups: the same collectives, group
+      sizes, byte counts and compute gaps, op by op (and the workload's tail gap is equal
+      across a block);
+    - ``ops_of(rank)`` equals what a per-rank reader would store for ``rank``, every op's group
+      containing ``rank``;
+    - ``groups_at(block, index)`` is the set of the groups the ranks of ``block`` use at
+      position ``index`` of their sequences (those that run at once on the rails).
+    """
+
+    world_size: int
+
+    @abc.abstractmethod
+    def ops_of(self, rank: int) -> tuple[CommOp, ...]:
+        """``rank``'s calls in issue order; ``KeyError`` outside ``0 .. world_size-1``."""
+
+    @abc.abstractmethod
+    def blocks(self) -> tuple[range, ...]:
+        """The ranks in ranges that run alike (see the class docstring)."""
+
+    @abc.abstractmethod
+    def groups_at(self, block: int, index: int) -> frozenset[ProcessGroup]:
+        """The groups of op ``index`` over the ranks of ``blocks()[block]``; ``IndexError``
+        when the block's sequence is shorter."""
+
+
+class ScheduledRanks(Mapping[int, tuple[CommOp, ...]]):
+    """``Workload.ranks`` of a :class:`RankSchedule`: every rank ``0 .. world_size-1``, its
+    sequence computed on each lookup (nothing stored per rank). Iterating it materializes the
+    sequences one at a time; code that can work per class reads ``schedule`` instead."""
+
+    __slots__ = ("schedule",)
+
+    def __init__(self, schedule: RankSchedule) -> None:
+        self.schedule = schedule
+
+    def __getitem__(self, rank: int) -> tuple[CommOp, ...]:
+        if not isinstance(rank, int) or not 0 <= rank < self.schedule.world_size:
+            raise KeyError(rank)
+        return self.schedule.ops_of(rank)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.schedule.world_size))
+
+    def __len__(self) -> int:
+        return self.schedule.world_size
+
+    def __contains__(self, rank: object) -> bool:
+        return isinstance(rank, int) and 0 <= rank < self.schedule.world_size
+
+    def __repr__(self) -> str:
+        return f"ScheduledRanks({type(self.schedule).__name__}, {len(self)} ranks)"
+
+
+def block_of(blocks: Sequence[range], rank: int) -> int:
+    """Index of the block of ``blocks`` (ranges in rank order) holding ``rank``;
+    ``KeyError`` when none does."""
+    lo, hi = 0, len(blocks)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if rank < blocks[mid].start:
+            hi = mid
+        elif rank >= blocks[mid].stop:
+            lo = mid + 1
+        else:
+            return mid
+    raise KeyError(rank)
+
+
 @dataclass(frozen=True, slots=True)
 class Workload:
     """One iteration of a job, per rank.
@@ -194,7 +272,8 @@ class Workload:
         world_size: number of ranks in the job (ranks are ``0 .. world_size-1``).
         ranks: rank -> its collective calls in issue order, for one iteration. Only ranks the
             source describes (or that could be derived soundly) are present; ``assumptions``
-            say how the others relate.
+            say how the others relate. A :class:`ScheduledRanks` (generated schedules) holds
+            every rank and computes each sequence when asked; ``schedule`` gives its classes.
         assumptions: statements a replay prints before running, e.g. "no process group
             recorded; world group assumed".
         iteration: which iteration of the source was taken (e.g. ``"ProfilerStep#6"``).
@@ -216,8 +295,14 @@ class Workload:
     def __post_init__(self) -> None:
         if self.world_size < 1:
             raise ValueError(f"Workload: world_size must be >= 1: {self.world_size}")
-        object.__setattr__(self, "ranks", _frozen_mapping(self.ranks))
         object.__setattr__(self, "tail_gap_s", _frozen_mapping(self.tail_gap_s))
+        if isinstance(self.ranks, ScheduledRanks):
+            if self.ranks.schedule.world_size != self.world_size:
+                raise ValueError(f"Workload: schedule of {self.ranks.schedule.world_size} ranks "
+                                 f"for world_size {self.world_size}")
+            self._check_tails()
+            return  # the schedule builds valid sequences (RankSchedule's contract)
+        object.__setattr__(self, "ranks", _frozen_mapping(self.ranks))
         for rank, ops in self.ranks.items():
             if not 0 <= rank < self.world_size:
                 raise ValueError(f"Workload: rank {rank} outside 0..{self.world_size - 1}")
@@ -226,11 +311,19 @@ class Workload:
                     raise ValueError(
                         f"Workload: rank {rank} op #{i} on group {op.group.ranks} without it"
                     )
+        self._check_tails()
+
+    def _check_tails(self) -> None:
         for rank, gap in self.tail_gap_s.items():
             if rank not in self.ranks:
                 raise ValueError(f"Workload: tail_gap_s for rank {rank} which has no ops entry")
             if not math.isfinite(gap) or gap < 0:
                 raise ValueError(f"Workload: tail_gap_s[{rank}] must be finite and >= 0: {gap}")
+
+    @property
+    def schedule(self) -> RankSchedule | None:
+        """The class-based schedule behind ``ranks``, or None for per-rank sequences."""
+        return self.ranks.schedule if isinstance(self.ranks, ScheduledRanks) else None
 
     def groups(self) -> frozenset[ProcessGroup]:
         """Every known process group used by any rank."""
@@ -242,3 +335,18 @@ class Workload:
         for op in self.ranks[rank]:
             counts[op.collective] = counts.get(op.collective, 0) + 1
         return MappingProxyType(counts)
+
+
+def int_field(source: str | os.PathLike[str], line: int, column: str, value: str, *, minimum: int,
+              maximum: int | None = None) -> int:
+    """``value`` (field ``column`` of ``source`` at ``line``) as an integer in ``minimum ..
+    maximum``; ``TraceError`` naming the file, line, field and value otherwise."""
+    try:
+        number = int(value.strip())
+    except ValueError:
+        raise TraceError(source, column, value, "not an integer", line=line) from None
+    if number < minimum:
+        raise TraceError(source, column, value, f"must be >= {minimum}", line=line)
+    if maximum is not None and number > maximum:
+        raise TraceError(source, column, value, f"must be <= {maximum}", line=line)
+    return number
