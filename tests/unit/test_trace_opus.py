@@ -314,3 +314,21 @@ def test_dp_phase_from_backend_6_to_5(tmp_path: Path) -> None:
     calls = _calls(phases)
     assert calls[1] == [(1, 8)]
     assert calls[2] == [(6, 0), (6, 1), (6, 2), *[(5, i) for i in range(86, 103)]]
+
+
+@pytest.mark.parametrize("text", [b"", b"\r\n", b"Experment,Min latency (s)\r\nx,1,1,0\r\n"])
+def test_a_latency_results_csv_without_the_header_is_an_error(tmp_path: Path,
+                                                              text: bytes) -> None:
+    # review of issue 13: an empty or mis-headed latency_results*.csv was left out silently, and
+    # evaluate printed '-' for the mode it held
+    d = _write_experiment(tmp_path)
+    bad = d / "latency_results_provision.csv"
+    bad.write_bytes(text)
+    with pytest.raises(TraceError) as ei:
+        read_latency_folder(d)
+    assert (ei.value.field, ei.value.line) == ("header", 1)
+    assert str(bad) in str(ei.value)
+    (d / "notes.csv").write_bytes(b"a,b\r\n")  # another CSV is still not read
+    bad.unlink()
+    table = read_latency_folder(d)
+    assert table is not None and set(table.on_demand) == {100.0}
