@@ -182,8 +182,11 @@ def non_negative_float(text: str) -> float:
 
 def positive_float(text: str) -> float:
     """argparse type: a finite number > 0."""
-    value = non_negative_float(text)
-    if value == 0:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
     return value
 
