@@ -262,7 +262,7 @@ MAX_GPUS_PER_HOST = 64
 DEFAULT_GPUS_PER_HOST = 8
 """GPUs per host of a rail fabric sized from a job (HGX / DGX servers: 8 GPUs, 8 rail NICs)."""
 
-_RAIL_SPEC = re.compile(r"rail[:-](\d+)x(\d+)")
+_RAIL_SPEC = re.compile(r"rail[:-]([0-9]+)x([0-9]+)")  # ASCII digits only
 
 
 @dataclass(frozen=True, slots=True)

@@ -262,7 +262,9 @@ def test_rail_specs_parse_and_bad_ones_name_the_value() -> None:
     for bad, reason in (("rail:0x8", "hosts must be 1..65536, got 0"),
                         ("rail:4x0", "GPUs per host must be 1..64, got 0"),
                         ("rail:4x", "expected a built-in fabric"),
-                        ("rack-4x2", "expected a built-in fabric")):
+                        ("rack-4x2", "expected a built-in fabric"),
+                        # review of issue 13: digits of other scripts read as 1 (rail-1x8)
+                        ("rail:\u0661x8", "expected a built-in fabric")):
         with pytest.raises(FabricError, match=reason) as err:
             rail_shape(bad)
         assert repr(bad) in str(err.value)
