@@ -29,6 +29,7 @@ from lightrail.agents.replay.trace.model import CommOp, Workload
 from lightrail.controller.cli.embedded import embedded_config, spawn_controller, spawn_emulator
 from lightrail.controller.config import FabricSection, build_fabric
 from lightrail.controller.domain.events import JobEvent
+from lightrail.controller.domain.fabric import MAX_RECONFIGURATION_DELAY_MS
 from lightrail.controller.domain.model import Collective, PhaseKey
 
 DELAYS_MS = (0.0, 10.0, 100.0, 1000.0)
@@ -40,9 +41,6 @@ HOSTS, GPUS_PER_HOST = 4, 4
 DEFAULT_TIME_SCALE = 0.05
 """Compute gaps, transfers and δ divided by 20: the full table (9 runs of 10 iterations)
 takes about 2-3 minutes."""
-MAX_SCALED_DELAY_MS = 600_000.0
-"""The largest δ an emulated switch takes after scaling, ms (``FabricSection.
-reconfiguration_delay_ms``'s bound in ``controller/config.py``)."""
 LINK_GBPS = 200.0
 """A rail link, Gb/s: Perlmutter's GPU nodes have one 200 Gb/s Slingshot-11 NIC per GPU."""
 
@@ -186,10 +184,10 @@ class BenchConfig:
         for d in self.delays_ms:
             if not (math.isfinite(d) and d >= 0):
                 raise BenchError(f"delay_ms: must be finite and >= 0, got {d}")
-            if d * self.time_scale > MAX_SCALED_DELAY_MS:
+            if d * self.time_scale > MAX_RECONFIGURATION_DELAY_MS:
                 raise BenchError(f"delay_ms: {d:g} x time scale {self.time_scale:g} is above "
-                                 f"the emulated switch's {MAX_SCALED_DELAY_MS:g} ms (fabric."
-                                 "reconfiguration_delay_ms)")
+                                 f"the emulated switch's {MAX_RECONFIGURATION_DELAY_MS:g} ms "
+                                 "(MAX_RECONFIGURATION_DELAY_MS)")
 
 
 def fabric_section(delay_ms: float) -> FabricSection:
