@@ -150,3 +150,13 @@ def test_real_folders(folder: str, delays: int) -> None:
             at0.predicted_on_demand_s + 6 * r.delay_ms / 1e3, rel=1e-6)
         assert r.predicted_provisioning_s <= r.predicted_on_demand_s + 1e-9
         assert r.best_s <= r.predicted_ron_s + 1e-9
+
+
+def test_evaluate_help_names_what_out_writes_for_an_opus_folder(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # review of issue 13: --out's help named only evaluation.csv/.json/.png, but an Opus
+    # experiment folder writes opus_comparison.json alone
+    with pytest.raises(SystemExit):
+        cli_main(["evaluate", "--help"])
+    assert "opus_comparison.json" in " ".join(capsys.readouterr().out.split())
