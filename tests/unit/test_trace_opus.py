@@ -202,6 +202,10 @@ def _pattern(tmp_path: Path, lines: list[str]) -> Path:
     ("PP start_backend: 1 start_idx: 0 end_backend: 1 end_idx: 0 len: 1, start_time: 1.0, "
      "end_time: 2.0", "start_time", "1.0"),
     ("garbage", "phase", "garbage"),
+    # review of issue 13: one phase of 10^7 calls (6 -> 5, so len is not checked against the
+    # indices) took 1 GB; a few of them ran out of memory
+    ("DP start_backend: 6 start_idx: 0 end_backend: 5 end_idx: 9 len: 10000000", "len",
+     10000000),
 ])
 def test_malformed_pattern_line(tmp_path: Path, line: str, field: str, value: object) -> None:
     p = _pattern(tmp_path, ["Node: h, Rank: 0, Tid: 1", line])
