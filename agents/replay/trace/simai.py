@@ -66,6 +66,9 @@ _SIMAI_BASES: Mapping[str, Collective] = {
     "BROADCAST": Collective.BROADCAST,
 }
 _SIMAI_FIELDS = 12
+_SIMAI_HEADER_KEYS = frozenset({"model_parallel_NPU_group", "ep", "pp", "vpp", "ga", "all_gpus",
+                                "checkpoints", "checkpoint_initiates", "pp_comm"})
+"""The header fields AICB writes (``pp_comm`` with or without its colon); others are noted."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +98,12 @@ def _simai_header(source: Path, line: str) -> tuple[str, dict[str, int]]:
     i = 1
     while i < len(tokens):
         key = tokens[i].rstrip(":")
+        if ":" in key:  # 'pp:12' would be left out, and pp read as 1
+            raise TraceError(source, key.partition(":")[0], tokens[i],
+                             "expected 'KEY: VALUE' (a space after the colon)", line=1)
+        if key in _SIMAI_HEADER_KEYS and key != "pp_comm" and not tokens[i].endswith(":"):
+            raise TraceError(source, key, tokens[i], f"expected '{key}: VALUE' (no colon)",
+                             line=1)
         if tokens[i].endswith(":") or key == "pp_comm":
             if i + 1 >= len(tokens):
                 raise TraceError(source, key, None, "missing value", line=1)
@@ -225,6 +234,10 @@ def _simai_assumptions(
     ]
     if policy == "HYBRID_TRANSFORMER_FWD_IN_BCKWD" and params.get("checkpoints", 0) > 0:
         assumptions.append("activation checkpointing (forward recompute in backward) not modelled")
+    unknown = sorted(set(params) - _SIMAI_HEADER_KEYS)
+    if unknown:
+        assumptions.append(f"header field(s) {', '.join(unknown)} not read (AICB writes "
+                           f"{', '.join(sorted(_SIMAI_HEADER_KEYS))})")
     if "pp" not in params or "all_gpus" not in params:
         assumptions.append(f"header without pp/all_gpus (older AICB): pp={pp}, world={world}")
     if any(d.collective is Collective.BROADCAST for d in demands):
@@ -286,7 +299,8 @@ def read_simai(path: Path, *, world_size: int | None = None) -> Workload:
     neighbouring stages, and waits where GPipe's bubble falls
     (``lightrail.agents.replay.trace.simai_pipeline``). Raises :class:`TraceError` naming the
     file, line and field on an unsupported workload type, a malformed layer line (bad number,
-    unknown collective type, wrong field count), a header field given twice, an ``all_gpus``
+    unknown collective type, wrong field count), a header field of AICB's without its colon or
+    any written ``KEY:VALUE`` (no space), a header field given twice, an ``all_gpus``
     outside 1..``MAX_WORLD_SIZE``, a ``pp_comm`` above ``MAX_MESSAGE_BYTES``, inconsistent
     degrees (``pp`` or ``tp x pp`` not dividing ``all_gpus``, an ``ep`` not dividing DP, a
     degree < 1), ``pp > 1`` without a ``pp_comm``, or microbatches (``embedding_layer`` ...
