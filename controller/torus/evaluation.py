@@ -224,11 +224,18 @@ class SliceEvaluation:
 
 def trace_mix(fabric: TorusFabric, mix: tuple[MixEntry, ...] = DEFAULT_MIX
               ) -> list[MixEntry]:
-    """``mix`` without entries that fit ``fabric`` in no rotation, weights renormalised.
-    Raises ``ValueError`` if nothing is left."""
+    """``mix`` without entries that fit ``fabric`` in no rotation (a bare size: in no box,
+    as the allocator requires), weights renormalised. Raises ``ValueError`` if nothing is
+    left."""
     dims = fabric.dims
+
+    def box_of(n: int) -> bool:
+        return any(n % (a * b) == 0 and n // (a * b) <= dims.z
+                   for a in range(1, dims.x + 1) for b in range(1, dims.y + 1))
+
     kept = [m for m in mix if m.chips <= dims.volume and (
-        m.shape is None or any(r.fits_in(dims) for r in m.shape.rotations()))]
+        box_of(m.chips) if m.shape is None
+        else any(r.fits_in(dims) for r in m.shape.rotations()))]
     total = sum(m.weight for m in kept)
     if not kept or total <= 0:
         raise ValueError(f"mix: no request kind fits the torus {dims}")

@@ -136,3 +136,12 @@ def test_cli_slices_eval_names_the_option_and_value_of_bad_input(
         assert ei.value.code == 2
         err = capsys.readouterr().err
         assert f"argument {option}: {says}" in err, err
+
+
+def test_a_torus_of_one_server_drops_sizes_that_form_no_box() -> None:
+    # review of issue 13: --torus 2x2 failed with 'size: 3 chips form no box that fits the
+    # torus 2x2x1' (a size of the mix, not an argument)
+    fabric = TorusFabric.parse("2x2")
+    assert all(m.chips in (1, 2, 4) for m in trace_mix(fabric))
+    ev = evaluate_slices(torus="2x2", requests=20, frag_samples=5)
+    assert ev.results[0].accepted + ev.results[0].rejected == 18  # 10 % warm-up
