@@ -336,3 +336,16 @@ def test_a_latency_results_csv_without_the_header_is_an_error(tmp_path: Path,
     bad.unlink()
     table = read_latency_folder(d)
     assert table is not None and set(table.on_demand) == {100.0}
+
+
+def test_the_name_of_a_folder_given_as_dot_is_the_folder_s(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # review of issue 13: 'lightrail evaluate .' printed ' (opus): 16 ranks ...' and JSON
+    # "workload": ""
+    d = _write_experiment(tmp_path)
+    monkeypatch.chdir(d)
+    assert read_opus(Path(".")).name == d.name
+    monkeypatch.chdir(d / "comm_pattern")
+    assert read_opus(Path(".")).name == "comm_pattern"
+    assert read_opus(Path("..")).name == d.name
