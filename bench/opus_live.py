@@ -29,6 +29,7 @@ from lightrail.agents.replay.trace.model import CommOp, Workload
 from lightrail.controller.cli.embedded import embedded_config, spawn_controller, spawn_emulator
 from lightrail.controller.config import FabricSection, build_fabric
 from lightrail.controller.domain.events import JobEvent
+from lightrail.controller.domain.fabric import MAX_RECONFIGURATION_DELAY_MS
 from lightrail.controller.domain.model import Collective, PhaseKey
 
 DELAYS_MS = (0.0, 10.0, 100.0, 1000.0)
@@ -183,6 +184,10 @@ class BenchConfig:
         for d in self.delays_ms:
             if not (math.isfinite(d) and d >= 0):
                 raise BenchError(f"delay_ms: must be finite and >= 0, got {d}")
+            if d * self.time_scale > MAX_RECONFIGURATION_DELAY_MS:
+                raise BenchError(f"delay_ms: {d:g} x time scale {self.time_scale:g} is above "
+                                 f"the emulated switch's {MAX_RECONFIGURATION_DELAY_MS:g} ms "
+                                 "(MAX_RECONFIGURATION_DELAY_MS)")
 
 
 def fabric_section(delay_ms: float) -> FabricSection:

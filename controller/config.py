@@ -25,6 +25,7 @@ from pydantic import (
 
 from lightrail.controller.domain.fabric import (
     BUILTIN_FABRICS,
+    MAX_RECONFIGURATION_DELAY_MS,
     Endpoint,
     EndpointId,
     Fabric,
@@ -279,7 +280,7 @@ class SwitchConfig(_Strict):
     ports: int = Field(gt=0, le=MAX_GPUS,
                        description="N: an N x N switch has ingress 1..N, egress N+1..2N")
     rail: int | None = Field(default=None, ge=0)
-    reconfiguration_delay_ms: float = Field(default=10.0, ge=0, le=600_000)
+    reconfiguration_delay_ms: float = Field(default=10.0, ge=0, le=MAX_RECONFIGURATION_DELAY_MS)
     max_batch: int | None = Field(default=None, gt=0)
     options: dict[str, OptionValue] = Field(default_factory=dict)
 
@@ -316,7 +317,7 @@ class FabricSection(_Strict):
 
     builtin: Literal["demo-4x2", "rail-16x8"] | None = None
     rail: RailFabricConfig | None = None
-    reconfiguration_delay_ms: float = Field(default=10.0, ge=0, le=600_000)
+    reconfiguration_delay_ms: float = Field(default=10.0, ge=0, le=MAX_RECONFIGURATION_DELAY_MS)
     name: str | None = None
     hosts: list[HostConfig] = Field(default_factory=list)
     switches: list[SwitchConfig] = Field(default_factory=list)

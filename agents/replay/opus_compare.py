@@ -124,7 +124,8 @@ def _evaluate(exp: OpusExperiment, scale: float, delays: Sequence[float],
 
 def compare(folder: Path) -> OpusComparison:
     """Read ``folder`` (an Opus experiment folder with latency CSVs) and compare (module
-    docstring). Raises ``TraceError`` for unreadable input or a folder without latency CSVs,
+    docstring). Raises ``TraceError`` for unreadable input, a folder without latency CSVs or
+    with no run at a delay,
     ``EvaluationError`` when the evaluation cannot run or the calibration cannot reach the
     measured no-controller time."""
     exp = read_opus(folder)
@@ -132,6 +133,10 @@ def compare(folder: Path) -> OpusComparison:
     if table is None:
         raise TraceError(folder, "latency CSVs", None,
                          "no latency_results*.csv with the Opus header in this folder")
+    if not table.delays_ms():
+        raise TraceError(folder, "Experiment", table.no_controller.experiment,
+                         "only the no-controller run in the latency CSVs: no l_<N> row "
+                         "(baseline or provision) to compare")
     fabric = _fabric_spec(exp.nodes)
     target = table.no_controller.mean_s
     # ideal time is max over stages of (scale * gaps + comm): fixed-point on the slowest stage

@@ -14,7 +14,12 @@ from typing import Any
 from rich.console import Console
 
 from lightrail.agents.channel import ClientTls, ClientTlsError
-from lightrail.controller.domain.fabric import BUILTIN_FABRICS, FabricError, rail_shape
+from lightrail.controller.domain.fabric import (
+    BUILTIN_FABRICS,
+    MAX_RECONFIGURATION_DELAY_MS,
+    FabricError,
+    rail_shape,
+)
 
 CONTROLLER_ENV = "LIGHTRAIL_CONTROLLER"
 CLI_CONFIG_ENV = "LIGHTRAIL_CLI_CONFIG"
@@ -182,9 +187,23 @@ def non_negative_float(text: str) -> float:
 
 def positive_float(text: str) -> float:
     """argparse type: a finite number > 0."""
-    value = non_negative_float(text)
-    if value == 0:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
+def delay_ms(text: str) -> float:
+    """argparse type: a reconfiguration delay in ms, finite, 0..``MAX_RECONFIGURATION_DELAY_MS``
+    (the config's bound on ``reconfiguration_delay_ms``)."""
+    value = non_negative_float(text)
+    if value > MAX_RECONFIGURATION_DELAY_MS:
+        raise argparse.ArgumentTypeError(
+            f"must be <= {MAX_RECONFIGURATION_DELAY_MS:g} ms (MAX_RECONFIGURATION_DELAY_MS), "
+            f"got {text}")
     return value
 
 

@@ -32,7 +32,7 @@ from typing import Any
 import structlog
 import yaml
 
-from lightrail.controller.cli.common import non_negative_float, non_negative_int, run_async
+from lightrail.controller.cli.common import delay_ms, non_negative_int, run_async
 from lightrail.controller.config import ConfigError, FabricSection, build_fabric, parse_config
 from lightrail.controller.logs import configure_logging
 
@@ -177,7 +177,7 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
                    help="address the devices and the control API listen on (default 127.0.0.1)")
     c.add_argument("--control-port", type=int, default=0,
                    help="TCP port of the fault-control API (default: any free port)")
-    c.add_argument("--delay-ms", type=non_negative_float, default=None,
+    c.add_argument("--delay-ms", type=delay_ms, default=None,
                    help="reconfiguration delay of a built-in fabric's switches (default 10)")
     c.add_argument("--spares", type=non_negative_int, default=0,
                    help="spare hosts added to a built-in fabric (default 0)")

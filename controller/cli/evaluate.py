@@ -89,7 +89,8 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
     c.add_argument("--delay-ms", type=float, nargs="+", default=None,
                    help="reconfiguration delays in ms (default: 0.004 0.1 1 10 25 100)")
     c.add_argument("--out", default=None,
-                   help="directory for evaluation.csv, evaluation.json, overhead_vs_delay.png")
+                   help="directory for evaluation.csv, evaluation.json, overhead_vs_delay.png "
+                        "(an Opus experiment folder: opus_comparison.json)")
     c.add_argument("--fabric", type=fabric_option, choices=fabric_choices(), default=None,
                    metavar="FABRIC",
                    help="rail fabric: demo-4x2, rail-16x8 or rail:HOSTSxGPUS (e.g. "

@@ -25,6 +25,7 @@ from lightrail.controller.cli.common import (
     CliUsageError,
     add_tls_arguments,
     client_tls,
+    delay_ms,
     fabric_choices,
     fabric_option,
     make_console,
@@ -433,7 +434,7 @@ def _add_replay_options(c: argparse.ArgumentParser, iterations: int) -> None:
     c.add_argument("--time-scale", type=non_negative_float, default=1.0,
                    help="multiply recorded compute gaps and transfer times (0: no waits; "
                         "default 1)")
-    c.add_argument("--delay-ms", type=non_negative_float, default=10.0,
+    c.add_argument("--delay-ms", type=delay_ms, default=10.0,
                    help="reconfiguration delay of the emulated OCSes, embedded controller "
                         "only (default 10)")
     c.add_argument("--devices", choices=["tl1", "restconf", "emulated"], default="tl1",

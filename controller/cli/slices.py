@@ -10,7 +10,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lightrail.controller.cli.common import non_negative_float, positive_float, positive_int
+from lightrail.controller.cli.common import (
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from lightrail.controller.cli.progress import progress_display
 
 if TYPE_CHECKING:
@@ -104,7 +109,7 @@ def add_parsers(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]
     c = subcommands.add_parser("slices-eval", help="torus slice allocation: contiguous-only vs "
                                                    "the stitching heuristic vs Morphlux's ILP "
                                                    "on a seeded trace")
-    c.add_argument("--seed", type=int, default=0, help="trace seed (default 0)")
+    c.add_argument("--seed", type=non_negative_int, default=0, help="trace seed (default 0)")
     c.add_argument("--torus", default="8x8x8", help="torus extents in chips (default 8x8x8)")
     c.add_argument("--requests", type=positive_int, default=1000,
                    help="slice requests in the trace (default 1000)")

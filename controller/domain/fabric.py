@@ -261,8 +261,11 @@ MAX_GPUS_PER_HOST = 64
 """The most GPUs per host of a ``rail:HOSTSxGPUS`` fabric (one NIC and one rail per GPU)."""
 DEFAULT_GPUS_PER_HOST = 8
 """GPUs per host of a rail fabric sized from a job (HGX / DGX servers: 8 GPUs, 8 rail NICs)."""
+MAX_RECONFIGURATION_DELAY_MS = 600_000.0
+"""The largest reconfiguration delay a fabric or switch of the config may have, ms (10 min:
+slower than any OCS; a larger value is a typo)."""
 
-_RAIL_SPEC = re.compile(r"rail[:-](\d+)x(\d+)")
+_RAIL_SPEC = re.compile(r"rail[:-]([0-9]+)x([0-9]+)")  # ASCII digits only
 
 
 @dataclass(frozen=True, slots=True)

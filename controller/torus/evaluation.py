@@ -79,6 +79,10 @@ MORPHLUX_BANDWIDTH_GAIN = 0.66
 """Morphlux: "improve the bandwidth of tenant compute allocations by up to 66%"."""
 DEFAULT_ILP_TIME_LIMIT_S = 2.0
 """Default HiGHS time limit per stitched request (s); at the limit the heuristic's plan is used."""
+MAX_TORUS_CHIPS = 32_768
+"""The largest torus ``evaluate_slices`` builds (32x32x32): the fabric's tables grow with the
+chips (32x32x32 takes ~40 s and ~0.7 GB before the first request), so a mistyped extent is
+refused instead of running for hours."""
 
 
 class Allocator(Enum):
@@ -220,11 +224,18 @@ class SliceEvaluation:
 
 def trace_mix(fabric: TorusFabric, mix: tuple[MixEntry, ...] = DEFAULT_MIX
               ) -> list[MixEntry]:
-    """``mix`` without entries that fit ``fabric`` in no rotation, weights renormalised.
-    Raises ``ValueError`` if nothing is left."""
+    """``mix`` without entries that fit ``fabric`` in no rotation (a bare size: in no box,
+    as the allocator requires), weights renormalised. Raises ``ValueError`` if nothing is
+    left."""
     dims = fabric.dims
+
+    def box_of(n: int) -> bool:
+        return any(n % (a * b) == 0 and n // (a * b) <= dims.z
+                   for a in range(1, dims.x + 1) for b in range(1, dims.y + 1))
+
     kept = [m for m in mix if m.chips <= dims.volume and (
-        m.shape is None or any(r.fits_in(dims) for r in m.shape.rotations()))]
+        box_of(m.chips) if m.shape is None
+        else any(r.fits_in(dims) for r in m.shape.rotations()))]
     total = sum(m.weight for m in kept)
     if not kept or total <= 0:
         raise ValueError(f"mix: no request kind fits the torus {dims}")
@@ -432,7 +443,8 @@ def evaluate_slices(
     ``probe_attempts`` bounds stitch attempts per probe size; ``ilp_time_limit_s`` is the
     solver's limit per stitched request (s); ``on_policy(name)`` is called before each
     allocator's replay (progress). Raises ``ValueError`` (including
-    :class:`~lightrail.controller.torus.TorusError`) for bad arguments, naming the field."""
+    :class:`~lightrail.controller.torus.TorusError`) for bad arguments, naming the field (a
+    torus of more than ``MAX_TORUS_CHIPS`` chips among them)."""
     if not 0 <= warmup_fraction < 1:
         raise ValueError(f"warmup_fraction: must be in [0, 1), got {warmup_fraction}")
     if frag_samples < 1:
@@ -442,6 +454,10 @@ def evaluate_slices(
                          f"{[a.value for a in allocators]}")
     if not ilp_time_limit_s > 0:
         raise ValueError(f"ilp_time_limit_s: must be > 0, got {ilp_time_limit_s}")
+    chips = Shape.parse(torus, "torus").volume  # before the fabric, built chip by chip
+    if chips > MAX_TORUS_CHIPS:
+        raise ValueError(f"torus: {torus!r} has {chips} chips, more than {MAX_TORUS_CHIPS} "
+                         "(MAX_TORUS_CHIPS)")
     fabric = TorusFabric.parse(torus, link_gbps=link_gbps)
     spares = SparePolicy(FailureDomainKind.RACK, spares_per_rack)
 

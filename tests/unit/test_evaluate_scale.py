@@ -262,7 +262,9 @@ def test_rail_specs_parse_and_bad_ones_name_the_value() -> None:
     for bad, reason in (("rail:0x8", "hosts must be 1..65536, got 0"),
                         ("rail:4x0", "GPUs per host must be 1..64, got 0"),
                         ("rail:4x", "expected a built-in fabric"),
-                        ("rack-4x2", "expected a built-in fabric")):
+                        ("rack-4x2", "expected a built-in fabric"),
+                        # review of issue 13: digits of other scripts read as 1 (rail-1x8)
+                        ("rail:\u0661x8", "expected a built-in fabric")):
         with pytest.raises(FabricError, match=reason) as err:
             rail_shape(bad)
         assert repr(bad) in str(err.value)
@@ -345,3 +347,18 @@ def test_replay_against_a_controller_too_small_points_to_a_fabric_that_fits() ->
         "(fabric rail-16x8 of the controller at 10.0.0.1:50051); replay against a controller "
         "whose fabric has at least 256 GPUs, or without --controller with --fabric rail:32x8 "
         "(32 hosts x 8 GPUs = 256) for an embedded one that fits")
+
+
+def test_cli_delay_above_the_configs_bound_is_refused_naming_option_and_value(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # review of issue 13: replay and emulate passed 1e9 ms on to the config, whose pydantic
+    # ValidationError came out as a traceback
+    csv_path = pipeline_csv(tmp_path)
+    for argv in (["replay", str(csv_path)], ["emulate"]):
+        with pytest.raises(SystemExit) as exit_:
+            cli_main([*argv, "--delay-ms", "1e9"])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert "argument --delay-ms: must be <= 600000 ms (MAX_RECONFIGURATION_DELAY_MS), got 1e9" \
+            in err, err

@@ -134,6 +134,18 @@ def test_folder_without_csv_is_refused(tmp_path: Path, capsys: pytest.CaptureFix
     assert "latency CSVs" in capsys.readouterr().err
 
 
+def test_csvs_with_only_the_no_controller_run_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # review of issue 13: said 'delays_ms: give at least one delay' (no option was given)
+    d = _folder(tmp_path)
+    csv = d / "latency_results.csv"
+    csv.write_bytes(b"\r\n".join(csv.read_bytes().split(b"\r\n")[:2]) + b"\r\n")
+    assert opus_evaluate_main(d) == 2
+    err = capsys.readouterr().err
+    assert "field 'Experiment'" in err and "only the no-controller run" in err, err
+
+
 @pytest.mark.skipif(not OPUS.is_dir(), reason="shared opus-perlmutter data absent")
 @pytest.mark.parametrize("folder,delays", [
     ("llama-3-3d-16-latency", 10), ("llama-3-3d-64-latency", 8)])
@@ -150,3 +162,13 @@ def test_real_folders(folder: str, delays: int) -> None:
             at0.predicted_on_demand_s + 6 * r.delay_ms / 1e3, rel=1e-6)
         assert r.predicted_provisioning_s <= r.predicted_on_demand_s + 1e-9
         assert r.best_s <= r.predicted_ron_s + 1e-9
+
+
+def test_evaluate_help_names_what_out_writes_for_an_opus_folder(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # review of issue 13: --out's help named only evaluation.csv/.json/.png, but an Opus
+    # experiment folder writes opus_comparison.json alone
+    with pytest.raises(SystemExit):
+        cli_main(["evaluate", "--help"])
+    assert "opus_comparison.json" in " ".join(capsys.readouterr().out.split())

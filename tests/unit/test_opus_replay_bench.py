@@ -120,6 +120,8 @@ def test_derived_columns(tmp_path: Path) -> None:
     (["--iterations", "0"], "iterations"),
     (["--warmup", "0"], "warmup"),
     (["--delay-ms", "-1"], "delay_ms"),
+    # review of issue 13: failed after the reference runs with pydantic's ValidationError
+    (["--delay-ms", "1e9"], r"delay_ms: 1e\+09 x time scale 0.05 is above .* 600000 ms"),
 ])
 def test_bad_options_are_refused(argv: list[str], message: str) -> None:
     with pytest.raises(live.BenchError, match=message):

@@ -13,6 +13,7 @@ from lightrail.controller.cli.main import main
 from lightrail.controller.cli.slices import write_outputs
 from lightrail.controller.torus.evaluation import (
     DEFAULT_MIX,
+    MAX_TORUS_CHIPS,
     Allocator,
     MixEntry,
     evaluate_slices,
@@ -116,3 +117,31 @@ def test_progress_per_policy_and_a_legend_under_the_table() -> None:
     text = render_table(ev)
     assert "box fragmentation: the same with L = largest free box" in text
     assert "joins every idle lane to the slice's own links" in text
+
+
+def test_cli_slices_eval_names_the_option_and_value_of_bad_input(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # review of issue 13: a huge torus ran for minutes (the fabric is built chip by chip),
+    # --seed -1 said only 'expected non-negative integer', and --ilp-time-limit -1 said
+    # '>= 0' where 0 is refused too
+    assert main(["slices-eval", "--torus", "100000x100000x100000", "--requests", "5"]) == 2
+    err = capsys.readouterr().err
+    assert "torus" in err and "100000x100000x100000" in err and str(MAX_TORUS_CHIPS) in err
+    for option, value, says in (("--seed", "-1", "must be >= 0, got -1"),
+                                ("--ilp-time-limit", "-1", "must be a finite number > 0, got -1"),
+                                ("--ilp-time-limit", "nan", "must be a finite number > 0")):
+        with pytest.raises(SystemExit) as ei:
+            main(["slices-eval", "--torus", "4x4", "--requests", "5", option, value])
+        assert ei.value.code == 2
+        err = capsys.readouterr().err
+        assert f"argument {option}: {says}" in err, err
+
+
+def test_a_torus_of_one_server_drops_sizes_that_form_no_box() -> None:
+    # review of issue 13: --torus 2x2 failed with 'size: 3 chips form no box that fits the
+    # torus 2x2x1' (a size of the mix, not an argument)
+    fabric = TorusFabric.parse("2x2")
+    assert all(m.chips in (1, 2, 4) for m in trace_mix(fabric))
+    ev = evaluate_slices(torus="2x2", requests=20, frag_samples=5)
+    assert ev.results[0].accepted + ev.results[0].rejected == 18  # 10 % warm-up

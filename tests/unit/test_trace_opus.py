@@ -202,6 +202,10 @@ def _pattern(tmp_path: Path, lines: list[str]) -> Path:
     ("PP start_backend: 1 start_idx: 0 end_backend: 1 end_idx: 0 len: 1, start_time: 1.0, "
      "end_time: 2.0", "start_time", "1.0"),
     ("garbage", "phase", "garbage"),
+    # review of issue 13: one phase of 10^7 calls (6 -> 5, so len is not checked against the
+    # indices) took 1 GB; a few of them ran out of memory
+    ("DP start_backend: 6 start_idx: 0 end_backend: 5 end_idx: 9 len: 10000000", "len",
+     10000000),
 ])
 def test_malformed_pattern_line(tmp_path: Path, line: str, field: str, value: object) -> None:
     p = _pattern(tmp_path, ["Node: h, Rank: 0, Tid: 1", line])
@@ -314,3 +318,34 @@ def test_dp_phase_from_backend_6_to_5(tmp_path: Path) -> None:
     calls = _calls(phases)
     assert calls[1] == [(1, 8)]
     assert calls[2] == [(6, 0), (6, 1), (6, 2), *[(5, i) for i in range(86, 103)]]
+
+
+@pytest.mark.parametrize("text", [b"", b"\r\n", b"Experment,Min latency (s)\r\nx,1,1,0\r\n"])
+def test_a_latency_results_csv_without_the_header_is_an_error(tmp_path: Path,
+                                                              text: bytes) -> None:
+    # review of issue 13: an empty or mis-headed latency_results*.csv was left out silently, and
+    # evaluate printed '-' for the mode it held
+    d = _write_experiment(tmp_path)
+    bad = d / "latency_results_provision.csv"
+    bad.write_bytes(text)
+    with pytest.raises(TraceError) as ei:
+        read_latency_folder(d)
+    assert (ei.value.field, ei.value.line) == ("header", 1)
+    assert str(bad) in str(ei.value)
+    (d / "notes.csv").write_bytes(b"a,b\r\n")  # another CSV is still not read
+    bad.unlink()
+    table = read_latency_folder(d)
+    assert table is not None and set(table.on_demand) == {100.0}
+
+
+def test_the_name_of_a_folder_given_as_dot_is_the_folder_s(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # review of issue 13: 'lightrail evaluate .' printed ' (opus): 16 ranks ...' and JSON
+    # "workload": ""
+    d = _write_experiment(tmp_path)
+    monkeypatch.chdir(d)
+    assert read_opus(Path(".")).name == d.name
+    monkeypatch.chdir(d / "comm_pattern")
+    assert read_opus(Path(".")).name == "comm_pattern"
+    assert read_opus(Path("..")).name == d.name

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -539,7 +540,7 @@ def read_opus(path: Path) -> OpusExperiment:
                          "steps; calls mapped by step and call index on their backend (scaled "
                          "to the timed step's index range where it differs)")
     periods = tuple(_step_period_s(timed[s]) if s in timed else None for s in range(PP))
-    name = path.name if path != pattern_dir else pattern_dir.name
+    name = Path(os.path.abspath(path)).name  # '.' and 'x/' have a name too (no symlink resolved)
     return OpusExperiment(
         name=name, nodes=nodes, pattern_dir=pattern_dir,
         timed_files=tuple(timed_paths[s] for s in sorted(timed_paths)),

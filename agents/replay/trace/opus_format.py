@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from lightrail.agents.replay.trace.model import TraceError
+from lightrail.agents.replay.trace.model import MAX_OPS_PER_ITERATION, TraceError
 
 __all__ = [
     "DP_BACKENDS",
@@ -149,7 +149,8 @@ def parse_phase_line(path: Path, line: int, text: str, *, timed: bool) -> OpusPh
 
     Checks (TraceError naming the field and value): label PP/DP; backends of the label
     (``start_backend`` PP: 1, DP: 2/5/6; ``end_backend`` any of 1/2/5/6, stale in timed
-    files); indices and ``len`` non-negative integers, ``len`` >= 1; in pattern files, a phase
+    files); indices and ``len`` non-negative integers, 1 <= ``len`` <=
+    ``MAX_OPS_PER_ITERATION`` (a phase is part of one step); in pattern files, a phase
     that starts and ends on one backend has ``end_idx - start_idx + 1 == len``; in either, a PP
     phase (one backend) has ``end_idx - start_idx + 1 == len``.
     """
@@ -172,7 +173,7 @@ def parse_phase_line(path: Path, line: int, text: str, *, timed: bool) -> OpusPh
         raise TraceError(path, "end_backend", eb, "not a PP/DP backend (1, 2, 5, 6)", line=line)
     si = _int(path, line, "start_idx", m["start_idx"])
     ei = _int(path, line, "end_idx", m["end_idx"])
-    n = _int(path, line, "len", m["len"], 1)
+    n = _int(path, line, "len", m["len"], 1, MAX_OPS_PER_ITERATION)  # calls of one step
     one_backend = label is PhaseLabel.PP or (not timed and eb == sb)
     if one_backend and ei - si + 1 != n:
         raise TraceError(path, "len", n, f"calls {si}..{ei} on one backend are "

@@ -25,6 +25,8 @@ from lightrail.agents.replay.trace.model import TraceError
 
 __all__ = ["LatencyRow", "LatencyTable", "RunMode", "read_latency_csv", "read_latency_folder"]
 
+LATENCY_PREFIX = "latency_results"
+"""How the artifact names its latency CSVs (README "Contents"): such a file must be one."""
 HEADER = ("Experiment", "Min latency (s)", "Average Latency (s)", "Standard Deviation (s)")
 _DELAY_RE = re.compile(r"(?:^|-)l_(\d+)(?:-|$)")
 _NO_CTL_RE = re.compile(r"(?:^|-)(no-controller|no-ctl)(?:-|$)")
@@ -133,15 +135,18 @@ def read_latency_csv(path: Path) -> list[LatencyRow]:
 
 
 def read_latency_folder(folder: Path) -> LatencyTable | None:
-    """Every ``*.csv`` of ``folder`` with the latency header, merged; None when there is none.
-    Raises ``TraceError`` as :func:`read_latency_csv`, when no no-controller row is found, when
-    two files' no-controller rows disagree, or when two files measure the same mode and δ."""
+    """Every ``*.csv`` of ``folder`` with the latency header or named ``latency_results*``
+    (as both artifact folders name theirs), merged; None when there is none. Raises
+    ``TraceError`` as :func:`read_latency_csv` (so an empty ``latency_results*.csv``, or one
+    with another header, is an error, not a file left out), when no no-controller row is found,
+    when two files' no-controller rows disagree, or when two files measure the same mode and
+    δ."""
     files = sorted(p for p in folder.glob("*.csv") if p.is_file())
     rows: list[LatencyRow] = []
     for p in files:
         with p.open("rb") as f:
             first = f.readline().decode("utf-8-sig", errors="replace").strip()
-        if first.startswith(HEADER[0] + ","):
+        if first.startswith(HEADER[0] + ",") or p.name.startswith(LATENCY_PREFIX):
             rows.extend(read_latency_csv(p))
     if not rows:
         return None

@@ -52,7 +52,7 @@ from lightrail.agents.replay.trace.simai_pipeline import (
     pipeline_order,
     simai_pipeline,
 )
-from lightrail.controller.domain.model import Collective
+from lightrail.controller.domain.model import MAX_WORLD_SIZE, Collective
 
 __all__ = ["read_simai"]
 
@@ -66,6 +66,9 @@ _SIMAI_BASES: Mapping[str, Collective] = {
     "BROADCAST": Collective.BROADCAST,
 }
 _SIMAI_FIELDS = 12
+_SIMAI_HEADER_KEYS = frozenset({"model_parallel_NPU_group", "ep", "pp", "vpp", "ga", "all_gpus",
+                                "checkpoints", "checkpoint_initiates", "pp_comm"})
+"""The header fields AICB writes (``pp_comm`` with or without its colon); others are noted."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,14 +98,27 @@ def _simai_header(source: Path, line: str) -> tuple[str, dict[str, int]]:
     i = 1
     while i < len(tokens):
         key = tokens[i].rstrip(":")
+        if ":" in key:  # 'pp:12' would be left out, and pp read as 1
+            raise TraceError(source, key.partition(":")[0], tokens[i],
+                             "expected 'KEY: VALUE' (a space after the colon)", line=1)
+        if key in _SIMAI_HEADER_KEYS and key != "pp_comm" and not tokens[i].endswith(":"):
+            raise TraceError(source, key, tokens[i], f"expected '{key}: VALUE' (no colon)",
+                             line=1)
         if tokens[i].endswith(":") or key == "pp_comm":
             if i + 1 >= len(tokens):
                 raise TraceError(source, key, None, "missing value", line=1)
             value = tokens[i + 1]
             try:
-                params[key] = int(float(value)) if key == "pp_comm" else int(value)
-            except ValueError:
+                number = int(float(value)) if key == "pp_comm" else int(value)
+            except (ValueError, OverflowError):  # OverflowError: pp_comm inf
                 raise TraceError(source, key, value, "not an integer", line=1) from None
+            if key == "pp_comm" and number > MAX_MESSAGE_BYTES:
+                raise TraceError(source, key, value, f"must be <= {MAX_MESSAGE_BYTES} B "
+                                 "(MAX_MESSAGE_BYTES)", line=1)
+            if key in params:
+                raise TraceError(source, key, number, f"given twice (first {params[key]})",
+                                 line=1)
+            params[key] = number
             i += 2
         else:
             i += 1
@@ -218,6 +234,10 @@ def _simai_assumptions(
     ]
     if policy == "HYBRID_TRANSFORMER_FWD_IN_BCKWD" and params.get("checkpoints", 0) > 0:
         assumptions.append("activation checkpointing (forward recompute in backward) not modelled")
+    unknown = sorted(set(params) - _SIMAI_HEADER_KEYS)
+    if unknown:
+        assumptions.append(f"header field(s) {', '.join(unknown)} not read (AICB writes "
+                           f"{', '.join(sorted(_SIMAI_HEADER_KEYS))})")
     if "pp" not in params or "all_gpus" not in params:
         assumptions.append(f"header without pp/all_gpus (older AICB): pp={pp}, world={world}")
     if any(d.collective is Collective.BROADCAST for d in demands):
@@ -279,10 +299,12 @@ def read_simai(path: Path, *, world_size: int | None = None) -> Workload:
     neighbouring stages, and waits where GPipe's bubble falls
     (``lightrail.agents.replay.trace.simai_pipeline``). Raises :class:`TraceError` naming the
     file, line and field on an unsupported workload type, a malformed layer line (bad number,
-    unknown collective type, wrong field count), inconsistent degrees (``pp`` or ``tp x pp``
-    not dividing ``all_gpus``, an ``ep`` not dividing DP, a degree < 1), ``pp > 1`` without a
-    ``pp_comm``, or microbatches (``embedding_layer`` ... ``embedding_norm``) that do not close
-    or whose number is not ``ga``.
+    unknown collective type, wrong field count), a header field of AICB's without its colon or
+    any written ``KEY:VALUE`` (no space), a header field given twice, an ``all_gpus``
+    outside 1..``MAX_WORLD_SIZE``, a ``pp_comm`` above ``MAX_MESSAGE_BYTES``, inconsistent
+    degrees (``pp`` or ``tp x pp`` not dividing ``all_gpus``, an ``ep`` not dividing DP, a
+    degree < 1), ``pp > 1`` without a ``pp_comm``, or microbatches (``embedding_layer`` ...
+    ``embedding_norm``) that do not close or whose number is not ``ga``.
     """
     path = Path(path)
     lines = _stream_lines(path)
@@ -291,10 +313,13 @@ def read_simai(path: Path, *, world_size: int | None = None) -> Workload:
         raise TraceError(path, "workload type", "", "empty file", line=1)
     policy, params = _simai_header(path, first)
     header_world = params.get("all_gpus")
+    if header_world is not None and not 1 <= header_world <= MAX_WORLD_SIZE:
+        raise TraceError(path, "all_gpus", header_world,
+                         f"must be 1..{MAX_WORLD_SIZE} (MAX_WORLD_SIZE)", line=1)
     if header_world is not None and world_size is not None and header_world != world_size:
         raise TraceError(path, "all_gpus", header_world, f"but world_size={world_size} was given",
                          line=1)
-    world = header_world or world_size
+    world = header_world if header_world is not None else world_size
     if world is None:
         raise TraceError(path, "all_gpus", None,
                          "world size not in the header; pass world_size", line=1)
