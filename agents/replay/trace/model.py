@@ -350,3 +350,16 @@ def int_field(source: str | os.PathLike[str], line: int, column: str, value: str
     if maximum is not None and number > maximum:
         raise TraceError(source, column, value, f"must be <= {maximum}", line=line)
     return number
+
+
+def non_negative_float(source: str | os.PathLike[str], line: int, column: str, value: str,
+                       unit: str) -> float:
+    """``value`` (field ``column`` of ``source`` at ``line``) as a finite number >= 0 in
+    ``unit``; ``TraceError`` naming the file, line, field and value otherwise."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise TraceError(source, column, value, f"not a number ({unit})", line=line) from None
+    if not math.isfinite(number) or number < 0:
+        raise TraceError(source, column, number, f"not a finite value >= 0 {unit}", line=line)
+    return number

@@ -28,7 +28,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from lightrail.agents.replay.trace.model import MAX_OPS_PER_ITERATION, TraceError
+from lightrail.agents.replay.trace.model import (
+    MAX_OPS_PER_ITERATION,
+    TraceError,
+    non_negative_float,
+)
 
 __all__ = [
     "DP_BACKENDS",
@@ -237,10 +241,11 @@ def read_timed_file(path: Path) -> TimedFile:
                 raise TraceError(path, "Min Gap", s, "a min-gap line after the summary", line=i)
             gaps.append(MinGap(_int(path, i, "Backend", g["backend"], 0, 99),
                                _int(path, i, "Idx", g["idx"]),
-                               _gap_ms(path, i, "Min Gap", g["gap"])))
+                               non_negative_float(path, i, "Min Gap", g["gap"], "ms")))
             continue
         if sm := _SUMMARY_RE.match(s):
-            summary[_SUMMARY_KEYS[sm["what"]]] = _gap_ms(path, i, sm["what"], sm["value"])
+            summary[_SUMMARY_KEYS[sm["what"]]] = non_negative_float(
+                path, i, sm["what"], sm["value"], "ms")
             continue
         if gaps or summary:
             raise TraceError(path, "phase", s, "a phase line after the gap statistics", line=i)
@@ -248,13 +253,3 @@ def read_timed_file(path: Path) -> TimedFile:
     if not phases:
         raise TraceError(path, "phase", None, "no timed phase lines")
     return TimedFile(path, tuple(phases), tuple(gaps), summary)
-
-
-def _gap_ms(path: Path, line: int, name: str, text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise TraceError(path, name, text, "not a number (ms)", line=line) from None
-    if not math.isfinite(v) or v < 0:
-        raise TraceError(path, name, v, "not a finite gap >= 0 ms", line=line)
-    return v

@@ -16,12 +16,11 @@ from __future__ import annotations
 import csv
 import enum
 import io
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from lightrail.agents.replay.trace.model import TraceError
+from lightrail.agents.replay.trace.model import TraceError, non_negative_float
 
 __all__ = ["LatencyRow", "LatencyTable", "RunMode", "read_latency_csv", "read_latency_folder"]
 
@@ -72,16 +71,6 @@ class LatencyTable:
         return tuple(sorted(set(self.on_demand) | set(self.provisioning)))
 
 
-def _seconds(path: Path, line: int, name: str, text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise TraceError(path, name, text, "not a number (s)", line=line) from None
-    if not math.isfinite(v) or v < 0:
-        raise TraceError(path, name, v, "not a finite time >= 0 s", line=line)
-    return v
-
-
 def _row(path: Path, line: int, cells: list[str]) -> LatencyRow:
     if len(cells) != len(HEADER):
         raise TraceError(path, "row", cells, f"expected {len(HEADER)} columns", line=line)
@@ -99,9 +88,9 @@ def _row(path: Path, line: int, cells: list[str]) -> LatencyRow:
                              line=line)
         mode = RunMode.ON_DEMAND if m.group(1) == "baseline" else RunMode.PROVISIONING
         delay = float(d.group(1))
-    lo = _seconds(path, line, HEADER[1], cells[1])
-    mean = _seconds(path, line, HEADER[2], cells[2])
-    std = _seconds(path, line, HEADER[3], cells[3])
+    lo = non_negative_float(path, line, HEADER[1], cells[1], "s")
+    mean = non_negative_float(path, line, HEADER[2], cells[2], "s")
+    std = non_negative_float(path, line, HEADER[3], cells[3], "s")
     if lo > mean:
         raise TraceError(path, HEADER[1], lo, f"above the average {mean}", line=line)
     return LatencyRow(name, mode, delay, lo, mean, std, path, line)
