@@ -71,6 +71,12 @@ What is counted
   as it reports it): as % of one core over the cell, and per measured boundary in µs (and per
   rank-boundary: divided by N) for the batch cells.
 
+* The machine's floor: before the cells, ``bench/wake_floor.py`` times a one-byte pipe round
+  trip between two processes pinned to the controller's and the generator's cores (and on one
+  core); the report prints it under the table (``wake_floor`` in ``--json``). Each phase's
+  latency holds at least one such wake there and back, which on a virtual machine costs tens
+  of µs and swings with the host's load.
+
 Reference: the Opus artifact's C++ controller, measured this way on a 2-core machine at delay 0:
 N=8 p99 0.48 ms, 1255 phases/s; N=64 p99 1.21 ms, 572/s; N=256 p99 3.67 ms, 214/s. Since it
 is not stated whether its "phases" are phase instances or ring+pair boundaries, the comparison
@@ -107,6 +113,7 @@ from cxx_load import BUILD_HINT, LOADGEN, CxxLoad, loadgen_built
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from lean_load import WORKLOADS, LeanLoad, LoadError, Workload, pair_peer
 from prometheus_client.parser import text_string_to_metric_families
+from wake_floor import percentile
 
 from lightrail.agents.client import ControllerClient
 from lightrail.agents.errors import Admission
@@ -425,14 +432,6 @@ class _Instance:
 
 class StallError(RuntimeError):
     """A barrier or the whole cell did not complete in time."""
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (``q`` in 0..1)."""
-    if not values:
-        return 0.0
-    s = sorted(values)
-    return s[max(0, min(len(s) - 1, math.ceil(q * len(s)) - 1))]
 
 
 class Generator:
@@ -852,7 +851,8 @@ def summarize(results: Sequence[CellResult]) -> list[CellSummary]:
     return out
 
 
-def print_table(results: Sequence[CellResult], opts: Options, elapsed_s: float) -> None:
+def print_table(results: Sequence[CellResult], opts: Options, elapsed_s: float,
+                floor: dict[str, Any] | None = None) -> None:
     """The human-readable report: every run, then each cell's medians against the C++
     reference."""
     head = (f"{'transport':<9} {'workload':<9} {'run':>3} {'N':>5} {'delay':>5} {'bounds':>6} "
@@ -916,8 +916,40 @@ def print_table(results: Sequence[CellResult], opts: Options, elapsed_s: float) 
     print(f"cpu: {pinned} ({os.cpu_count()} cores); batch cells' generator: {gen}. ctrl us/b = "
           "controller CPU per measured boundary (agent/unary cells: over the whole cell, "
           "warm-up included).")
+    if floor is not None:
+        across, one = floor["across"], floor["one_core"]
+        print(f"machine floor (bench/wake_floor.py, {across['rounds']} pipe round trips): a "
+              f"wake across cores {across['cpus'][0]}<->{across['cpus'][1]} and back takes "
+              f"{across['median_us']:.1f} us median, {across['p99_us']:.1f} us p99 (on one "
+              f"core: {one['median_us']:.1f} / {one['p99_us']:.1f} us); every phase's latency "
+              "holds at least one such round trip (enter: generator -> controller core; "
+              "admission: back).")
     print(f"matrix took {elapsed_s:.1f} s ({'quick' if opts.quick else 'full'} counts, "
           f"{opts.repeat} interleaved runs per cell)")
+
+
+WAKE_FLOOR = Path(__file__).resolve().parent / "wake_floor.py"
+
+
+async def measure_wake_floor(cpus: tuple[int, int] | None,
+                             rounds: int = 3000) -> dict[str, Any] | None:
+    """``bench/wake_floor.py`` across the controller's and the generator's cores (run in its own
+    process: it forks, and this one has gRPC threads). None when not pinned, or when it fails
+    (logged: the floor is context, not a result)."""
+    if cpus is None:
+        return None
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(WAKE_FLOOR), "--cpus", str(cpus[0]), str(cpus[1]),
+        "--rounds", str(rounds), "--json",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate()
+    if proc.returncode != 0:
+        log(f"wake floor not measured: {err.decode(errors='replace').strip()}")
+        return None
+    floor: dict[str, Any] = json.loads(out)
+    log(f"wake floor across cores {cpus[0]}<->{cpus[1]}: median "
+        f"{floor['across']['median_us']:.1f} us, p99 {floor['across']['p99_us']:.1f} us")
+    return floor
 
 
 class _LeakFilter:
@@ -945,6 +977,7 @@ async def amain(opts: Options) -> int:
     configure_logging("warning", "console")
     leaks = _LeakFilter()
     asyncio.get_running_loop().set_exception_handler(leaks)
+    floor = await measure_wake_floor(opts.cpus)
     if opts.cpus is not None:
         os.sched_setaffinity(0, {opts.cpus[1]})  # etcd, started from here, inherits it
         log(f"pinned: controller -> core {opts.cpus[0]}, generator + etcd -> core "
@@ -974,10 +1007,11 @@ async def amain(opts: Options) -> int:
             ],
             "summary": [asdict(c) for c in summarize(results)],
             "reference_cpp_delay0": [asdict(r) for r in REFERENCE],
+            "wake_floor": floor,
         }
         print(json.dumps(doc, indent=2))
     else:
-        print_table(results, opts, elapsed)
+        print_table(results, opts, elapsed, floor)
     return 1 if any(r.error for r in results) else 0
 
 

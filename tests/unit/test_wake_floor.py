@@ -1,0 +1,55 @@
+"""bench/wake_floor.py: the pipe round-trip floor printed under bench/hot_path.py's table."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+
+from wake_floor import measure, percentile  # noqa: E402
+
+
+def testpercentile_is_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]  # 1..100
+    assert percentile(values, 0.5) == 50.0
+    assert percentile(values, 0.99) == 99.0
+    assert percentile(values, 1.0) == 100.0
+    assert percentile([7.0], 0.99) == 7.0
+    assert percentile([3.0, 1.0, 2.0], 0.0) == 1.0
+    assert percentile([], 0.5) == 0.0
+
+
+def test_bad_rounds_and_cpus_are_refused_naming_the_option() -> None:
+    cpu = min(os.sched_getaffinity(0))
+    with pytest.raises(ValueError, match=r"--rounds: must be >= 1, got 0"):
+        measure((cpu, cpu), 0)
+    missing = max(os.sched_getaffinity(0)) + 1
+    with pytest.raises(ValueError, match=rf"--cpus: CPU {missing} is not usable here"):
+        measure((cpu, missing), 10)
+
+
+def test_the_script_measures_both_figures_and_reaps_its_child() -> None:
+    # in its own process, as bench/hot_path.py runs it (it forks)
+    out = subprocess.run([sys.executable, str(BENCH / "wake_floor.py"), "--rounds", "50",
+                          "--json"], capture_output=True, text=True, timeout=60, check=True)
+    doc = json.loads(out.stdout)
+    cores = sorted(os.sched_getaffinity(0))
+    assert doc["across"]["cpus"] == [cores[0], cores[1] if len(cores) > 1 else cores[0]]
+    assert doc["one_core"]["cpus"] == [cores[0], cores[0]]
+    for fig in (doc["across"], doc["one_core"]):
+        assert fig["rounds"] == 50
+        assert 0 < fig["median_us"] <= fig["p99_us"]
+
+
+def test_the_script_refuses_a_bad_option_with_usage() -> None:
+    out = subprocess.run([sys.executable, str(BENCH / "wake_floor.py"), "--rounds", "0"],
+                         check=False, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "--rounds: must be >= 1, got 0" in out.stderr
