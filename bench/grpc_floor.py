@@ -37,6 +37,7 @@ import uvloop
 from cxx_load import BUILD_HINT, CxxLoad, loadgen_built
 from hot_path import CellResult, counts_for, proc_cpu_s, summarize_lean
 from lean_load import WORKLOADS, LoadError, Workload
+from wake_floor import pinned_argv
 
 from lightrail.v1 import agent_pb2
 
@@ -173,10 +174,10 @@ async def run_once(n: int, workload: str, repeat: int, cpus: tuple[int, int] | N
     """Start a barrier server, run ``hot_path.py``'s batch32 cell of ``workload`` on ``n``
     ranks against it with the C++ generator, stop the server. Raises ``LoadError``."""
     port = _free_port()
-    pin = None if cpus is None else (lambda: os.sched_setaffinity(0, {cpus[0]}))
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, __file__, "--serve", str(port), stdout=asyncio.subprocess.PIPE,
-        preexec_fn=pin)
+        *pinned_argv([sys.executable, __file__, "--serve", str(port)],
+                     None if cpus is None else cpus[0]),
+        stdout=asyncio.subprocess.PIPE)
     assert proc.stdout is not None
     try:
         line = await asyncio.wait_for(proc.stdout.readline(), 30)

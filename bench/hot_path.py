@@ -113,7 +113,7 @@ from cxx_load import BUILD_HINT, LOADGEN, CxxLoad, loadgen_built
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from lean_load import WORKLOADS, LeanLoad, LoadError, Workload, pair_peer
 from prometheus_client.parser import text_string_to_metric_families
-from wake_floor import percentile
+from wake_floor import percentile, pinned_argv
 
 from lightrail.agents.client import ControllerClient
 from lightrail.agents.errors import Admission
@@ -305,9 +305,9 @@ class ControllerProcess:
         with self.log_path.open("ab") as log_file:
             cpu = self.cpu
             self.proc = await asyncio.create_subprocess_exec(
-                str(self.lightrail), "controller", "--config", str(self.config_path),
+                *pinned_argv([str(self.lightrail), "controller", "--config",
+                              str(self.config_path)], cpu),
                 stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file,
-                preexec_fn=None if cpu is None else lambda: os.sched_setaffinity(0, {cpu}),
             )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hot_path import LIGHTRAIL, ControllerProcess, proc_cpu_s
+from wake_floor import pinned_argv
 
 from lightrail.controller.logs import configure_logging
 from lightrail.controller.store.etcd_server import EmbeddedEtcd
@@ -76,11 +77,9 @@ async def replay_once(lightrail: Path, trace: Path, extra: list[str]) -> Run:
             try:
                 c0, w0 = proc_cpu_s(ctrl.pid), time.perf_counter()
                 proc = await asyncio.create_subprocess_exec(
-                    str(lightrail), "replay", str(trace), "--controller", ctrl.target,
-                    "--json", "--no-progress", *extra,
-                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                    preexec_fn=None if gen_cpu is None
-                    else lambda: os.sched_setaffinity(0, {gen_cpu}))
+                    *pinned_argv([str(lightrail), "replay", str(trace), "--controller",
+                                  ctrl.target, "--json", "--no-progress", *extra], gen_cpu),
+                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
                 replay_cpu = 0.0
                 watcher = asyncio.ensure_future(proc.communicate())
                 while not watcher.done():  # the replay's CPU, read while it runs

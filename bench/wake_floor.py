@@ -29,6 +29,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -45,6 +46,21 @@ class WakeFloor:
     rounds: int
     median_us: float
     p99_us: float
+
+
+def pinned_argv(argv: Sequence[str], cpu: int | None) -> list[str]:
+    """``argv`` run on core ``cpu`` (None: as it is) through ``taskset -c`` (util-linux), so
+    the benchmarks pin their child processes at exec, with no Python ``preexec_fn`` in the
+    forked child (which can hang in CPython's after-fork hooks when the parent has threads:
+    seen with uvloop, the child spinning in ``threading._after_fork``). Raises
+    ``FileNotFoundError`` when ``taskset`` is not installed."""
+    if cpu is None:
+        return list(argv)
+    taskset = shutil.which("taskset")
+    if taskset is None:
+        raise FileNotFoundError("taskset (util-linux) is needed to pin the benchmark's "
+                                "processes; install util-linux or pass --no-pin")
+    return [taskset, "-c", str(cpu), *argv]
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -13,7 +13,7 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
-from wake_floor import measure, percentile  # noqa: E402
+from wake_floor import measure, percentile, pinned_argv  # noqa: E402
 
 
 def testpercentile_is_nearest_rank() -> None:
@@ -53,3 +53,12 @@ def test_the_script_refuses_a_bad_option_with_usage() -> None:
                          check=False, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     assert "--rounds: must be >= 1, got 0" in out.stderr
+
+
+def test_pinned_argv_runs_the_command_on_that_core_only() -> None:
+    cmd = [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"]
+    assert pinned_argv(cmd, None) == cmd
+    cpu = max(os.sched_getaffinity(0))
+    out = subprocess.run(pinned_argv(cmd, cpu), capture_output=True, text=True, timeout=60,
+                         check=True)
+    assert out.stdout.strip() == f"[{cpu}]"
