@@ -93,6 +93,7 @@ import math
 import os
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -931,20 +932,20 @@ def print_table(results: Sequence[CellResult], opts: Options, elapsed_s: float,
 WAKE_FLOOR = Path(__file__).resolve().parent / "wake_floor.py"
 
 
-async def measure_wake_floor(cpus: tuple[int, int] | None,
-                             rounds: int = 3000) -> dict[str, Any] | None:
-    """``bench/wake_floor.py`` across the controller's and the generator's cores (run in its own
-    process: it forks, and this one has gRPC threads). None when not pinned, or when it fails
-    (logged: the floor is context, not a result)."""
+def measure_wake_floor(cpus: tuple[int, int] | None, rounds: int = 3000) -> dict[str, Any] | None:
+    """``bench/wake_floor.py`` across the controller's and the generator's cores, in its own
+    process (it forks), started with ``subprocess`` before any thread or child of this one
+    exists. None when not pinned, or when it fails (logged: the floor is context, not a
+    result)."""
     if cpus is None:
         return None
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(WAKE_FLOOR), "--cpus", str(cpus[0]), str(cpus[1]),
-        "--rounds", str(rounds), "--json",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await proc.communicate()
+    proc = subprocess.run(
+        [sys.executable, str(WAKE_FLOOR), "--cpus", str(cpus[0]), str(cpus[1]),
+         "--rounds", str(rounds), "--json"],
+        capture_output=True, text=True, timeout=120, check=False)
+    out, err = proc.stdout, proc.stderr
     if proc.returncode != 0:
-        log(f"wake floor not measured: {err.decode(errors='replace').strip()}")
+        log(f"wake floor not measured: {err.strip()}")
         return None
     floor: dict[str, Any] = json.loads(out)
     log(f"wake floor across cores {cpus[0]}<->{cpus[1]}: median "
@@ -971,13 +972,13 @@ class _LeakFilter:
         loop.default_exception_handler(context)
 
 
-async def amain(opts: Options) -> int:
+async def amain(opts: Options, floor: dict[str, Any] | None = None) -> int:
     """Run the matrix, runs interleaved (run 1 of every cell, then run 2, ...); 0 when every
-    cell succeeded, 1 otherwise."""
+    cell succeeded, 1 otherwise. ``floor``: ``measure_wake_floor``'s figures, for the
+    report."""
     configure_logging("warning", "console")
     leaks = _LeakFilter()
     asyncio.get_running_loop().set_exception_handler(leaks)
-    floor = await measure_wake_floor(opts.cpus)
     if opts.cpus is not None:
         os.sched_setaffinity(0, {opts.cpus[1]})  # etcd, started from here, inherits it
         log(f"pinned: controller -> core {opts.cpus[0]}, generator + etcd -> core "
@@ -1074,7 +1075,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point."""
-    return uvloop.run(amain(parse_args(argv)))
+    opts = parse_args(argv)
+    floor = measure_wake_floor(opts.cpus)  # before the loop, its threads and children
+    return uvloop.run(amain(opts, floor))
 
 
 if __name__ == "__main__":
