@@ -939,15 +939,18 @@ def measure_wake_floor(cpus: tuple[int, int] | None, rounds: int = 3000) -> dict
     result)."""
     if cpus is None:
         return None
-    proc = subprocess.run(
-        [sys.executable, str(WAKE_FLOOR), "--cpus", str(cpus[0]), str(cpus[1]),
-         "--rounds", str(rounds), "--json"],
-        capture_output=True, text=True, timeout=120, check=False)
-    out, err = proc.stdout, proc.stderr
-    if proc.returncode != 0:
-        log(f"wake floor not measured: {err.strip()}")
+    try:
+        proc = subprocess.run(
+            [sys.executable, str(WAKE_FLOOR), "--cpus", str(cpus[0]), str(cpus[1]),
+             "--rounds", str(rounds), "--json"],
+            capture_output=True, text=True, timeout=120, check=False)
+    except subprocess.TimeoutExpired:
+        log("wake floor not measured: bench/wake_floor.py took over 120 s")
         return None
-    floor: dict[str, Any] = json.loads(out)
+    if proc.returncode != 0:
+        log(f"wake floor not measured: {proc.stderr.strip()}")
+        return None
+    floor: dict[str, Any] = json.loads(proc.stdout)
     log(f"wake floor across cores {cpus[0]}<->{cpus[1]}: median "
         f"{floor['across']['median_us']:.1f} us, p99 {floor['across']['p99_us']:.1f} us")
     return floor
