@@ -45,12 +45,23 @@ from lightrail.v1 import agent_pb2
 
 
 @dataclass(slots=True)
+class _Held:
+    """One stream's ranks in a phase instance: where to answer, under which of its phase ids,
+    and each rank's request id."""
+
+    outbox: _Outbox
+    phase_id: int
+    ranks: list[int] = field(default_factory=list)
+    request_ids: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class _Instance:
     """The ranks entered so far of one phase instance, by stream."""
 
     size: int
     entered: int = 0
-    by_stream: dict[int, tuple[_Outbox, int, list[int], list[int]]] = field(default_factory=dict)
+    by_stream: dict[int, _Held] = field(default_factory=dict)
 
 
 class _Outbox:
@@ -122,21 +133,21 @@ class BarrierService:
             inst = self._instances[key] = _Instance(size)
         held = inst.by_stream.get(stream)
         if held is None:
-            held = inst.by_stream[stream] = (outbox, e.phase_id, [], [])
-        held[2].extend(e.ranks)
-        held[3].extend([e.request_id] * len(e.ranks))
+            held = inst.by_stream[stream] = _Held(outbox, e.phase_id)
+        held.ranks.extend(e.ranks)
+        held.request_ids.extend([e.request_id] * len(e.ranks))
         inst.entered += len(e.ranks)
         if inst.entered < inst.size:
             return
         del self._instances[key]
-        for box, phase_id, ranks, request_ids in inst.by_stream.values():
-            many = box.batch.replies.add().admitted_many
+        for h in inst.by_stream.values():
+            many = h.outbox.batch.replies.add().admitted_many
             many.job_id = e.job_id
-            many.phase_id = phase_id
+            many.phase_id = h.phase_id
             many.iteration = e.iteration
-            many.ranks.extend(ranks)
-            many.request_ids.extend(request_ids)
-            box.event.set()
+            many.ranks.extend(h.ranks)
+            many.request_ids.extend(h.request_ids)
+            h.outbox.event.set()
 
 
 async def serve(port: int) -> None:
