@@ -29,6 +29,7 @@ system-deps:
 	  || missing="$$missing mosquitto"; \
 	command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
 	command -v systemd-analyze >/dev/null 2>&1 || missing="$$missing systemd"; \
+	command -v taskset >/dev/null 2>&1 || missing="$$missing util-linux"; \
 	command -v $(CC) >/dev/null 2>&1 || missing="$$missing gcc"; \
 	$(PYTHON) -c "import ensurepip, venv" >/dev/null 2>&1 || missing="$$missing python3-venv"; \
 	if [ -n "$$missing" ]; then \
