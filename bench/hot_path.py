@@ -114,7 +114,7 @@ from cxx_load import BUILD_HINT, LOADGEN, CxxLoad, loadgen_built
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from lean_load import WORKLOADS, LeanLoad, LoadError, Workload, pair_peer
 from prometheus_client.parser import text_string_to_metric_families
-from wake_floor import percentile, pinned_argv
+from wake_floor import Child, percentile
 
 from lightrail.agents.client import ControllerClient
 from lightrail.agents.errors import Admission
@@ -271,7 +271,7 @@ class ControllerProcess:
             "logging: {level: warning}\n",
             encoding="utf-8",
         )
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: Child | None = None
 
     def device_reconfigurations(self) -> float:
         """``lightrail_reconfigurations_total`` summed over the switches (applies that changed
@@ -305,11 +305,9 @@ class ControllerProcess:
         all by ``timeout_s``). Raises RuntimeError with the log tail."""
         with self.log_path.open("ab") as log_file:
             cpu = self.cpu
-            self.proc = await asyncio.create_subprocess_exec(
-                *pinned_argv([str(self.lightrail), "controller", "--config",
-                              str(self.config_path)], cpu),
-                stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file,
-            )
+            self.proc = Child([str(self.lightrail), "controller", "--config",
+                               str(self.config_path)], cpu,
+                              stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         async with grpc.aio.insecure_channel(self.target) as channel:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +15,7 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
-from wake_floor import measure, percentile, pinned_argv  # noqa: E402
+from wake_floor import Child, measure, percentile, pinned_argv  # noqa: E402
 
 
 def testpercentile_is_nearest_rank() -> None:
@@ -62,3 +64,22 @@ def test_pinned_argv_runs_the_command_on_that_core_only() -> None:
     out = subprocess.run(pinned_argv(cmd, cpu), capture_output=True, text=True, timeout=60,
                          check=True)
     assert out.stdout.strip() == f"[{cpu}]"
+
+
+async def test_child_reports_its_exit_status_to_asyncio() -> None:
+    child = Child([sys.executable, "-c", "raise SystemExit(3)"])
+    assert await asyncio.wait_for(child.wait(), 30) == 3
+    assert child.returncode == 3
+    assert await child.wait() == 3  # already reaped: at once
+
+
+async def test_child_can_be_signalled_and_is_pinned() -> None:
+    cpu = max(os.sched_getaffinity(0))
+    child = Child([sys.executable, "-c", "import time; time.sleep(60)"], cpu)
+    assert child.returncode is None
+    child.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(child.wait(), 30) == -signal.SIGTERM
+    pinned = Child([sys.executable, "-c", "import os; "
+                    "raise SystemExit(sorted(os.sched_getaffinity(0)) != [int(os.environ['C'])])"],
+                   cpu, env={**os.environ, "C": str(cpu)})
+    assert await asyncio.wait_for(pinned.wait(), 30) == 0
