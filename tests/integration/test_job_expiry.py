@@ -185,8 +185,13 @@ async def test_a_failed_unregistration_never_hides_the_error_that_ended_the_repl
                     operator_pb2.RemoveJobRequest(job_id="removed"), timeout=10)
             with pytest.raises(ReplayError) as info:
                 await asyncio.wait_for(run, 60)
-        # the ranks' own error, not the cleanup's
-        assert str(info.value) == "replay failed: unknown_job: job_id: unknown job 'removed'"
+        # the ranks' own error, not the cleanup's: a rank waiting at the removal is answered
+        # CANCELLED (PhaseService.unregister_job), one between phases UNKNOWN_JOB at its next
+        # enter; which rank fails first depends on where the removal finds them
+        assert str(info.value) in (
+            "replay failed: unknown_job: job_id: unknown job 'removed'",
+            "replay failed: cancelled: job unregistered",
+        )
         assert getattr(info.value, "__notes__", []) == [
             "unregistering job 'removed' failed too (JobRegistrationError: NOT_FOUND: job_id: "
             "unknown job 'removed'): it was no longer registered"]
