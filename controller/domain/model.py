@@ -57,6 +57,15 @@ class ProcessGroup:
     def __hash__(self) -> int:
         return self._hash
 
+    def __eq__(self, other: object) -> bool:
+        # Hot path: interned groups compare by identity; different groups almost always
+        # differ in their cached hash, so the rank tuples are compared only on a collision.
+        if self is other:
+            return True
+        if not isinstance(other, ProcessGroup):
+            return NotImplemented
+        return self._hash == other._hash and self.ranks == other.ranks
+
     def contains(self, rank: int) -> bool:
         """True when ``rank`` is in the group (O(1))."""
         return rank in self._members
@@ -105,6 +114,16 @@ class PhaseKey:
 
     def __hash__(self) -> int:
         return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        # As ProcessGroup.__eq__: identity first, then the cached hash, then the fields.
+        if self is other:
+            return True
+        if not isinstance(other, PhaseKey):
+            return NotImplemented
+        return (self._hash == other._hash and self.group == other.group
+                and self.collective is other.collective and self.seq == other.seq
+                and self.step == other.step)
 
     def __str__(self) -> str:
         ranks = ",".join(map(str, self.group.ranks))
