@@ -342,9 +342,9 @@ class Driver(Protocol):
     def events(self) -> AsyncIterator[DeviceAlarm]: ...
 
 
-def _side_bounds(caps: SwitchCapabilities) -> tuple[int, int, int, int]:
+def side_bounds(caps: SwitchCapabilities) -> tuple[int, int, int, int]:
     """(first, last) ingress and (first, last) egress port ids, as ``is_ingress`` /
-    ``is_egress`` define them."""
+    ``is_egress`` define them (range checks without a method call per port)."""
     n = caps.port_count
     if caps.kind is SwitchKind.NXN:
         return 1, n, n + 1, 2 * n
@@ -358,7 +358,7 @@ def check_partial_permutation(
     permutation for a switch with ``caps``: each ingress an ingress port and each egress an
     egress port (``SwitchCapabilities.is_ingress`` / ``is_egress``), ingress < egress on a
     duplex switch, and no port used by two different cross-connects."""
-    in_lo, in_hi, out_lo, out_hi = _side_bounds(caps)
+    in_lo, in_hi, out_lo, out_hi = side_bounds(caps)
     duplex = caps.kind is SwitchKind.DUPLEX
     by_port: dict[int, CrossConnect] = {}
     get = by_port.get
@@ -370,11 +370,13 @@ def check_partial_permutation(
             raise InvalidPort(switch_id, egress, "not an egress port")
         if duplex and ingress >= egress:
             raise InvalidPort(switch_id, ingress, "duplex cross-connect needs ingress < egress")
-        for port in (ingress, egress):
-            other = get(port)
-            if other is not None and other != xc:
-                raise CrossConnectConflict(switch_id, xc, other)
-            by_port[port] = xc
+        other = get(ingress)
+        if other is None:
+            other = get(egress)
+        if other is not None and other != xc:
+            raise CrossConnectConflict(switch_id, xc, other)
+        by_port[ingress] = xc
+        by_port[egress] = xc
 
 
 def check_apply_request(
@@ -394,12 +396,12 @@ def check_apply_request(
             raise InvalidPort(switch_id, bad, "no such port")
     targets = tuple(target)
     for xc in targets:
-        for port in (xc.ingress, xc.egress):
-            if port not in scope:
-                raise InvalidPort(
-                    switch_id, port,
-                    f"target cross-connect {xc.ingress}->{xc.egress} leaves the ports given",
-                )
+        if xc.ingress not in scope or xc.egress not in scope:
+            port = xc.ingress if xc.ingress not in scope else xc.egress
+            raise InvalidPort(
+                switch_id, port,
+                f"target cross-connect {xc.ingress}->{xc.egress} leaves the ports given",
+            )
     check_partial_permutation(switch_id, caps, targets)
 
 
@@ -444,7 +446,7 @@ class CrossConnectDiff:
         """Every port a break or a make uses: the ports a read-back after the apply checks.
         No cross-connect in ``unchanged`` uses one of them (both states are partial
         permutations)."""
-        return frozenset({p for xcs in (self.breaks, self.makes) for xc in xcs for p in xc})
+        return frozenset().union(*self.breaks, *self.makes)
 
 
 def minimal_diff(
@@ -487,7 +489,7 @@ def check_read_back(
     also uses a port outside ``ports`` counts as unexpected)."""
 
     def touching(xcs: Iterable[CrossConnect]) -> frozenset[CrossConnect]:
-        return frozenset(xc for xc in xcs if xc.ingress in ports or xc.egress in ports)
+        return frozenset([xc for xc in xcs if xc.ingress in ports or xc.egress in ports])
 
     expected = touching(target)
     actual = touching(read)

@@ -118,18 +118,19 @@ class EmulatedDriver:
         """
         device = self._dev()
         sid = self._switch_id
-        check_apply_request(sid, device.capabilities, target, ports)
+        caps = device.capabilities
+        check_apply_request(sid, caps, target, ports)
         state = device.cross_connects if current is None else current
         diff = minimal_diff(sid, state, target, ports, mode)
         if diff.empty:
             return ApplyResult()
-        breaks, makes = list(diff.breaks), list(diff.makes)
-        limit = device.capabilities.max_batch
+        breaks, makes = diff.breaks, diff.makes
+        limit = caps.max_batch
         if limit is None or len(breaks) + len(makes) <= limit:
             result = await device.apply_bulk(breaks, makes)
         else:
-            result = await self._apply_chunked(device, breaks, makes, limit)
-        if not device.capabilities.readback:
+            result = await self._apply_chunked(device, list(breaks), list(makes), limit)
+        if not caps.readback:
             return result  # what the device acknowledged; it cannot be read back
         # Confirm like a real device: read back the ports it changed (not the whole switch).
         changed = diff.changed_ports()
