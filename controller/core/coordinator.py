@@ -56,6 +56,7 @@ from lightrail.controller.core.records import (
     JobStats,
     Outage,
     ProvisioningScore,
+    RankSlot,
     RankState,
     Recovery,
     waiting_ranks,
@@ -668,6 +669,19 @@ class PhaseCoordinator:
         last: Instance | None = None
         idle = RankState.IDLE
         holding = RankState.HOLDING
+        fast = _holders_of_one_instance(slots, ranks, phase, iteration)
+        if fast is not None:
+            # The usual batch: distinct ranks that all hold one instance of ``phase`` (a rank
+            # is among an instance's holders only while it is HOLDING that instance), checked
+            # with set operations: two attribute writes per rank, no per-rank branches.
+            for r in ranks:
+                rs = slots[r]
+                rs.state = idle
+                rs.instance = None
+            fast.holders.difference_update(ranks)
+            if not fast.holders:
+                freed.append(fast)
+            ranks = ()
         for r in ranks:
             if not 0 <= r < world:
                 refused.append(RefusedRelease(r, ReleaseError(
@@ -806,3 +820,25 @@ class PhaseCoordinator:
         if out:
             out.extend(schedule(s, now))
         return out
+
+
+def _holders_of_one_instance(
+    slots: Sequence[RankSlot], ranks: Sequence[int], phase: PhaseKey, iteration: int | None,
+) -> Instance | None:
+    """The instance every one of ``ranks`` holds, when they are distinct and all hold the same
+    instance of ``phase`` (of ``iteration``, when given); None otherwise (the caller then
+    checks rank by rank). Relies on the holders invariant: a rank is in ``Instance.holders``
+    only while its slot is HOLDING that instance."""
+    if not ranks:
+        return None
+    first = ranks[0]
+    if not 0 <= first < len(slots):
+        return None
+    inst = slots[first].instance
+    if inst is None or not (inst.phase is phase or inst.phase == phase) or (
+            iteration is not None and inst.iteration != iteration):
+        return None
+    members = set(ranks)
+    if len(members) != len(ranks) or not members <= inst.holders:
+        return None
+    return inst

@@ -90,13 +90,17 @@ class Provisioner:
             sid = t.switch_id
             last = job.last_on_port.setdefault(sid, {})
             get = last.get
+            # Neighbouring ports mostly share their last phase: look it up once per run.
+            seen: PhaseKey | None = None
+            taken: set[SwitchPort] | None = None
             for p in t.ports:
                 prev = get(p)
-                if prev is not None and prev is not phase and prev != phase:
-                    taken = preds.get(prev)
-                    if taken is None:
-                        taken = preds[prev] = set()
-                    taken.add((sid, p))
+                if prev is not None and prev is not phase:
+                    if prev is not seen:
+                        seen = prev
+                        taken = None if prev == phase else preds.setdefault(prev, set())
+                    if taken is not None:
+                        taken.add((sid, p))
                 last[p] = phase
         return preds
 

@@ -295,7 +295,7 @@ class _Worker:
 
     def on_ports(self, ports: frozenset[int]) -> frozenset[CrossConnect]:
         index = self.index
-        return frozenset(index[p] for p in ports if p in index)
+        return frozenset([index[p] for p in ports if p in index])
 
 
 def _check_request(
