@@ -433,26 +433,36 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                     flushed = True
                     await asyncio.sleep(0)
                     leader = self._is_leader()  # the lease may have changed meanwhile
-                kind = req.WhichOneof("kind")
-                if kind == "enter_many":  # the hot path first
-                    self._on_enter_many(req.enter_many, leader, sink, decoder, attached)
-                elif kind == "release_many":
-                    r = req.release_many
-                    if len(r.ranks) > MAX_BATCH_RANKS:
-                        self._too_many("release_many", r.job_id, 0, len(r.ranks), sink)
-                    elif leader:
-                        self._release_many(r, sink, decoder)
-                elif kind in ("define_phase", "define_group"):
-                    # definitions bind ids on this stream only: a follower takes them too
-                    self._define(req, kind, sink, decoder)
-                elif not leader:
-                    # a follower or fenced replica moves no state: the agent resends everything
-                    # to the leader on reconnect
-                    if kind == "enter":
-                        e = req.enter
-                        self._not_leader(e.job_id, (e.rank,), e.request_id, sink)
-                else:
-                    self._per_rank(req, kind, sink, decoder, attached)
+                self._on_request(req, leader, sink, decoder, attached)
+            if sink.pending:
+                # The writer sends what this message decided before the next read is
+                # started (and before callbacks queued behind it, such as metrics).
+                await asyncio.sleep(0)
+
+    def _on_request(self, req: agent_pb2.PhaseRequest, leader: bool, sink: _StreamSink,
+                    decoder: PhaseKeyDecoder, attached: set[str]) -> None:
+        """Work through one request of a PhaseStream message (``leader``: whether this replica
+        may move state)."""
+        kind = req.WhichOneof("kind")
+        if kind == "enter_many":  # the hot path first
+            self._on_enter_many(req.enter_many, leader, sink, decoder, attached)
+        elif kind == "release_many":
+            r = req.release_many
+            if len(r.ranks) > MAX_BATCH_RANKS:
+                self._too_many("release_many", r.job_id, 0, len(r.ranks), sink)
+            elif leader:
+                self._release_many(r, sink, decoder)
+        elif kind in ("define_phase", "define_group"):
+            # definitions bind ids on this stream only: a follower takes them too
+            self._define(req, kind, sink, decoder)
+        elif not leader:
+            # a follower or fenced replica moves no state: the agent resends everything
+            # to the leader on reconnect
+            if kind == "enter":
+                e = req.enter
+                self._not_leader(e.job_id, (e.rank,), e.request_id, sink)
+        else:
+            self._per_rank(req, kind, sink, decoder, attached)
 
     @staticmethod
     def _not_leader(job_id: str, ranks: Iterable[int], request_id: int,

@@ -536,8 +536,11 @@ class PhaseService:
                 failed[target.switch_id] = result
             elif isinstance(result, BaseException):
                 raise result
-        error = "; ".join(str(e) for e in failed.values()) if failed else None
-        fenced = any(isinstance(e, NotLeader) for e in failed.values())
+        if failed:
+            error: str | None = "; ".join(str(e) for e in failed.values())
+            fenced = any(isinstance(e, NotLeader) for e in failed.values())
+        else:
+            error, fenced = None, False
         code = ErrorCode.NOT_LEADER if fenced else ErrorCode.DEVICE_FAILURE
         self._dispatch(self.coordinator.reconfigured(
             rec.op_id, self.now(), error, device_s, list(failed), code))
@@ -545,7 +548,10 @@ class PhaseService:
         if not stopping and not fenced:
             for switch_id in failed:
                 self._start_read_back(switch_id)
-        self._record_reconfiguration(rec, device_s, error)
+        # After the admissions: their replies are written (the writer tasks were woken first)
+        # before the metrics, listeners and event of the reconfiguration are recorded.
+        assert self._loop is not None
+        self._loop.call_soon(self._record_reconfiguration, rec, device_s, error)
 
     async def _run_targets(self, rec: Reconfigure) -> list[ReconcileResult | BaseException]:
         """Reconcile every target (inline when the switch is idle); per target its result or
