@@ -91,6 +91,30 @@ def test_release_many_releases_the_holders_and_refuses_the_rest() -> None:
     assert c.held_by_job("job") == 4
 
 
+def test_release_many_checks_rank_by_rank_when_the_batch_is_not_all_holders() -> None:
+    # A batch of distinct holders of one instance is released with set operations; a
+    # repeated rank, another step or a rank that left already is refused exactly as rank by
+    # rank, and the rest of the batch is released.
+    c = coordinator()
+    complete(c, c.enter_many("job", WORLD, RING, 1, 0.0), 0.1)
+    _, refused = c.release_many("job", [0, 1, 0], RING, 0.2, iteration=0)
+    assert [(r.rank, r.error.code) for r in refused] == [(0, ErrorCode.INVALID_PHASE)]
+    assert c.held_by_job("job") == 6
+    _, refused = c.release_many("job", [2, 3], RING, 0.3, iteration=1)
+    assert [(r.rank, r.error.code) for r in refused] == [
+        (2, ErrorCode.INVALID_PHASE), (3, ErrorCode.INVALID_PHASE)]
+    assert c.held_by_job("job") == 6
+    _, refused = c.release_many("job", [2, 0, 3], RING, 0.4)
+    assert [r.rank for r in refused] == [0]
+    assert c.held_by_job("job") == 4
+    out, refused = c.release_many("job", [4, 5, 6, 7], RING, 0.5, iteration=0)
+    assert (out, refused, c.held_by_job("job")) == ([], [], 0)
+    _, refused = c.release_many("job", [4], RING, 0.6)  # the instance is gone: not held
+    assert [(r.rank, r.error.code) for r in refused] == [(4, ErrorCode.INVALID_PHASE)]
+    # The freed circuits are there for the next instance, admitted at once.
+    assert admitted_ranks(c.enter_many("job", WORLD, RING, 2, 0.7, iteration=1)) == WORLD
+
+
 def test_refusals_name_the_rank_and_carry_the_route() -> None:
     c = coordinator()
     out = c.enter_many("job", [0, 9, 1], PAIR, 5, 0.0, route=11)
