@@ -789,7 +789,7 @@ class PhaseCoordinator:
         """The earliest deadline of a waiting rank, or None."""
         s = self._s
         while s.deadlines:
-            first = s.deadlines[0]
+            first = s.deadlines[0][2]
             if s.waiter_live(first):
                 return first.at_s
             heapq.heappop(s.deadlines)
@@ -800,8 +800,8 @@ class PhaseCoordinator:
         the message says what the phase was waiting for."""
         s = self._s
         out: list[Decision] = []
-        while s.deadlines and s.deadlines[0].at_s <= now:
-            d = heapq.heappop(s.deadlines)
+        while s.deadlines and s.deadlines[0][0] <= now:
+            d = heapq.heappop(s.deadlines)[2]
             if not s.waiter_live(d):
                 continue
             job = s.jobs[d.job_id]

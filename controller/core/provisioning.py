@@ -53,6 +53,7 @@ class Provisioner:
         kept = {p: [s for s in ss if s.declared] for p, ss in job.successors.items()}
         job.successors = {p: ss for p, ss in kept.items() if ss}
         job.last_on_port.clear()
+        job.ports_last_of.clear()
         job.provisioned.clear()
         job.deferred.clear()
 
@@ -89,19 +90,33 @@ class Provisioner:
         for t in plan.targets:
             sid = t.switch_id
             last = job.last_on_port.setdefault(sid, {})
+            of = job.ports_last_of.setdefault(sid, {})
+            mine = of.get(phase)
+            if mine is None:
+                mine = of[phase] = set()
+            moved = t.ports - mine  # O(plan) in C; the loop below is O(ports that move)
+            if not moved:
+                continue
             get = last.get
             # Neighbouring ports mostly share their last phase: look it up once per run.
             seen: PhaseKey | None = None
-            taken: set[SwitchPort] | None = None
-            for p in t.ports:
+            taken: set[SwitchPort] = set()
+            theirs: set[int] = set()
+            for p in moved:
                 prev = get(p)
-                if prev is not None and prev is not phase:
+                if prev is not None:  # not ``phase``: its ports are ``mine``
                     if prev is not seen:
                         seen = prev
-                        taken = None if prev == phase else preds.setdefault(prev, set())
-                    if taken is not None:
-                        taken.add((sid, p))
+                        taken = preds.setdefault(prev, set())
+                        theirs = of[prev]
+                    taken.add((sid, p))
+                    theirs.discard(p)
+                    if not theirs:
+                        del of[prev]
+                        theirs = set()
+                        seen = None
                 last[p] = phase
+            mine |= moved
         return preds
 
     def _was_predicted(self, job: JobRecord, phase: PhaseKey,

@@ -145,6 +145,10 @@ class JobRecord:
     hints: dict[PhaseKey, Hint] = field(default_factory=dict)
     last_on_port: dict[str, dict[int, PhaseKey]] = field(default_factory=dict)
     """Switch id -> port -> the phase that last had circuits there (schedule learning)."""
+    ports_last_of: dict[str, dict[PhaseKey, set[int]]] = field(default_factory=dict)
+    """Switch id -> phase -> the ports it last had circuits on: the inverse of
+    ``last_on_port`` (a port is in the set of exactly the phase ``last_on_port`` names), so
+    that a new instance looks up only the ports its phase was not last on."""
     provisioned: dict[PhaseKey, int] = field(default_factory=dict)
     """Phase -> the op id that switched it ahead of its ranks."""
     deferred: list[PhaseKey] = field(default_factory=list)
@@ -188,9 +192,10 @@ class Outage:
 
 @dataclass(frozen=True, slots=True, order=True)
 class Deadline:
-    """A waiting batch's deadline, an entry of the coordinator's heap: ordered by ``at_s`` (s),
-    then ``seq`` (push order, unique), so equal deadlines expire first in, first out. An entry
-    whose batch has no waiting rank any more is stale and skipped."""
+    """A waiting batch's deadline, behind an entry ``(at_s, seq, deadline)`` of the
+    coordinator's heap (``CoordinatorState.deadlines``): ordered by ``at_s`` (s), then ``seq``
+    (push order, unique), so equal deadlines expire first in, first out. An entry whose batch
+    has no waiting rank any more is stale and skipped."""
 
     at_s: float
     seq: int

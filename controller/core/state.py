@@ -50,7 +50,9 @@ class CoordinatorState:
         self.queue: list[Instance] = []
         """Waiting phase instances, oldest first."""
         self.ops: dict[int, Op] = {}
-        self.deadlines: list[Deadline] = []
+        self.deadlines: list[tuple[float, int, Deadline]] = []
+        """A heap of ``(at_s, seq, deadline)``: ordered by the leading floats and ints in C
+        (``seq`` is unique, so the ``Deadline`` itself is never compared)."""
         """A heap; entries of ranks that stopped waiting are dropped lazily."""
         self.recovering: dict[str, Recovery] = {}
         self.maintenance: dict[str, str] = {}
@@ -171,8 +173,9 @@ class CoordinatorState:
     def push_deadline(self, job_id: str, batch: EnterBatch) -> None:
         """Arm the deadline of a waiting ``batch`` of ``job_id``."""
         self._deadline_seq += 1
-        heapq.heappush(self.deadlines, Deadline(batch.deadline_s, self._deadline_seq, job_id,
-                                                batch))
+        seq = self._deadline_seq
+        heapq.heappush(self.deadlines, (batch.deadline_s, seq,
+                                        Deadline(batch.deadline_s, seq, job_id, batch)))
 
     def waiter_live(self, d: Deadline) -> bool:
         """True while some rank of ``d``'s batch still waits in it."""
