@@ -77,8 +77,9 @@ class ChangeRecord(NamedTuple):
     seconds) it took effect: a break when issued, a make when its settle ended. ``commanded``
     is False for a change the device made on its own (a reboot that loses its cross-connects),
     which no controller command caused. A named tuple, not a frozen dataclass: every
-    reconfiguration records one per cross-connect broken or made, and a tuple is built in C
-    (a frozen dataclass's ``__init__`` costs about 0.6 us, several times that)."""
+    reconfiguration records one per cross-connect broken or made, and a named tuple is built
+    in about 0.3 us against 0.6 us for a frozen dataclass (one ``object.__setattr__`` per
+    field)."""
 
     at_s: float
     switch_id: str
@@ -366,7 +367,7 @@ class EmulatedOcs:
         """The configured cross-connects that use any of ``ports`` (a read-back of those ports,
         one command). Raises ``DeviceUnreachable``."""
         if not self._answers_at_once():
-            await self._enter()
+            await self._enter_with_faults()
         by_port = self._by_port
         return frozenset([xc for p in ports if (xc := by_port.get(p)) is not None])
 
@@ -385,7 +386,7 @@ class EmulatedOcs:
         ``PartialApply`` when ``fail_make`` is armed; ``DeviceUnreachable`` while unreachable.
         """
         if not self._answers_at_once():
-            await self._enter()
+            await self._enter_with_faults()
         self._writes += 1
         async with self._lock:
             self._validate(breaks, makes)
@@ -465,8 +466,8 @@ class EmulatedOcs:
 
     def _answers_at_once(self) -> bool:
         """Count a command and return True when no emulated fault touches it (the usual
-        case: the caller goes on without ``_enter``'s loop round trip); False when it must
-        go through ``_enter`` (which counts it)."""
+        case: the hot commands go on without awaiting a coroutine); False when
+        ``_enter_with_faults`` must answer it (and count it)."""
         if (self._unreachable or self._rebooting or self._drop_calls or self._extra_delay_s
                 or not self._answering.is_set()):
             return False
@@ -474,6 +475,11 @@ class EmulatedOcs:
         return True
 
     async def _enter(self) -> None:
+        """Every device command starts here: answered at once, or as the armed faults say."""
+        if not self._answers_at_once():
+            await self._enter_with_faults()
+
+    async def _enter_with_faults(self) -> None:
         self._commands += 1
         if not self._answering.is_set():
             await self._answering.wait()

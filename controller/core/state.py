@@ -51,9 +51,9 @@ class CoordinatorState:
         """Waiting phase instances, oldest first."""
         self.ops: dict[int, Op] = {}
         self.deadlines: list[tuple[float, int, Deadline]] = []
-        """A heap of ``(at_s, seq, deadline)``: ordered by the leading floats and ints in C
-        (``seq`` is unique, so the ``Deadline`` itself is never compared)."""
-        """A heap; entries of ranks that stopped waiting are dropped lazily."""
+        """A heap of ``(at_s, seq, deadline)``, ordered by the leading float and int in C
+        (``seq`` is unique, so a ``Deadline`` is never compared); entries of ranks that stopped
+        waiting are dropped lazily."""
         self.recovering: dict[str, Recovery] = {}
         self.maintenance: dict[str, str] = {}
         """Switch id -> the operator's reason, for switches in maintenance: no reconfiguration

@@ -670,6 +670,7 @@ class PhaseService:
     async def drain(self, timeout_s: float) -> None:
         """Wait (bounded) for in-flight reconfigurations to finish, hand the last plans to the
         state writer and stop the plan-writer task."""
+        await asyncio.sleep(0)  # let recordings queued by finished reconfigurations run
         if self._inflight:
             await asyncio.wait(set(self._inflight), timeout=timeout_s)
         if self._timer is not None:
