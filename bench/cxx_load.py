@@ -21,11 +21,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from lean_load import LeanLoad, LoadError, PhaseInstance, Workload
+from support import Child
 
 from lightrail.controller.api.codec import phase_key_to_pb
 
@@ -164,9 +166,9 @@ class CxxLoad(LeanLoad):
         with tempfile.TemporaryDirectory(prefix="lightrail-loadgen-") as tmp:
             spec_path = Path(tmp) / "spec.txt"
             spec_path.write_text(self.spec(cell_timeout_s), encoding="utf-8")
-            proc = await asyncio.create_subprocess_exec(
-                str(self.binary), str(spec_path), stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            proc = await Child.start([str(self.binary), str(spec_path)],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE)
             assert proc.stdout is not None and proc.stderr is not None
             stderr = asyncio.create_task(proc.stderr.read())
             lines: list[str] = []

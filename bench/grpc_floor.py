@@ -26,6 +26,7 @@ import gc
 import os
 import socket
 import statistics
+import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ import uvloop
 from cxx_load import BUILD_HINT, CxxLoad, loadgen_built
 from hot_path import CellResult, counts_for, proc_cpu_s, summarize_lean
 from lean_load import WORKLOADS, LoadError, Workload
-from wake_floor import pinned_argv
+from support import Child
 
 from lightrail.v1 import agent_pb2
 
@@ -185,10 +186,8 @@ async def run_once(n: int, workload: str, repeat: int, cpus: tuple[int, int] | N
     """Start a barrier server, run ``hot_path.py``'s batch32 cell of ``workload`` on ``n``
     ranks against it with the C++ generator, stop the server. Raises ``LoadError``."""
     port = _free_port()
-    proc = await asyncio.create_subprocess_exec(
-        *pinned_argv([sys.executable, __file__, "--serve", str(port)],
-                     None if cpus is None else cpus[0]),
-        stdout=asyncio.subprocess.PIPE)
+    proc = await Child.start([sys.executable, __file__, "--serve", str(port)],
+                             None if cpus is None else cpus[0], stdout=subprocess.PIPE)
     assert proc.stdout is not None
     try:
         line = await asyncio.wait_for(proc.stdout.readline(), 30)

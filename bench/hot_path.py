@@ -114,7 +114,7 @@ from cxx_load import BUILD_HINT, LOADGEN, CxxLoad, loadgen_built
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from lean_load import WORKLOADS, LeanLoad, LoadError, Workload, pair_peer
 from prometheus_client.parser import text_string_to_metric_families
-from wake_floor import Child, percentile
+from support import Child, percentile
 
 from lightrail.agents.client import ControllerClient
 from lightrail.agents.errors import Admission

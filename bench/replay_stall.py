@@ -18,6 +18,7 @@ import dataclasses
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hot_path import LIGHTRAIL, ControllerProcess, proc_cpu_s
-from wake_floor import pinned_argv
+from support import Child
 
 from lightrail.controller.logs import configure_logging
 from lightrail.controller.store.etcd_server import EmbeddedEtcd
@@ -76,16 +77,18 @@ async def replay_once(lightrail: Path, trace: Path, extra: list[str]) -> Run:
             await ctrl.start()
             try:
                 c0, w0 = proc_cpu_s(ctrl.pid), time.perf_counter()
-                proc = await asyncio.create_subprocess_exec(
-                    *pinned_argv([str(lightrail), "replay", str(trace), "--controller",
-                                  ctrl.target, "--json", "--no-progress", *extra], gen_cpu),
-                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+                proc = await Child.start(
+                    [str(lightrail), "replay", str(trace), "--controller", ctrl.target,
+                     "--json", "--no-progress", *extra], gen_cpu,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                assert proc.stdout is not None and proc.stderr is not None
                 replay_cpu = 0.0
-                watcher = asyncio.ensure_future(proc.communicate())
+                watcher = asyncio.ensure_future(
+                    asyncio.gather(proc.stdout.read(), proc.stderr.read(), proc.wait()))
                 while not watcher.done():  # the replay's CPU, read while it runs
                     replay_cpu = max(replay_cpu, proc_cpu_s(proc.pid))
                     await asyncio.wait({watcher}, timeout=0.05)
-                out, err = watcher.result()
+                out, err, _ = watcher.result()
                 wall = time.perf_counter() - w0
                 ctrl_cpu_s = proc_cpu_s(ctrl.pid) - c0
                 if proc.returncode != 0:

@@ -19,10 +19,6 @@ cross-core figure can be tens of µs where bare metal gives a few µs, and it sw
 host's load. Python's own cost per bounce (a read and a write call, ~1-2 µs) is inside the
 figures, so they are an upper bound of the kernel's and hypervisor's share.
 
-The benchmarks' process helpers live here too, since they are about cores and children:
-``pinned_argv`` (a command pinned with ``taskset``) and ``Child`` (a child started without
-Python code in the forked process, awaitable from asyncio).
-
 Raises ``ValueError`` for fewer than 1 round or a CPU this process may not use (it names the
 option and the value).
 """
@@ -30,17 +26,14 @@ option and the value).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import math
 import os
-import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+
+from support import percentile
 
 WARMUP_ROUNDS = 200
 
@@ -53,79 +46,6 @@ class WakeFloor:
     rounds: int
     median_us: float
     p99_us: float
-
-
-def pinned_argv(argv: Sequence[str], cpu: int | None) -> list[str]:
-    """``argv`` run on core ``cpu`` (None: as it is) through ``taskset -c`` (util-linux), so
-    the benchmarks pin their child processes at exec, with no Python ``preexec_fn`` in the
-    forked child (which can hang in CPython's after-fork hooks when the parent has threads:
-    seen with uvloop, the child spinning in ``threading._after_fork``). Raises
-    ``FileNotFoundError`` when ``taskset`` is not installed."""
-    if cpu is None:
-        return list(argv)
-    taskset = shutil.which("taskset")
-    if taskset is None:
-        raise FileNotFoundError("taskset (util-linux) is needed to pin the benchmark's "
-                                "processes; install util-linux or pass --no-pin")
-    return [taskset, "-c", str(cpu), *argv]
-
-
-class Child:
-    """A child process for asyncio code, started with ``subprocess.Popen`` (CPython's C
-    fork + exec: no Python code runs in the forked child). ``asyncio.create_subprocess_exec``
-    under uvloop runs the interpreter's after-fork hooks in the child; forked from a process
-    whose threads are starting or ending (gRPC's poller, executor threads), that child was
-    seen spinning in ``threading._after_fork`` and never reaching its exec. The attributes
-    ``asyncio.subprocess.Process`` offers that the benchmarks use: ``pid``, ``returncode``,
-    ``send_signal``, ``kill``, ``wait``."""
-
-    def __init__(self, argv: Sequence[str], cpu: int | None = None, **popen: Any) -> None:
-        """Start ``argv`` on core ``cpu`` (``pinned_argv``); ``popen``: ``subprocess.Popen``
-        keywords (``stdin``, ``stdout``, ``stderr``). Raises ``OSError``."""
-        self._popen: subprocess.Popen[bytes] = subprocess.Popen(pinned_argv(argv, cpu), **popen)
-
-    @property
-    def pid(self) -> int:
-        return self._popen.pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self._popen.poll()
-
-    def send_signal(self, sig: int) -> None:
-        self._popen.send_signal(sig)
-
-    def kill(self) -> None:
-        self._popen.kill()
-
-    async def wait(self) -> int:
-        """Until the child exits (its pidfd becomes readable in the running loop: no thread,
-        no SIGCHLD handler); its exit status."""
-        if self._popen.poll() is None:
-            loop = asyncio.get_running_loop()
-            fd = os.pidfd_open(self._popen.pid)  # not reaped yet: the pid is still the child
-            exited: asyncio.Future[None] = loop.create_future()
-
-            def readable() -> None:
-                if not exited.done():
-                    exited.set_result(None)
-
-            loop.add_reader(fd, readable)
-            try:
-                await exited
-            finally:
-                loop.remove_reader(fd)
-                os.close(fd)
-        return self._popen.wait()
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (``q`` in 0..1; 0.0 for no values). ``bench/hot_path.py``'s
-    latencies use it too."""
-    if not values:
-        return 0.0
-    s = sorted(values)
-    return s[max(0, min(len(s) - 1, math.ceil(q * len(s)) - 1))]
 
 
 def measure(cpus: tuple[int, int], rounds: int) -> WakeFloor:

@@ -1,4 +1,5 @@
-"""bench/wake_floor.py: the pipe round-trip floor printed under bench/hot_path.py's table."""
+"""bench/wake_floor.py, the pipe round-trip floor printed under bench/hot_path.py's table, and
+bench/support.py, the helpers the benchmark scripts share (pinned children, the percentile)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
-from wake_floor import Child, measure, percentile, pinned_argv  # noqa: E402
+from support import Child, percentile, pinned_argv  # noqa: E402
+from wake_floor import measure  # noqa: E402
 
 
-def testpercentile_is_nearest_rank() -> None:
+def test_percentile_is_nearest_rank() -> None:
     values = [float(v) for v in range(1, 101)]  # 1..100
     assert percentile(values, 0.5) == 50.0
     assert percentile(values, 0.99) == 99.0
@@ -83,3 +85,18 @@ async def test_child_can_be_signalled_and_is_pinned() -> None:
                     "raise SystemExit(sorted(os.sched_getaffinity(0)) != [int(os.environ['C'])])"],
                    cpu, env={**os.environ, "C": str(cpu)})
     assert await asyncio.wait_for(pinned.wait(), 30) == 0
+
+
+async def test_a_child_started_with_pipes_is_read_from_the_loop() -> None:
+    child = await Child.start(
+        [sys.executable, "-c", "import sys; print('one'); print('two'); "
+         "print('oops', file=sys.stderr); raise SystemExit(4)"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert child.stdout is not None and child.stderr is not None
+    assert await asyncio.wait_for(child.stdout.readline(), 30) == b"one\n"
+    rest, err, rc = await asyncio.wait_for(
+        asyncio.gather(child.stdout.read(), child.stderr.read(), child.wait()), 30)
+    assert (rest, err, rc) == (b"two\n", b"oops\n", 4)
+    plain = Child([sys.executable, "-c", "pass"], stdout=subprocess.DEVNULL)
+    assert plain.stdout is None and plain.stderr is None
+    assert await asyncio.wait_for(plain.wait(), 30) == 0

@@ -1,0 +1,119 @@
+"""What the benchmark scripts share: children started for asyncio code without Python code in
+the forked process (``Child``), commands pinned to a core at exec (``pinned_argv``), and the
+nearest-rank ``percentile`` of their latency figures.
+
+Every benchmark child started from a process that runs an event loop goes through ``Child``
+(``bench/hot_path.py``'s controller, ``bench/cxx_load.py``'s C++ generator,
+``bench/grpc_floor.py``'s barrier server): one way of spawning, not one per script.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import math
+import os
+import shutil
+import subprocess
+from collections.abc import Sequence
+from typing import Any
+
+
+def pinned_argv(argv: Sequence[str], cpu: int | None) -> list[str]:
+    """``argv`` run on core ``cpu`` (None: as it is) through ``taskset -c`` (util-linux), so
+    the benchmarks pin their child processes at exec, with no Python ``preexec_fn`` in the
+    forked child (which can hang in CPython's after-fork hooks when the parent has threads:
+    seen with uvloop, the child spinning in ``threading._after_fork``). Raises
+    ``FileNotFoundError`` when ``taskset`` is not installed."""
+    if cpu is None:
+        return list(argv)
+    taskset = shutil.which("taskset")
+    if taskset is None:
+        raise FileNotFoundError("taskset (util-linux) is needed to pin the benchmark's "
+                                "processes; install util-linux or pass --no-pin")
+    return [taskset, "-c", str(cpu), *argv]
+
+
+class Child:
+    """A child process for asyncio code, started with ``subprocess.Popen`` (CPython's C
+    fork + exec: no Python code runs in the forked child). ``asyncio.create_subprocess_exec``
+    under uvloop runs the interpreter's after-fork hooks in the child; forked from a process
+    whose threads are starting or ending (gRPC's poller, executor threads), that child was
+    seen spinning in ``threading._after_fork`` and never reaching its exec. The attributes
+    ``asyncio.subprocess.Process`` offers that the benchmarks use: ``pid``, ``returncode``,
+    ``send_signal``, ``kill``, ``wait`` and, for a child made with ``start``, ``stdout`` and
+    ``stderr``."""
+
+    def __init__(self, argv: Sequence[str], cpu: int | None = None, **popen: Any) -> None:
+        """Start ``argv`` on core ``cpu`` (``pinned_argv``); ``popen``: ``subprocess.Popen``
+        keywords (``stdin``, ``stdout``, ``stderr``, ``env``). A ``subprocess.PIPE`` output is
+        read through ``start`` instead. Raises ``OSError``."""
+        self._popen: subprocess.Popen[bytes] = subprocess.Popen(pinned_argv(argv, cpu), **popen)
+        self.stdout: asyncio.StreamReader | None = None
+        self.stderr: asyncio.StreamReader | None = None
+        self._transports: list[asyncio.BaseTransport] = []
+
+    @classmethod
+    async def start(cls, argv: Sequence[str], cpu: int | None = None, **popen: Any) -> Child:
+        """``Child(argv, cpu, **popen)``, with each output given as ``subprocess.PIPE``
+        readable as an ``asyncio.StreamReader`` (``stdout``, ``stderr``) in the running loop.
+        Raises ``OSError``."""
+        child = cls(argv, cpu, **popen)
+        loop = asyncio.get_running_loop()
+        for name in ("stdout", "stderr"):
+            pipe = getattr(child._popen, name)
+            if pipe is None:
+                continue
+            reader = asyncio.StreamReader()
+            transport, _ = await loop.connect_read_pipe(
+                functools.partial(asyncio.StreamReaderProtocol, reader), pipe)
+            child._transports.append(transport)
+            setattr(child, name, reader)
+        return child
+
+    @property
+    def pid(self) -> int:
+        return self._popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._popen.poll()
+
+    def send_signal(self, sig: int) -> None:
+        self._popen.send_signal(sig)
+
+    def kill(self) -> None:
+        self._popen.kill()
+
+    async def wait(self) -> int:
+        """Until the child exits (its pidfd becomes readable in the running loop: no thread,
+        no SIGCHLD handler); its exit status."""
+        if self._popen.poll() is None:
+            loop = asyncio.get_running_loop()
+            fd = os.pidfd_open(self._popen.pid)  # not reaped yet: the pid is still the child
+            exited: asyncio.Future[None] = loop.create_future()
+
+            def readable() -> None:
+                if not exited.done():
+                    exited.set_result(None)
+
+            loop.add_reader(fd, readable)
+            try:
+                await exited
+            finally:
+                loop.remove_reader(fd)
+                os.close(fd)
+        for transport in self._transports:  # the pipes' ends (their readers keep what came)
+            transport.close()
+        return self._popen.wait()
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (``q`` in 0..1; 0.0 for no values). ``bench/hot_path.py``'s
+    latencies use it too."""
+    if not values:
+        return 0.0
+    s = sorted(values)
+    return s[max(0, min(len(s) - 1, math.ceil(q * len(s)) - 1))]
+
+
