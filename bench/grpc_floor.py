@@ -40,6 +40,7 @@ from hot_path import CellResult, counts_for, proc_cpu_s, summarize_lean
 from lean_load import WORKLOADS, LoadError, Workload
 from support import Child
 
+from lightrail.controller.cli.daemons import DAEMON_GC_THRESHOLDS
 from lightrail.v1 import agent_pb2
 
 # --- the barrier server ----------------------------------------------------------------------
@@ -153,11 +154,12 @@ class BarrierService:
 
 async def serve(port: int) -> None:
     """Serve ``BarrierService`` on 127.0.0.1:``port`` until killed; prints ``ready``."""
+    gc.set_threshold(*DAEMON_GC_THRESHOLDS)  # as the controller's process
     server = grpc.aio.server()
     server.add_generic_rpc_handlers((BarrierService().handler(),))
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
-    gc.freeze()  # as the controller (controller/app.py, controller/cli/daemons.py)
+    gc.freeze()  # as the controller (controller/app.py)
     print("ready", flush=True)
     await server.wait_for_termination()
 

@@ -37,6 +37,13 @@ if TYPE_CHECKING:
     from lightrail.agents.host.health import HealthSource
 
 
+DAEMON_GC_THRESHOLDS = (100_000, 50, 100)
+"""``gc.set_threshold`` of the controller daemon's process (``cmd_controller``): the hot path
+allocates short-lived, acyclic objects (decisions, batches, messages) that reference counting
+frees; collecting the young generation every 700 allocations (the default) costs 10-15 % of
+boundaries/s in bench/hot_path.py. Every 100k is enough for the few cycles."""
+
+
 def cmd_controller(args: argparse.Namespace) -> int:
     path = Path(args.config) if args.config else None
     try:
@@ -46,11 +53,8 @@ def cmd_controller(args: argparse.Namespace) -> int:
         print(exc, file=sys.stderr)
         return ExitCode.CONFIG_ERROR
     configure_logging(cfg.logging.level, cfg.logging.format)
-    # The daemon's process only (not embedded or test runs): the hot path allocates
-    # short-lived, acyclic objects (decisions, batches, messages) that reference counting
-    # frees; collecting the young generation every 700 allocations (the default) costs
-    # 10-15 % of boundaries/s in bench/hot_path.py. Every 100k is enough for the few cycles.
-    gc.set_threshold(100_000, 50, 100)
+    # The daemon's process only (not embedded or test runs)
+    gc.set_threshold(*DAEMON_GC_THRESHOLDS)
 
     async def main() -> int:
         from lightrail.controller.app import (
