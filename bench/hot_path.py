@@ -3,9 +3,9 @@
 Run: ``.venv/bin/python bench/hot_path.py [--quick] [--n 8 64 256 2048] [--repeat 3]
 [--workload ring-pair mixed] [--transport batch32 unary agent8 agent32] [--delay-ms 0]
 [--generator cxx python] [--measured B] [--max-measured-s S] [--cell-timeout-s S]
-[--pair-dependency] [--no-pin] [--json]`` (``make bench``: ``make loadgen`` when gRPC C++ is
-installed, then the defaults; ``--help`` says what each does). A script, not a test (pytest
-does not collect ``bench/``).
+[--pair-dependency] [--no-pin] [--json] [--instances FILE]`` (``make bench``: ``make
+loadgen`` when gRPC C++ is installed, then the defaults; ``--help`` says what each does). A
+script, not a test (pytest does not collect ``bench/``).
 
 Method (after the way the Opus artifact's C++ controller was measured)
 -----------------------------------------------------------------------
@@ -76,6 +76,12 @@ What is counted
   core); the report prints it under the table (``wake_floor`` in ``--json``). Each phase's
   latency holds at least one such wake there and back, which on a virtual machine costs tens
   of µs and swings with the host's load.
+* ``--instances FILE``: every batch cell's measured phase instances, one JSON object per cell
+  and line (``instances_record``): when each instance's last enter was sent and when each
+  stream's ``AdmitMany`` arrived, in CLOCK_MONOTONIC seconds (``time.perf_counter``; the C++
+  generator's ``steady_clock``), so a tail can be laid beside a scheduler trace taken at the
+  same time (``perf record -e sched:sched_switch -e sched:sched_wakeup -a -k CLOCK_MONOTONIC``)
+  and told apart: the controller deciding late, or an admission written in time and read late.
 
 Reference: the Opus artifact's C++ controller, measured this way on a 2-core machine at delay 0:
 N=8 p99 0.48 ms, 1255 phases/s; N=64 p99 1.21 ms, 572/s; N=256 p99 3.67 ms, 214/s. Since it
@@ -592,6 +598,8 @@ class Options:
     """The workloads of the batch cells."""
     generator: str = "python"
     """The batch cells' load side (``GENERATORS``)."""
+    instances: Path | None = None
+    """Where the batch cells' measured phase instances are appended (``instances_record``)."""
 
 
 def log(msg: str) -> None:
@@ -661,11 +669,31 @@ async def run_lean_cell(
             result.controller_us_per_boundary = (end.controller_s - m.controller_s) / len(bs) * 1e6
             result.generator_us_per_boundary = (end.generator_s - m.generator_s) / len(bs) * 1e6
         summarize_lean(load, result)
+        if opts.instances is not None:
+            with opts.instances.open("a", encoding="utf-8") as out:
+                out.write(json.dumps(instances_record(load, result)) + "\n")
     except (LoadError, OSError, RuntimeError, grpc.aio.AioRpcError) as exc:
         result.error = f"{type(exc).__name__}: {exc}"
     finally:
         await admin.close()
     return result
+
+
+def instances_record(load: LeanLoad, result: CellResult) -> dict[str, Any]:
+    """One cell's measured phase instances for ``--instances``: the cell (transport, workload,
+    n, delay_ms, run) and per instance, in order, ``last_send_s`` / ``first_send_s`` (its
+    first and last enter sent), ``admits`` (``[arrival_s, ranks]`` per ``AdmitMany``, in
+    arrival order), ``switched`` and ``device_s``. Times are CLOCK_MONOTONIC seconds."""
+    return {
+        "transport": result.transport, "workload": result.workload, "n": result.n,
+        "delay_ms": result.delay_ms, "run": result.repeat,
+        "instances": [
+            {"last_send_s": i.last_send_s, "first_send_s": i.first_send_s,
+             "admits": [[at_s, n] for at_s, n in zip(i.admit_s, i.admit_n, strict=True)],
+             "switched": i.switched, "device_s": i.device_s}
+            for i in load.measured_instances()
+        ],
+    }
 
 
 def summarize_lean(load: LeanLoad, result: CellResult) -> None:
@@ -1047,6 +1075,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
                    help="stop a cell after this long past warm-up (default 6, quick 2)")
     p.add_argument("--cell-timeout-s", type=float, default=90.0,
                    help="give up on a cell after this long (a stall)")
+    p.add_argument("--instances", type=Path, default=None, metavar="FILE",
+                   help="append each batch cell's measured phase instances to FILE, a JSON "
+                        "object per line (send and admission times, CLOCK_MONOTONIC s)")
     p.add_argument("--pair-dependency", action="store_true",
                    help="per-rank transports: ranks outside the pair wait for it before the "
                         "next ring (the old workaround; not needed since the coordinator holds "
@@ -1071,7 +1102,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     cpus = None if a.no_pin or len(cores) < 2 else (cores[0], cores[1])
     return Options(tuple(a.n), tuple(a.delay_ms), tuple(a.transport), a.quick, a.json,
                    a.pair_dependency, max_s, a.cell_timeout_s, a.repeat, cpus, a.measured,
-                   tuple(a.workload), generator)
+                   tuple(a.workload), generator, a.instances)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

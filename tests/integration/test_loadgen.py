@@ -5,6 +5,7 @@ with the controller's refusal, and drives tiny cells against a real controller p
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -181,10 +182,25 @@ async def test_a_tiny_cell_against_the_controller(
 
         # and hot_path's cell: its figures come from the binary's results
         opts = Options((n,), (0.0,), ("batch32",), True, False, False, 30.0, 30.0, 1, None,
-                       measured=4, workloads=(workload,), generator="cxx")
+                       measured=4, workloads=(workload,), generator="cxx",
+                       instances=tmp_path / "instances.jsonl")
         res = await run_lean_cell(ctrl, etcd, "batch32", n, 0.0, opts, 0, workload)
         assert res.error is None
         assert (res.generator, res.boundaries) == ("cxx", 4)
         assert 0 < res.p50_ms <= res.p99_ms <= res.max_ms
+        # --instances: the cell's measured instances, with the times its latencies come from
+        (line,) = (tmp_path / "instances.jsonl").read_text(encoding="utf-8").splitlines()
+        record = json.loads(line)
+        assert (record["transport"], record["workload"], record["n"], record["run"]) == (
+            "batch32", workload, n, 0)
+        recorded = record["instances"]
+        assert len(recorded) == 4 * len(load.workload.phases)
+        lat = [max(0.0, at_s - i["last_send_s"]) * 1e3
+               for i in recorded for at_s, ranks in i["admits"] for _ in range(ranks)]
+        assert max(lat) == pytest.approx(res.max_ms)
+        admitted = [sum(r for _, r in i["admits"]) for i in recorded]
+        assert admitted == [i.expected for i in insts][:len(recorded)]  # the same phases
+        for i in recorded:
+            assert i["first_send_s"] <= i["last_send_s"] <= min(a for a, _ in i["admits"])
     finally:
         await ctrl.stop()
