@@ -681,8 +681,8 @@ async def run_lean_cell(
 
 def instances_record(load: LeanLoad, result: CellResult) -> dict[str, Any]:
     """One cell's measured phase instances for ``--instances``: the cell (transport, workload,
-    n, delay_ms, run) and per instance, in order, ``last_send_s`` / ``first_send_s`` (its
-    first and last enter sent), ``admits`` (``[arrival_s, ranks]`` per ``AdmitMany``, in
+    n, delay_ms, run) and per instance, in order, ``last_send_s`` / ``first_send_s`` (when
+    its last / its first enter was sent), ``admits`` (``[arrival_s, ranks]`` per ``AdmitMany``, in
     arrival order), ``switched`` and ``device_s``. Times are CLOCK_MONOTONIC seconds."""
     return {
         "transport": result.transport, "workload": result.workload, "n": result.n,
