@@ -321,8 +321,7 @@ class EmulatedOcs:
                 self._settling.clear()
                 if not keep_cross_connects:
                     now = self._clock()
-                    for xc in sorted(self._xcs):
-                        self._break(xc, now, commanded=False)
+                    self._break_all(sorted(self._xcs), now, commanded=False)
                 await self._sleep(down_s)
             finally:
                 self._rebooting = False
@@ -388,20 +387,76 @@ class EmulatedOcs:
         if not self._answers_at_once():
             await self._enter_with_faults()
         self._writes += 1
+        if self._caps.settle_time_s == 0 and not self._lock.locked():
+            # Nothing below suspends (no settle wait): the command runs to its end before any
+            # other starts, as under the lock, without the lock's acquire and release.
+            return self._apply_at_once(breaks, makes)
         async with self._lock:
-            self._validate(breaks, makes)
-            now = self._clock()
-            for xc in breaks:
-                self._break(xc, now)
-            failure = self._make_failure
-            if failure is not None and len(makes) >= failure.nth:
-                self._make_failure = None
-            else:
-                failure = None
-            failed: dict[CrossConnect, str] = {}
-            made: list[CrossConnect] = []  # acknowledged
-            effective: list[CrossConnect] = []  # acknowledged and real
-            deadline_s = now + self._caps.settle_time_s
+            return await self._apply_settled(breaks, makes)
+
+    def _apply_at_once(
+        self, breaks: Sequence[CrossConnect], makes: Sequence[CrossConnect]
+    ) -> ApplyResult:
+        """``apply_bulk`` on a switch without a settle time: light passes as soon as a
+        cross-connect is made (its change is stamped with the clock read after the makes)."""
+        self._validate(breaks, makes)
+        self._break_all(breaks, self._clock())
+        made, effective, failed = self._make_all(makes, None)
+        if effective:
+            self._record_makes(effective, self._clock())
+        return self._apply_result(breaks, made, failed)
+
+    async def _apply_settled(
+        self, breaks: Sequence[CrossConnect], makes: Sequence[CrossConnect]
+    ) -> ApplyResult:
+        """``apply_bulk`` under the lock: the breaks, the makes, then one settle wait (the
+        makes stay dark until it ends)."""
+        self._validate(breaks, makes)
+        now = self._clock()
+        self._break_all(breaks, now)
+        deadline_s = now + self._caps.settle_time_s
+        made, effective, failed = self._make_all(makes, deadline_s)
+        if made:
+            await self._settle(effective, deadline_s)
+        return self._apply_result(breaks, made, failed)
+
+    def _break_all(self, breaks: Sequence[CrossConnect], now_s: float, *,
+                   commanded: bool = True) -> None:
+        """Break the existing cross-connects ``breaks``, each logged at ``now_s``
+        (``commanded``: False for the device's own, a reboot's)."""
+        xcs, by_port, settling = self._xcs, self._by_port, self._settling
+        for xc in breaks:
+            xcs.discard(xc)
+            if settling:
+                settling.pop(xc, None)
+            if by_port.get(xc.ingress) == xc:
+                del by_port[xc.ingress]
+            if by_port.get(xc.egress) == xc:
+                del by_port[xc.egress]
+        sid, action = self._info.switch_id, ChangeAction.BREAK
+        self._changes.extend([ChangeRecord(now_s, sid, action, xc, commanded)
+                             for xc in breaks])
+
+    def _make_all(
+        self, makes: Sequence[CrossConnect], dark_until_s: float | None
+    ) -> tuple[list[CrossConnect], list[CrossConnect], dict[CrossConnect, str]]:
+        """Make the validated ``makes`` in order: (acknowledged, acknowledged and real,
+        failed with why). An armed ``fail_make`` fails its make and every later one; a make on
+        a silent port is acknowledged but not made. ``dark_until_s``: the settle deadline
+        (device clock, s) until which the made cross-connects pass no light (None: none)."""
+        failure = self._make_failure
+        if failure is not None and len(makes) >= failure.nth:
+            self._make_failure = None
+        else:
+            failure = None
+        if failure is None and not self._silent_ports:  # the usual case: all of them
+            made = list(makes)
+            effective = made
+        else:
+            made, effective = [], []
+        failed: dict[CrossConnect, str] = {}
+        if effective is not made:
+            silent = self._silent_ports
             for i, xc in enumerate(makes, start=1):
                 if failure is not None and i >= failure.nth:
                     failed[xc] = (
@@ -411,20 +466,34 @@ class EmulatedOcs:
                     )
                     continue
                 made.append(xc)
-                if xc.ingress in self._silent_ports or xc.egress in self._silent_ports:
-                    continue
-                effective.append(xc)
-                self._xcs.add(xc)
-                self._by_port[xc.ingress] = xc
-                self._by_port[xc.egress] = xc
-                self._settling[xc] = deadline_s
-            if made:
-                await self._settle(effective, deadline_s)
-            result = ApplyResult(removed=tuple(breaks), added=tuple(made), failed=failed)
-            self._log.debug("applied", breaks=len(breaks), makes=len(made), failed=len(failed))
-            if failed:
-                raise PartialApply(self.switch_id, result)
-            return result
+                if xc.ingress not in silent and xc.egress not in silent:
+                    effective.append(xc)
+        xcs, by_port, settling = self._xcs, self._by_port, self._settling
+        for xc in effective:
+            xcs.add(xc)
+            by_port[xc.ingress] = xc
+            by_port[xc.egress] = xc
+            if dark_until_s is not None:
+                settling[xc] = dark_until_s
+        return made, effective, failed
+
+    def _record_makes(self, made: list[CrossConnect], at_s: float) -> None:
+        """Log ``made`` as made at ``at_s`` (when light passes) and end their settling."""
+        settling = self._settling
+        if settling:
+            for xc in made:
+                settling.pop(xc, None)
+        sid, action = self._info.switch_id, ChangeAction.MAKE
+        self._changes.extend([ChangeRecord(at_s, sid, action, xc) for xc in made])
+
+    def _apply_result(self, breaks: Sequence[CrossConnect], made: list[CrossConnect],
+                      failed: dict[CrossConnect, str]) -> ApplyResult:
+        """The command's answer; raises ``PartialApply`` carrying it when a make failed."""
+        result = ApplyResult(removed=tuple(breaks), added=tuple(made), failed=failed)
+        self._log.debug("applied", breaks=len(breaks), makes=len(made), failed=len(failed))
+        if failed:
+            raise PartialApply(self.switch_id, result)
+        return result
 
     async def set_port_admin(self, port: int, admin: PortAdmin) -> None:
         """Enable or disable a port; a disabled port is dark. Raises ``InvalidPort``,
@@ -547,16 +616,6 @@ class EmulatedOcs:
         if condition is not None:
             raise HardwareFault(self.switch_id, f"port {port} failed ({condition})")
 
-    def _break(self, xc: CrossConnect, now_s: float, *, commanded: bool = True) -> None:
-        self._xcs.discard(xc)
-        self._settling.pop(xc, None)
-        if self._by_port.get(xc.ingress) == xc:
-            del self._by_port[xc.ingress]
-        if self._by_port.get(xc.egress) == xc:
-            del self._by_port[xc.egress]
-        self._changes.append(
-            ChangeRecord(now_s, self._info.switch_id, ChangeAction.BREAK, xc, commanded))
-
     async def _settle(self, made: list[CrossConnect], deadline_s: float) -> None:
         """Wait the settle time, then record the makes at the time light passes. When the wait
         is cancelled the mirrors still move: the makes are recorded at ``deadline_s`` and stay
@@ -570,11 +629,7 @@ class EmulatedOcs:
                     ChangeRecord(deadline_s, self.switch_id, ChangeAction.MAKE, xc)
                 )
             raise
-        at_s = max(self._clock(), deadline_s)
-        sid = self._info.switch_id
-        for xc in made:
-            self._settling.pop(xc, None)
-            self._changes.append(ChangeRecord(at_s, sid, ChangeAction.MAKE, xc))
+        self._record_makes(made, max(self._clock(), deadline_s))
 
     def _port_lit(self, port: int) -> bool:
         xc = self._by_port.get(port)
