@@ -96,10 +96,12 @@ class ProcessGroup:
         return len(self.ranks)
 
 
-@dataclass(frozen=True, slots=True, order=True)
+@dataclass(frozen=True, slots=True)
 class PhaseKey:
     """One phase of a job: ``collective`` on ``group``, the ``seq``-th such phase in the
-    iteration, sub-phase ``step`` (all-to-all permutation index; 0 otherwise)."""
+    iteration, sub-phase ``step`` (all-to-all permutation index; 0 otherwise). Ordered by
+    (group ranks, collective name, seq, step): a total order, so phases of one group with
+    different collectives sort too."""
 
     group: ProcessGroup
     collective: Collective
@@ -124,6 +126,29 @@ class PhaseKey:
         return (self._hash == other._hash and self.group == other.group
                 and self.collective is other.collective and self.seq == other.seq
                 and self.step == other.step)
+
+    def _order(self) -> tuple[tuple[int, ...], str, int, int]:
+        return (self.group.ranks, self.collective.value, self.seq, self.step)
+
+    def __lt__(self, other: PhaseKey) -> bool:
+        if not isinstance(other, PhaseKey):
+            return NotImplemented
+        return self._order() < other._order()
+
+    def __le__(self, other: PhaseKey) -> bool:
+        if not isinstance(other, PhaseKey):
+            return NotImplemented
+        return self._order() <= other._order()
+
+    def __gt__(self, other: PhaseKey) -> bool:
+        if not isinstance(other, PhaseKey):
+            return NotImplemented
+        return self._order() > other._order()
+
+    def __ge__(self, other: PhaseKey) -> bool:
+        if not isinstance(other, PhaseKey):
+            return NotImplemented
+        return self._order() >= other._order()
 
     def __str__(self) -> str:
         ranks = ",".join(map(str, self.group.ranks))
