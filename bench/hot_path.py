@@ -670,13 +670,25 @@ async def run_lean_cell(
             result.generator_us_per_boundary = (end.generator_s - m.generator_s) / len(bs) * 1e6
         summarize_lean(load, result)
         if opts.instances is not None:
-            with opts.instances.open("a", encoding="utf-8") as out:
-                out.write(json.dumps(instances_record(load, result)) + "\n")
+            append_instances(opts.instances, instances_record(load, result))
     except (LoadError, OSError, RuntimeError, grpc.aio.AioRpcError) as exc:
         result.error = f"{type(exc).__name__}: {exc}"
     finally:
         await admin.close()
     return result
+
+
+def append_instances(path: Path, record: dict[str, Any]) -> bool:
+    """Append one cell's ``instances_record`` to ``path`` as a JSON line; False (said on
+    stderr, the cell's figures kept) when the file cannot be written."""
+    try:
+        with path.open("a", encoding="utf-8") as out:
+            out.write(json.dumps(record) + "\n")
+    except OSError as exc:
+        log(f"--instances: could not append to {path}: {exc.strerror or exc}; the cell's "
+            "figures are kept")
+        return False
+    return True
 
 
 def instances_record(load: LeanLoad, result: CellResult) -> dict[str, Any]:
@@ -1089,6 +1101,11 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         p.error("--delay-ms: must be >= 0")
     if a.repeat < 1:
         p.error("--repeat: must be >= 1")
+    if a.instances is not None:
+        try:  # fail before the first cell, not after it
+            a.instances.open("a", encoding="utf-8").close()
+        except OSError as exc:
+            p.error(f"--instances: cannot write {a.instances}: {exc.strerror or exc}")
     generator = a.generator
     if generator == "cxx" and not loadgen_built():
         p.error(f"--generator cxx: {LOADGEN} is not built: {BUILD_HINT}")

@@ -1,0 +1,38 @@
+"""bench/hot_path.py's ``--instances FILE``: refused before the first cell when the file
+cannot be written; a write that fails later loses no cell's figures."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import hot_path  # noqa: E402
+
+
+def test_an_unwritable_instances_file_is_refused_naming_the_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "no-such-dir" / "instances.jsonl"
+    with pytest.raises(SystemExit) as exit_info:
+        hot_path.parse_args(["--instances", str(missing), "--generator", "python"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--instances" in err and str(missing) in err
+
+
+def test_a_failed_append_is_reported_and_a_good_one_is_a_json_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = tmp_path / "instances.jsonl"
+    assert hot_path.append_instances(good, {"n": 8, "instances": []})
+    assert hot_path.append_instances(good, {"n": 64, "instances": []})
+    assert good.read_text(encoding="utf-8").splitlines() == [
+        '{"n": 8, "instances": []}', '{"n": 64, "instances": []}']
+    assert not hot_path.append_instances(tmp_path, {"n": 8})  # a directory: not writable
+    err = capsys.readouterr().err
+    assert "--instances: could not append to" in err and str(tmp_path) in err
