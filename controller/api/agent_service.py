@@ -78,21 +78,34 @@ class _StreamSink:
     """Replies of one PhaseStream, written straight into the batch the writer sends next
     (no per-reply message copies). Ranks admitted into a phase the stream defined an id for
     (``DefinePhase``) are answered with one ``AdmitMany`` per phase instance and write; other
-    admissions with one ``Admission`` per rank."""
+    admissions with one ``Admission`` per rank.
 
-    __slots__ = ("_batch", "_decoder", "_event", "_last", "_last_key")
+    The writer waits in ``take`` on a bare future of the stream's loop, resolved by the first
+    reply (or ``wake``) after it began to wait: no ``asyncio.Event`` (whose every wait looks
+    the running loop up, a ``getpid`` system call, and keeps a list of waiters)."""
+
+    __slots__ = ("_batch", "_decoder", "_last", "_last_key", "_loop", "_waiter", "_woken")
 
     def __init__(self, decoder: PhaseKeyDecoder) -> None:
         self._batch = agent_pb2.PhaseReplyBatch()
-        self._event = asyncio.Event()
         self._decoder = decoder
         self._last: agent_pb2.AdmitMany | None = None
         self._last_key: tuple[str, int, int, bool, int] | None = None
+        self._loop = asyncio.get_running_loop()
+        self._waiter: asyncio.Future[None] | None = None
+        self._woken = False
+
+    def _signal(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
 
     def deliver(self, decision: Admit | Reject) -> None:
         fill_reply(self._batch.replies.add(), decision)
         self._last = None
-        self._event.set()
+        self._signal()
 
     def deliver_admitted(self, decision: Admitted, entry: AdmittedBatch) -> None:
         phase_id = self._decoder.phase_id_of(decision.phase)
@@ -100,7 +113,7 @@ class _StreamSink:
             for admit in decision.admits(entry):
                 fill_reply(self._batch.replies.add(), admit)
             self._last = None
-            self._event.set()
+            self._signal()
             return
         key = (decision.job_id, phase_id, decision.iteration, decision.noop, decision.steps)
         many = self._last
@@ -116,15 +129,17 @@ class _StreamSink:
             self._last_key = key
         many.ranks.extend(entry.ranks)
         many.request_ids.extend([entry.request_id] * len(entry.ranks))
-        self._event.set()
+        self._signal()
 
     def push(self, reply: agent_pb2.PhaseReply) -> None:
         self._batch.replies.add().CopyFrom(reply)
         self._last = None
-        self._event.set()
+        self._signal()
 
     def wake(self) -> None:
-        self._event.set()
+        """End the writer's wait even without replies (the reader finished)."""
+        self._woken = True
+        self._signal()
 
     @property
     def pending(self) -> bool:
@@ -133,9 +148,16 @@ class _StreamSink:
 
     async def take(self) -> agent_pb2.PhaseReplyBatch | None:
         """The replies accumulated since the last call (None if none), after waiting for
-        at least one or a wake-up."""
-        await self._event.wait()
-        self._event.clear()
+        at least one or a ``wake``."""
+        while not self._batch.replies and not self._woken:
+            waiter = self._loop.create_future()
+            self._waiter = waiter
+            try:
+                await waiter
+            finally:
+                if self._waiter is waiter:  # cancelled while waiting
+                    self._waiter = None
+        self._woken = False
         if not self._batch.replies:
             return None
         out, self._batch = self._batch, agent_pb2.PhaseReplyBatch()
