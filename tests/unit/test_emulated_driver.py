@@ -549,3 +549,91 @@ async def test_partitioned_device_holds_commands_then_loses_them() -> None:
     ocs.set_partitioned(True)
     ocs.clear_faults()
     assert not ocs.partitioned
+
+
+# --- an instant switch (no settle time: apply_bulk runs without the lock) -------------------------
+
+INSTANT8 = SwitchCapabilities(
+    kind=SwitchKind.NXN, port_count=8, atomic_bulk=True, settle_time_s=0.0
+)
+
+
+async def test_an_instant_switch_makes_light_pass_at_once_and_logs_breaks_before_makes() -> None:
+    t = ManualTime(start_s=5.0)
+    devices, ocs = world(t, caps=INSTANT8, initial=frozenset({xc(1, 9), xc(2, 10)}))
+    driver = await opened(devices)
+    result = await driver.apply(frozenset({xc(1, 10), xc(2, 9)}), frozenset({1, 2, 9, 10}))
+    assert result.verified
+    assert result.removed == (xc(1, 9), xc(2, 10)) and result.added == (xc(1, 10), xc(2, 9))
+    assert ocs.cross_connects == {xc(1, 10), xc(2, 9)}
+    assert ocs.change_log == [
+        ChangeRecord(5.0, "ocs-a", ChangeAction.BREAK, xc(1, 9)),
+        ChangeRecord(5.0, "ocs-a", ChangeAction.BREAK, xc(2, 10)),
+        ChangeRecord(5.0, "ocs-a", ChangeAction.MAKE, xc(1, 10)),
+        ChangeRecord(5.0, "ocs-a", ChangeAction.MAKE, xc(2, 9)),
+    ]
+    # no port is left dark: light passes as soon as the command returns
+    assert await driver.get_power([1, 2, 9, 10]) == dict.fromkeys([1, 2, 9, 10],
+                                                                  CONNECTED_POWER_DBM)
+    assert ocs.write_count == 1
+
+
+async def test_an_instant_switch_reports_a_failed_make_as_a_settled_one_does() -> None:
+    t = ManualTime(start_s=0.0)
+    devices, ocs = world(t, caps=INSTANT8, initial=frozenset({xc(1, 9), xc(5, 13)}))
+    driver = await opened(devices)
+    ocs.fail_make(2, "mirror did not latch")
+    target = frozenset({xc(1, 10), xc(2, 11), xc(3, 12)})
+    with pytest.raises(PartialApply) as info:
+        await driver.apply(target, frozenset({1, 2, 3, 9, 10, 11, 12}))
+    result = info.value.result
+    assert result.removed == (xc(1, 9),) and result.added == (xc(1, 10),)
+    assert result.failed[xc(2, 11)] == "mirror did not latch"
+    assert result.failed[xc(3, 12)].startswith("not attempted")
+    assert ocs.cross_connects == {xc(1, 10), xc(5, 13)}
+    assert ocs.change_log == [
+        ChangeRecord(0.0, "ocs-a", ChangeAction.BREAK, xc(1, 9)),
+        ChangeRecord(0.0, "ocs-a", ChangeAction.MAKE, xc(1, 10)),
+    ]
+    retry = await driver.apply(target, frozenset({1, 2, 3, 9, 10, 11, 12}))
+    assert retry.added == (xc(2, 11), xc(3, 12))
+
+
+async def test_an_instant_switch_catches_a_silent_make_on_read_back() -> None:
+    devices, ocs = world(ManualTime(), caps=INSTANT8)
+    driver = await opened(devices)
+    ocs.drop_makes_silently(10)
+    with pytest.raises(VerificationMismatch) as info:
+        await driver.apply(frozenset({xc(1, 9), xc(2, 10)}), frozenset({1, 2, 9, 10}))
+    assert info.value.missing == (xc(2, 10),) and info.value.unexpected == ()
+    assert await driver.get_cross_connects() == {xc(1, 9)}
+    assert [r.cross_connect for r in ocs.change_log] == [xc(1, 9)]
+
+
+async def test_an_instant_switch_rejects_a_bad_batch_whole() -> None:
+    devices, ocs = world(ManualTime(), caps=INSTANT8, initial=frozenset({xc(1, 9)}))
+    await opened(devices)
+    with pytest.raises(CrossConnectConflict):
+        await ocs.apply_bulk([], [xc(2, 9)])  # port 9 is taken by 1->9
+    with pytest.raises(InvalidPort):
+        await ocs.apply_bulk([xc(3, 11)], [])  # no such cross-connect to break
+    assert ocs.cross_connects == {xc(1, 9)} and ocs.change_log == []
+
+
+async def test_a_command_waits_for_a_reboot_in_progress_on_an_instant_switch() -> None:
+    """The lock-free path is taken only while no command holds the lock: a reboot that holds
+    it makes the device unreachable, and an apply after it sees the device back."""
+    t = ManualTime(start_s=0.0)
+    devices, ocs = world(t, caps=INSTANT8, initial=frozenset({xc(1, 9)}))
+    driver = await opened(devices)
+    reboot = asyncio.create_task(ocs.reboot(keep_cross_connects=False, down_s=1.0))
+    await asyncio.sleep(0)
+    with pytest.raises(DeviceUnreachable):
+        await driver.apply(frozenset({xc(2, 10)}), frozenset({2, 10}))
+    await t.advance(1.0)
+    await reboot
+    result = await driver.apply(frozenset({xc(2, 10)}), frozenset({2, 10}))
+    assert result.added == (xc(2, 10),)
+    assert ocs.cross_connects == {xc(2, 10)}
+    assert [(r.action, r.cross_connect, r.commanded) for r in ocs.change_log] == [
+        (ChangeAction.BREAK, xc(1, 9), False), (ChangeAction.MAKE, xc(2, 10), True)]
