@@ -449,13 +449,11 @@ class EmulatedOcs:
             self._make_failure = None
         else:
             failure = None
+        failed: dict[CrossConnect, str] = {}
         if failure is None and not self._silent_ports:  # the usual case: all of them
-            made = list(makes)
-            effective = made
+            made = effective = list(makes)
         else:
             made, effective = [], []
-        failed: dict[CrossConnect, str] = {}
-        if effective is not made:
             silent = self._silent_ports
             for i, xc in enumerate(makes, start=1):
                 if failure is not None and i >= failure.nth:
