@@ -9,6 +9,7 @@ served as a sequence of permutations; ``step`` selects one of them (a sub-phase)
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import sys
 from array import array
@@ -96,6 +97,7 @@ class ProcessGroup:
         return len(self.ranks)
 
 
+@functools.total_ordering
 @dataclass(frozen=True, slots=True)
 class PhaseKey:
     """One phase of a job: ``collective`` on ``group``, the ``seq``-th such phase in the
@@ -134,21 +136,6 @@ class PhaseKey:
         if not isinstance(other, PhaseKey):
             return NotImplemented
         return self._order() < other._order()
-
-    def __le__(self, other: PhaseKey) -> bool:
-        if not isinstance(other, PhaseKey):
-            return NotImplemented
-        return self._order() <= other._order()
-
-    def __gt__(self, other: PhaseKey) -> bool:
-        if not isinstance(other, PhaseKey):
-            return NotImplemented
-        return self._order() > other._order()
-
-    def __ge__(self, other: PhaseKey) -> bool:
-        if not isinstance(other, PhaseKey):
-            return NotImplemented
-        return self._order() >= other._order()
 
     def __str__(self) -> str:
         ranks = ",".join(map(str, self.group.ranks))
