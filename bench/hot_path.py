@@ -82,6 +82,10 @@ What is counted
   generator's ``steady_clock``), so a tail can be laid beside a scheduler trace taken at the
   same time (``perf record -e sched:sched_switch -e sched:sched_wakeup -a -k CLOCK_MONOTONIC``)
   and told apart: the controller deciding late, or an admission written in time and read late.
+* ``--controller-wrapper CMD``: the controller runs under ``CMD`` (a profiler or
+  ``valgrind``), with ``--controller-timeout-s`` for its slower start and exit;
+  ``bench/controller_instructions.py`` uses it to count the whole controller's instructions
+  per boundary with callgrind.
 
 Reference: the Opus artifact's C++ controller, measured this way on a 2-core machine at delay 0:
 N=8 p99 0.48 ms, 1255 phases/s; N=64 p99 1.21 ms, 572/s; N=256 p99 3.67 ms, 214/s. Since it
@@ -97,6 +101,8 @@ import contextlib
 import json
 import math
 import os
+import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -255,11 +261,14 @@ class ControllerProcess:
 
     def __init__(self, workdir: Path, etcd_endpoint: str, n: int, delay_ms: float,
                  cpu: int | None = None, *, fabric: str | None = None,
-                 lightrail: Path = LIGHTRAIL) -> None:
+                 lightrail: Path = LIGHTRAIL, wrapper: Sequence[str] = ()) -> None:
         """``fabric``: the config's fabric section (YAML flow), default one rail of ``n``
-        one-GPU hosts with ``delay_ms``; ``lightrail``: the entry point to run."""
+        one-GPU hosts with ``delay_ms``; ``lightrail``: the entry point to run; ``wrapper``:
+        a command line the controller runs under (``--controller-wrapper``), empty for
+        none."""
         self.cpu = cpu
         self.lightrail = lightrail
+        self.wrapper = tuple(wrapper)
         if fabric is None:
             fabric = (f"{{rail: {{hosts: {n}, gpus_per_host: 1}}, "
                       f"reconfiguration_delay_ms: {delay_ms}}}")
@@ -311,7 +320,7 @@ class ControllerProcess:
         all by ``timeout_s``). Raises RuntimeError with the log tail."""
         with self.log_path.open("ab") as log_file:
             cpu = self.cpu
-            self.proc = Child([str(self.lightrail), "controller", "--config",
+            self.proc = Child([*self.wrapper, str(self.lightrail), "controller", "--config",
                                str(self.config_path)], cpu,
                               stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file)
         loop = asyncio.get_running_loop()
@@ -600,6 +609,11 @@ class Options:
     """The batch cells' load side (``GENERATORS``)."""
     instances: Path | None = None
     """Where the batch cells' measured phase instances are appended (``instances_record``)."""
+    controller_wrapper: tuple[str, ...] = ()
+    """A command line the controller runs under (``valgrind --tool=callgrind``, ``perf
+    record``): prepended to its command; empty for none."""
+    controller_timeout_s: float = 30.0
+    """How long the controller may take to serve, and to exit after SIGTERM, s."""
 
 
 def log(msg: str) -> None:
@@ -794,10 +808,11 @@ async def run_group(n: int, delay_ms: float, opts: Options, repeat: int) -> list
     async with EmbeddedEtcd(name="bench") as etcd:
         with tempfile.TemporaryDirectory(prefix="lightrail-bench-") as tmp:
             ctrl = ControllerProcess(Path(tmp), etcd.endpoint, n, delay_ms,
-                                     opts.cpus[0] if opts.cpus else None)
+                                     opts.cpus[0] if opts.cpus else None,
+                                     wrapper=opts.controller_wrapper)
             try:
                 t0 = time.perf_counter()
-                await ctrl.start()
+                await ctrl.start(opts.controller_timeout_s)
                 log(f"run {repeat + 1}/{opts.repeat} N={n} delay={delay_ms:g} ms: controller "
                     f"pid {ctrl.pid} up in {time.perf_counter() - t0:.2f} s")
                 cells = [(t, w) for t in opts.transports
@@ -821,7 +836,7 @@ async def run_group(n: int, delay_ms: float, opts: Options, repeat: int) -> list
             except RuntimeError as exc:
                 results.append(CellResult("controller", n, delay_ms, 0, repeat, error=str(exc)))
             finally:
-                code = await ctrl.stop()
+                code = await ctrl.stop(max(15.0, opts.controller_timeout_s))
                 if code not in (0, None):
                     log(f"  controller exited with {code}: {ctrl.log_tail(1500)}")
     return results
@@ -1057,6 +1072,20 @@ async def amain(opts: Options, floor: dict[str, Any] | None = None) -> int:
     return 1 if any(r.error for r in results) else 0
 
 
+def _wrapper(p: argparse.ArgumentParser, value: str) -> tuple[str, ...]:
+    """``--controller-wrapper``'s command line, split as a shell would; exits naming the
+    option when it is empty, does not split, or its program is not on PATH."""
+    try:
+        words = tuple(shlex.split(value))
+    except ValueError as exc:
+        p.error(f"--controller-wrapper: cannot split {value!r}: {exc}")
+    if not words:
+        p.error("--controller-wrapper: empty command")
+    if shutil.which(words[0]) is None:
+        p.error(f"--controller-wrapper: {words[0]!r} is not an executable on PATH")
+    return words
+
+
 def parse_args(argv: Sequence[str] | None = None) -> Options:
     """Command line -> ``Options``."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
@@ -1090,6 +1119,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     p.add_argument("--instances", type=Path, default=None, metavar="FILE",
                    help="append each batch cell's measured phase instances to FILE, a JSON "
                         "object per line (send and admission times, CLOCK_MONOTONIC s)")
+    p.add_argument("--controller-wrapper", default=None, metavar="CMD",
+                   help="run the controller under this command line (split as a shell would, "
+                        "e.g. 'valgrind --tool=callgrind'): bench/controller_instructions.py")
+    p.add_argument("--controller-timeout-s", type=float, default=30.0, metavar="S",
+                   help="how long the controller may take to serve, and to exit after "
+                        "SIGTERM (default 30; raise it under a slow wrapper)")
     p.add_argument("--pair-dependency", action="store_true",
                    help="per-rank transports: ranks outside the pair wait for it before the "
                         "next ring (the old workaround; not needed since the coordinator holds "
@@ -1101,6 +1136,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         p.error("--delay-ms: must be >= 0")
     if a.repeat < 1:
         p.error("--repeat: must be >= 1")
+    if not a.controller_timeout_s > 0:
+        p.error(f"--controller-timeout-s: must be > 0, got {a.controller_timeout_s:g}")
+    wrapper = () if a.controller_wrapper is None else _wrapper(p, a.controller_wrapper)
     if a.instances is not None:
         try:  # fail before the first cell, not after it
             a.instances.open("a", encoding="utf-8").close()
@@ -1119,7 +1157,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     cpus = None if a.no_pin or len(cores) < 2 else (cores[0], cores[1])
     return Options(tuple(a.n), tuple(a.delay_ms), tuple(a.transport), a.quick, a.json,
                    a.pair_dependency, max_s, a.cell_timeout_s, a.repeat, cpus, a.measured,
-                   tuple(a.workload), generator, a.instances)
+                   tuple(a.workload), generator, a.instances, wrapper, a.controller_timeout_s)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -36,3 +36,30 @@ def test_a_failed_append_is_reported_and_a_good_one_is_a_json_line(
     assert not hot_path.append_instances(tmp_path, {"n": 8})  # a directory: not writable
     err = capsys.readouterr().err
     assert "--instances: could not append to" in err and str(tmp_path) in err
+
+
+def test_the_controller_wrapper_is_split_as_a_shell_would() -> None:
+    opts = hot_path.parse_args(["--generator", "python", "--controller-wrapper",
+                                "valgrind --tool=callgrind '--callgrind-out-file=a b.%p'",
+                                "--controller-timeout-s", "600"])
+    assert opts.controller_wrapper == ("valgrind", "--tool=callgrind",
+                                       "--callgrind-out-file=a b.%p")
+    assert opts.controller_timeout_s == 600.0
+    default = hot_path.parse_args(["--generator", "python"])
+    assert (default.controller_wrapper, default.controller_timeout_s) == ((), 30.0)
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--controller-wrapper", ""], "--controller-wrapper: empty command"),
+    (["--controller-wrapper", "no-such-tool-xyz --flag"],
+     "--controller-wrapper: 'no-such-tool-xyz' is not an executable on PATH"),
+    (["--controller-wrapper", "valgrind '--unclosed"], "--controller-wrapper: cannot split"),
+    (["--controller-timeout-s", "0"], "--controller-timeout-s: must be > 0, got 0"),
+])
+def test_a_bad_wrapper_or_timeout_is_refused_naming_the_option(
+    args: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        hot_path.parse_args(["--generator", "python", *args])
+    assert exit_info.value.code == 2
+    assert says in capsys.readouterr().err
