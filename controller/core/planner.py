@@ -46,11 +46,19 @@ class PlacementError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class SwitchTarget:
-    """The cross-connects a plan needs on one switch, and the ports they occupy."""
+    """The cross-connects a plan needs on one switch, and the ports they occupy. ``ingress``:
+    the ingress port of each cross-connect (one per cross-connect, as a switch's cross-connects
+    form a partial permutation), computed once so that holding a plan is a set operation
+    (``SwitchViews.hold``)."""
 
     switch_id: str
     cross_connects: frozenset[CrossConnect]
     ports: frozenset[int]
+    ingress: frozenset[int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ingress",
+                           frozenset([xc.ingress for xc in self.cross_connects]))
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,9 +16,10 @@ from lightrail.drivers.base import CrossConnect
 
 class SwitchViews:
     """Per switch id: ``confirmed`` maps each port of a confirmed cross-connect to it (both of
-    its ports); holds are counted per (switch, cross-connect) by phase instance, not by rank;
-    ``inflight`` ports are being switched; ``unknown`` ports lost their state in a failed apply
-    and block everything until the switch is read back."""
+    its ports); holds are counted per (switch, cross-connect) by phase instance, not by rank,
+    as set operations on the plan's ingress ports (``hold``); ``inflight`` ports are being
+    switched; ``unknown`` ports lost their state in a failed apply and block everything until
+    the switch is read back."""
 
     def __init__(self, switch_ids: Iterable[str]) -> None:
         ids = list(switch_ids)
@@ -28,9 +29,12 @@ class SwitchViews:
         ``confirmed`` (plans are checked against it with set operations, in C)."""
         self.inflight: dict[str, set[int]] = {s: set() for s in ids}
         self.unknown: dict[str, set[int]] = {s: set() for s in ids}
-        self._held: dict[str, dict[int, int]] = {s: {} for s in ids}
-        """Per switch: ingress port of a held cross-connect -> how many phase instances hold
-        it (a switch's cross-connects form a partial permutation: the ingress names one)."""
+        self._held: dict[str, set[int]] = {s: set() for s in ids}
+        """Per switch: the ingress ports of the held cross-connects (a switch's cross-connects
+        form a partial permutation: the ingress names one)."""
+        self._extra: dict[str, dict[int, int]] = {s: {} for s in ids}
+        """Per switch: ingress port -> how many phase instances hold its cross-connect beyond
+        the first (rare: two instances of one plan, or plans sharing circuits)."""
 
     # --- queries ----------------------------------------------------------------------------
 
@@ -178,22 +182,38 @@ class SwitchViews:
             self.inflight[sid].difference_update(p)
 
     def hold(self, plan: Plan) -> None:
-        """One more phase instance holds every cross-connect of ``plan``."""
+        """One more phase instance holds every cross-connect of ``plan``. O(plan) in C: a
+        set union, plus a count per cross-connect some other instance holds already."""
         for t in plan.targets:
             held = self._held[t.switch_id]
-            get = held.get
-            for xc in t.cross_connects:
-                i = xc.ingress
-                held[i] = get(i, 0) + 1
+            ports = t.ingress
+            if not held.isdisjoint(ports):
+                extra = self._extra[t.switch_id]
+                for i in held & ports:
+                    extra[i] = extra.get(i, 0) + 1
+            held |= ports
 
     def unhold(self, plan: Plan) -> None:
-        """One phase instance fewer holds the cross-connects of ``plan``."""
+        """One phase instance fewer holds the cross-connects of ``plan`` (held by ``hold``).
+        Raises ``ValueError`` naming the switch and ports when some are not held (an unhold
+        without its hold: a bug in the caller)."""
         for t in plan.targets:
-            held = self._held[t.switch_id]
-            for xc in t.cross_connects:
-                i = xc.ingress
-                n = held[i] - 1
-                if n:
-                    held[i] = n
-                else:
-                    del held[i]
+            sid = t.switch_id
+            held = self._held[sid]
+            ports = t.ingress
+            if not ports <= held:
+                raise ValueError(f"unhold: switch {sid} ports {sorted(ports - held)[:8]} "
+                                 "are not held")
+            extra = self._extra[sid]
+            if extra:
+                shared = extra.keys() & ports
+                if shared:  # still held by another instance: count one hold fewer
+                    for i in shared:
+                        n = extra[i] - 1
+                        if n:
+                            extra[i] = n
+                        else:
+                            del extra[i]
+                    held -= ports - shared
+                    continue
+            held -= ports
