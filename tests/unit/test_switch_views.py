@@ -1,6 +1,6 @@
 """``SwitchViews`` holds: counted per phase instance on the plan's ingress ports, so a
-cross-connect two instances hold stays held until both let go, and an unhold without its hold
-is refused rather than freeing what someone else holds."""
+cross-connect two instances hold stays held until both let go, and an unhold of cross-connects
+nobody holds is refused and changes nothing."""
 
 from __future__ import annotations
 
