@@ -448,8 +448,11 @@ class EtcdStore:
 
     async def grant_lease(self, ttl_s: int) -> Lease:
         """Grant a lease of ``ttl_s`` seconds (etcd may raise it to its minimum) and keep it alive
-        from a task owned by this store: a keep-alive every ``ttl/3`` s, retried quickly on
-        failure; see ``Lease`` for ``renewal_late`` and ``lost``. Raises StoreUnavailable."""
+        from a task owned by this store: a keep-alive every ``ttl/6`` s, each allowed to wait
+        until the lease would be late (``ttl/2`` after the last acknowledged send), retried
+        quickly on failure; so an etcd that stalls (a slow fsync, a paused member) for up to
+        ``ttl/3`` s, at any moment, does not make the lease late. See ``Lease`` for
+        ``renewal_late`` and ``lost``. Raises StoreUnavailable."""
         if ttl_s < 1:
             raise ValueError("ttl_s must be >= 1")
         client = self._c()
@@ -499,7 +502,10 @@ class EtcdStore:
     async def _keep_alive(self, lease: Lease, granted_at: float) -> None:
         log = self._log.bind(lease_id=f"{lease.id:x}", ttl_s=lease.ttl_s)
         ttl = float(lease.ttl_s)
-        interval = ttl / 3
+        # Authority lasts ttl/2 from the last acknowledged send. Sending every ttl/6 and letting
+        # each request wait up to that bound leaves ttl/3 for one answer to come back late: at
+        # ttl/3 (etcd's clientv3 cadence) a single stall longer than ttl/6 made the lease late.
+        interval = ttl / 6
         retry_s = min(interval / 2, 0.25)
         last_ok = granted_at  # send time of the last request etcd acknowledged
         next_refresh = last_ok + interval
@@ -519,7 +525,7 @@ class EtcdStore:
                 if now < next_refresh:
                     await self._sleep(min(next_refresh, deadline) - now)
                     continue
-                budget_s = max(min(interval, deadline - now), 0.05)
+                budget_s = max(deadline - now, 0.05)
                 try:
                     remaining = await self._refresh(lease.id, budget_s)
                 except StoreUnavailable as e:

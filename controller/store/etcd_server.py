@@ -116,6 +116,12 @@ class EmbeddedEtcd:
         """True while the child process is alive."""
         return self._proc is not None and self._proc.returncode is None
 
+    @property
+    def pid(self) -> int | None:
+        """The etcd child's process id while it runs (to pause it with SIGSTOP in a fault
+        test, say); None when it is not running."""
+        return self._proc.pid if self._proc is not None and self.running else None
+
     def _workdir(self) -> Path:
         if self._dir is None:
             self._dir = Path(tempfile.mkdtemp(prefix="lightrail-etcd-"))
