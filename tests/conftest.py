@@ -25,6 +25,7 @@ from lightrail.controller.store.etcd_server import (
 )
 
 REQUIRE_ETCD_ENV = "LIGHTRAIL_REQUIRE_ETCD"
+ETCD_LOG_TAIL_BYTES = 4096
 
 
 def _etcd_binary_or_skip() -> str:
@@ -39,7 +40,16 @@ def _etcd_binary_or_skip() -> str:
 @pytest_asyncio.fixture
 async def etcd() -> AsyncIterator[EmbeddedEtcd]:
     """A fresh single-member etcd on free loopback ports, in a temporary data dir, stopped and
-    deleted after the test."""
+    deleted after the test. The tail of etcd's own log (warnings and errors: slow fdatasync,
+    requests that took too long) is printed at teardown, so a failed test's report shows it."""
     binary = _etcd_binary_or_skip()
     async with EmbeddedEtcd(binary=binary) as server:
         yield server
+        try:
+            with server.log_path.open("rb") as log:
+                log.seek(max(0, log.seek(0, os.SEEK_END) - ETCD_LOG_TAIL_BYTES))
+                tail = log.read().decode(errors="replace")
+        except OSError:
+            tail = ""
+        if tail:
+            print(f"--- the last {ETCD_LOG_TAIL_BYTES} bytes at most of etcd's log ---\n{tail}")
