@@ -446,15 +446,23 @@ class EtcdStore:
 
     # ----------------------------------------------------------------- leases
 
-    async def grant_lease(self, ttl_s: int) -> Lease:
+    async def grant_lease(self, ttl_s: int, *, renewals_per_ttl: int = 6) -> Lease:
         """Grant a lease of ``ttl_s`` seconds (etcd may raise it to its minimum) and keep it alive
-        from a task owned by this store: a keep-alive every ``ttl/6`` s, each allowed to wait
-        until the lease would be late (``ttl/2`` after the last acknowledged send), retried
-        quickly on failure; so an etcd that stalls (a slow fsync, a paused member) for up to
-        ``ttl/3`` s, at any moment, does not make the lease late. See ``Lease`` for
-        ``renewal_late`` and ``lost``. Raises StoreUnavailable."""
+        from a task owned by this store: a keep-alive every ``ttl/renewals_per_ttl`` s, each
+        allowed to wait until the lease would be late (``ttl/2`` after the last acknowledged
+        send; once late, until it would expire), retried quickly on failure.
+
+        With the default 6, an etcd that stalls (a slow fsync, a paused member) for up to
+        ``ttl/3`` s, at any moment, does not make the lease late: for a lease whose authority
+        is acted on (``LeaderElection`` fences at late). A lease that only has to outlive its
+        TTL (host presence) may take 3, half the keep-alives (etcd clientv3's cadence), and
+        rides through stalls of up to ``2/3 ttl`` before it is lost. See ``Lease`` for
+        ``renewal_late`` and ``lost``. Raises ValueError (``ttl_s`` < 1, ``renewals_per_ttl``
+        < 3: no keep-alive would come before the lease is late), StoreUnavailable."""
         if ttl_s < 1:
-            raise ValueError("ttl_s must be >= 1")
+            raise ValueError(f"ttl_s must be >= 1, not {ttl_s!r}")
+        if renewals_per_ttl < 3:
+            raise ValueError(f"renewals_per_ttl must be >= 3, not {renewals_per_ttl!r}")
         client = self._c()
         sent_at = self._clock()
         raw = await client.lease_grant("grant lease", rpc_pb2.LeaseGrantRequest(TTL=ttl_s))
@@ -463,7 +471,8 @@ class EtcdStore:
         lease = Lease(id=int(raw.ID), ttl_s=int(raw.TTL))
         lease.authority.until_s = sent_at + lease.ttl_s / 2
         self._keepers[lease.id] = asyncio.create_task(
-            self._keep_alive(lease, sent_at), name=f"etcd-lease-keepalive:{lease.id:x}"
+            self._keep_alive(lease, sent_at, renewals_per_ttl),
+            name=f"etcd-lease-keepalive:{lease.id:x}",
         )
         self._log.info("etcd.lease_granted", lease_id=f"{lease.id:x}", ttl_s=lease.ttl_s)
         return lease
@@ -499,13 +508,13 @@ class EtcdStore:
             )
         return int(reply.TTL)
 
-    async def _keep_alive(self, lease: Lease, granted_at: float) -> None:
+    async def _keep_alive(self, lease: Lease, granted_at: float, renewals_per_ttl: int) -> None:
         log = self._log.bind(lease_id=f"{lease.id:x}", ttl_s=lease.ttl_s)
         ttl = float(lease.ttl_s)
         # Authority lasts ttl/2 from the last acknowledged send. Sending every ttl/6 and letting
         # each request wait up to that bound leaves ttl/3 for one answer to come back late: at
         # ttl/3 (etcd's clientv3 cadence) a single stall longer than ttl/6 made the lease late.
-        interval = ttl / 6
+        interval = ttl / renewals_per_ttl
         retry_s = min(interval / 2, 0.25)
         last_ok = granted_at  # send time of the last request etcd acknowledged
         next_refresh = last_ok + interval

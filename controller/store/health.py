@@ -46,7 +46,9 @@ class EtcdHealthStore:
         """Record ``host`` present under a new lease of ``ttl_s`` seconds; returns the lease as
         the token for ``host_offline``, or None when etcd failed (logged, not raised)."""
         try:
-            lease = await self._store.grant_lease(ttl_s)
+            # presence only has to outlive its TTL (nothing acts on its authority): clientv3's
+            # cadence, half the keep-alives of a leader lease, one per host stream
+            lease = await self._store.grant_lease(ttl_s, renewals_per_ttl=3)
             await self._store.put_json(f"hosts/{host}/presence",
                                        {"host": host, "since_unix_s": time.time()}, lease=lease)
         except StoreError as exc:

@@ -187,10 +187,11 @@ async def test_put_if_absent_and_compare_and_swap(store: EtcdStore) -> None:
 
 
 @pytest.mark.etcd
+@pytest.mark.parametrize("renewals_per_ttl", [6, 3])  # a leader's lease, a host's presence
 async def test_lease_keepalive_keeps_key_past_its_ttl_and_revoke_deletes_it(
-    store: EtcdStore,
+    store: EtcdStore, renewals_per_ttl: int
 ) -> None:
-    lease = await store.grant_lease(TTL_S)
+    lease = await store.grant_lease(TTL_S, renewals_per_ttl=renewals_per_ttl)
     assert lease.ttl_s == TTL_S
     await store.put_json("agents/host-1", {"alive": True}, lease=lease)
 
