@@ -448,17 +448,14 @@ class EtcdStore:
 
     async def grant_lease(self, ttl_s: int, *, renewals_per_ttl: int = 6) -> Lease:
         """Grant a lease of ``ttl_s`` seconds (etcd may raise it to its minimum) and keep it alive
-        from a task owned by this store: a keep-alive every ``ttl/renewals_per_ttl`` s, each
-        allowed to wait until the lease would be late (``ttl/2`` after the last acknowledged
-        send; once late, until it would expire), retried quickly on failure.
-
-        With the default 6, an etcd that stalls (a slow fsync, a paused member) for up to
-        ``ttl/3`` s, at any moment, does not make the lease late: for a lease whose authority
-        is acted on (``LeaderElection`` fences at late). A lease that only has to outlive its
-        TTL (host presence) may take 3, half the keep-alives (etcd clientv3's cadence), and
-        rides through stalls of up to ``2/3 ttl`` before it is lost. See ``Lease`` for
+        from a task of this store: a keep-alive every ``ttl/renewals_per_ttl`` s, each allowed
+        to wait until the lease would be late (``ttl/2`` after the last acknowledged send; once
+        late, until it would expire), retried quickly on failure. With the default 6, an etcd
+        stall (a slow fsync, a paused member) of up to ``ttl/3`` s never makes the lease late:
+        for a lease whose authority is acted on (``LeaderElection``). A lease that only has to
+        outlive its TTL (host presence) may take 3 (clientv3's cadence). See ``Lease`` for
         ``renewal_late`` and ``lost``. Raises ValueError (``ttl_s`` < 1, ``renewals_per_ttl``
-        < 3: no keep-alive would come before the lease is late), StoreUnavailable."""
+        < 3), StoreUnavailable."""
         if ttl_s < 1:
             raise ValueError(f"ttl_s must be >= 1, not {ttl_s!r}")
         if renewals_per_ttl < 3:
@@ -511,9 +508,9 @@ class EtcdStore:
     async def _keep_alive(self, lease: Lease, granted_at: float, renewals_per_ttl: int) -> None:
         log = self._log.bind(lease_id=f"{lease.id:x}", ttl_s=lease.ttl_s)
         ttl = float(lease.ttl_s)
-        # Authority lasts ttl/2 from the last acknowledged send. Sending every ttl/6 and letting
-        # each request wait up to that bound leaves ttl/3 for one answer to come back late: at
-        # ttl/3 (etcd's clientv3 cadence) a single stall longer than ttl/6 made the lease late.
+        # Authority lasts ttl/2 from the last acknowledged send. Sending every ttl/6 (the
+        # default) and letting each request wait up to that bound leaves ttl/3 for one answer
+        # to come back late; at ttl/3 (clientv3's cadence) a stall over ttl/6 makes it late.
         interval = ttl / renewals_per_ttl
         retry_s = min(interval / 2, 0.25)
         last_ok = granted_at  # send time of the last request etcd acknowledged
