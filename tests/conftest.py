@@ -25,7 +25,6 @@ from lightrail.controller.store.etcd_server import (
 )
 
 REQUIRE_ETCD_ENV = "LIGHTRAIL_REQUIRE_ETCD"
-ETCD_LOG_TAIL_BYTES = 4096
 
 
 def _etcd_binary_or_skip() -> str:
@@ -45,11 +44,6 @@ async def etcd() -> AsyncIterator[EmbeddedEtcd]:
     binary = _etcd_binary_or_skip()
     async with EmbeddedEtcd(binary=binary) as server:
         yield server
-        try:
-            with server.log_path.open("rb") as log:
-                log.seek(max(0, log.seek(0, os.SEEK_END) - ETCD_LOG_TAIL_BYTES))
-                tail = log.read().decode(errors="replace")
-        except OSError:
-            tail = ""
+        tail = server.log_tail()
         if tail:
-            print(f"--- the last {ETCD_LOG_TAIL_BYTES} bytes at most of etcd's log ---\n{tail}")
+            print(f"--- the end of etcd's log ({server.log_path}) ---\n{tail}")

@@ -146,7 +146,9 @@ class EmbeddedEtcd:
             "--log-level=warn",
         ]
 
-    def _log_tail(self) -> str:
+    def log_tail(self) -> str:
+        """The last 4000 bytes at most of etcd's log (``log_path``: its warnings and errors at
+        the level it runs with); "" when there is no log yet."""
         try:
             with self.log_path.open("rb") as f:
                 f.seek(0, os.SEEK_END)
@@ -170,7 +172,7 @@ class EmbeddedEtcd:
                 await self._start_once()
                 return
             except EtcdStartError:
-                in_use = "address already in use" in self._log_tail()
+                in_use = "address already in use" in self.log_tail()
                 if not (first_start and in_use and attempt < _PORT_ATTEMPTS):
                     raise
                 self._log.warning("etcd.port_taken_retrying", attempt=attempt)
@@ -202,12 +204,12 @@ class EmbeddedEtcd:
             if proc.returncode is not None:
                 raise EtcdStartError(
                     f"etcd exited with code {proc.returncode} during start; "
-                    f"log {self.log_path}:\n{self._log_tail()}"
+                    f"log {self.log_path}:\n{self.log_tail()}"
                 )
             if time.monotonic() >= deadline:
                 raise EtcdStartError(
                     f"etcd did not answer on {self.endpoint} within {self.start_timeout_s} s "
-                    f"(last error: {last_error!r}); log {self.log_path}:\n{self._log_tail()}"
+                    f"(last error: {last_error!r}); log {self.log_path}:\n{self.log_tail()}"
                 )
             # open() reads the revision once; gRPC waitForReady makes the read wait for the
             # connection up to probe_timeout_s, so this loop does not spin.
