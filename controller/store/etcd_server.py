@@ -68,10 +68,10 @@ def _free_port() -> int:
 class EmbeddedEtcd:
     """One etcd member as a child process (see module doc).
 
-    Use as ``async with EmbeddedEtcd() as etcd:`` (starts, then stops and deletes the data dir)
-    or call ``start``/``stop``/``close``. ``endpoint`` is ``"127.0.0.1:PORT"`` for
-    ``EtcdStore.connect``. Times are in seconds. Raises EtcdNotInstalledError from the
-    constructor if the binary is missing.
+    Use as ``async with EmbeddedEtcd() as etcd:`` (starts, then stops and deletes the data dir;
+    a start that fails or is cancelled deletes it too) or call ``start``/``stop``/``close``.
+    ``endpoint`` is ``"127.0.0.1:PORT"`` for ``EtcdStore.connect``. Times are in seconds.
+    Raises EtcdNotInstalledError from the constructor if the binary is missing.
     """
 
     def __init__(
@@ -272,7 +272,13 @@ class EmbeddedEtcd:
                 self._dir = None
 
     async def __aenter__(self) -> Self:
-        await self.start()
+        try:
+            await self.start()
+        except BaseException:
+            # ``__aexit__`` does not run when entering fails (a start error, a Ctrl-C while
+            # etcd comes up): delete the data dir here, or each failed start leaves one behind
+            await self.close()
+            raise
         return self
 
     async def __aexit__(

@@ -13,6 +13,7 @@ import os
 import signal
 import time
 from collections.abc import AsyncGenerator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -28,7 +29,11 @@ from lightrail.controller.store.errors import (
     UnsupportedSchema,
 )
 from lightrail.controller.store.etcd import EtcdStore
-from lightrail.controller.store.etcd_server import EmbeddedEtcd, EtcdNotInstalledError
+from lightrail.controller.store.etcd_server import (
+    EmbeddedEtcd,
+    EtcdNotInstalledError,
+    EtcdStartError,
+)
 from lightrail.controller.store.types import (
     EventKind,
     Snapshot,
@@ -91,6 +96,47 @@ def test_missing_binary_names_binary_and_debian_package() -> None:
         EmbeddedEtcd(binary="etcd-not-installed-here")
     assert "etcd-not-installed-here" in str(info.value)
     assert "etcd-server" in str(info.value)
+
+
+async def test_a_failed_start_deletes_the_data_dir(tmp_path: Path) -> None:
+    # ``async with`` never reaches ``__aexit__`` when entering fails: the start must clean up
+    fake = tmp_path / "etcd"
+    fake.write_text("#!/bin/sh\necho 'fake etcd: refusing to start' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    server = EmbeddedEtcd(binary=str(fake), start_timeout_s=10.0)
+    with pytest.raises(EtcdStartError, match="exited with code 3") as info:
+        async with server:
+            pytest.fail("a fake etcd that exits cannot be entered")
+    assert "fake etcd: refusing to start" in str(info.value)  # the log tail is in the error
+    log = Path(str(info.value).split("log ", 1)[1].split(":\n", 1)[0])
+    assert log.name == "etcd.log" and log.parent.name.startswith("lightrail-etcd-")
+    assert not log.parent.exists()
+    assert not server.running
+
+
+async def test_a_cancelled_start_deletes_the_data_dir(tmp_path: Path) -> None:
+    # as a Ctrl-C while etcd comes up: a fake that never answers, the entering task cancelled
+    fake = tmp_path / "etcd"
+    fake.write_text("#!/bin/sh\nexec sleep 60\n")
+    fake.chmod(0o755)
+    server = EmbeddedEtcd(binary=str(fake), start_timeout_s=30.0, stop_timeout_s=5.0)
+
+    async def enter() -> None:
+        async with server:
+            pytest.fail("a fake etcd that never answers cannot be entered")
+
+    task = asyncio.create_task(enter())
+    deadline = time.monotonic() + 10.0
+    while server.pid is None:  # the child runs: the data dir exists
+        assert time.monotonic() < deadline, "the fake etcd never started"
+        await asyncio.sleep(0.01)
+    workdir = server.log_path.parent
+    assert workdir.exists()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 10.0)
+    assert not workdir.exists()
+    assert not server.running
 
 
 @pytest.mark.etcd
