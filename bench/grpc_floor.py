@@ -36,9 +36,9 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 import grpc
 import uvloop
 from cxx_load import BUILD_HINT, CxxLoad, loadgen_built
-from hot_path import CellResult, counts_for, proc_cpu_s, summarize_lean
-from lean_load import WORKLOADS, LoadError, Workload
-from support import Child
+from hot_path import CellResult, counts_for, summarize_lean
+from lean_load import MIXED_MIN_N, WORKLOADS, LoadError, Workload
+from support import Child, at_least, description, positive_s, proc_cpu_s
 
 from lightrail.controller.cli.daemons import DAEMON_GC_THRESHOLDS
 from lightrail.v1 import agent_pb2
@@ -252,24 +252,28 @@ async def amain(ns: Sequence[int], repeat: int, workload: str, pin: bool,
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point (``--serve PORT``: the server process)."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
-    p.add_argument("--n", type=int, nargs="+", default=[8, 64, 256], metavar="N",
+    p = argparse.ArgumentParser(description=description(__doc__))
+    p.add_argument("--n", type=at_least(4), nargs="+", default=[8, 64, 256], metavar="N",
                    help="world sizes (default 8 64 256; N >= 4)")
-    p.add_argument("--repeat", type=int, default=3, help="interleaved runs per N (default 3)")
-    p.add_argument("--workload", choices=WORKLOADS, default="ring-pair")
+    p.add_argument("--repeat", type=at_least(1), default=3,
+                   help="interleaved runs per N (default 3)")
+    p.add_argument("--workload", choices=WORKLOADS, default="ring-pair",
+                   help=f"the phases of a boundary, as bench/hot_path.py's (default ring-pair; "
+                        f"mixed needs N >= {MIXED_MIN_N})")
     p.add_argument("--no-pin", action="store_true", help="do not pin server and generator")
-    p.add_argument("--max-measured-s", type=float, default=6.0,
+    p.add_argument("--max-measured-s", type=positive_s, default=6.0,
                    help="stop a run after this long past warm-up (default 6)")
-    p.add_argument("--cell-timeout-s", type=float, default=90.0)
+    p.add_argument("--cell-timeout-s", type=positive_s, default=90.0,
+                   help="give up on a run after this long (a stall; default 90)")
     p.add_argument("--serve", type=int, metavar="PORT", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.serve is not None:
         uvloop.run(serve(a.serve))
         return 0
-    if any(n < 4 for n in a.n):
-        p.error("--n: every N must be >= 4")
-    if a.repeat < 1:
-        p.error(f"--repeat: must be >= 1, got {a.repeat}")
+    small = [n for n in a.n if n < MIXED_MIN_N]
+    if a.workload == "mixed" and small:
+        p.error(f"--workload mixed: needs every N >= {MIXED_MIN_N}, got --n "
+                f"{' '.join(map(str, small))}")
     if not loadgen_built():
         p.error(f"the C++ generator is not built: {BUILD_HINT}")
     try:

@@ -124,9 +124,17 @@ import grpc
 import uvloop
 from cxx_load import BUILD_HINT, LOADGEN, CxxLoad, loadgen_built
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from lean_load import WORKLOADS, LeanLoad, LoadError, Workload, pair_peer
+from lean_load import MIXED_MIN_N, WORKLOADS, LeanLoad, LoadError, Workload, pair_peer
 from prometheus_client.parser import text_string_to_metric_families
-from support import Child, percentile
+from support import (
+    Child,
+    at_least,
+    description,
+    nonnegative_ms,
+    percentile,
+    positive_s,
+    proc_cpu_s,
+)
 
 from lightrail.agents.client import ControllerClient
 from lightrail.agents.errors import Admission
@@ -233,27 +241,6 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
-
-
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def proc_cpu_s(pid: int | None) -> float:
-    """User + system CPU seconds of process ``pid`` (all threads), 0 if unknown or gone."""
-    if pid is None:
-        return 0.0
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0.0
-    fields = stat.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
-
-
-def etcd_pid(etcd: EmbeddedEtcd) -> int | None:
-    """The etcd child's pid (EmbeddedEtcd keeps it private; only read for CPU accounting)."""
-    proc: asyncio.subprocess.Process | None = getattr(etcd, "_proc", None)
-    return proc.pid if proc is not None else None
 
 
 class ControllerProcess:
@@ -632,7 +619,7 @@ class _CpuMark:
 
 
 def _mark(ctrl: ControllerProcess, etcd: EmbeddedEtcd) -> _CpuMark:
-    return _CpuMark(proc_cpu_s(ctrl.pid), proc_cpu_s(etcd_pid(etcd)), time.process_time(),
+    return _CpuMark(proc_cpu_s(ctrl.pid), proc_cpu_s(etcd.pid), time.process_time(),
                     time.perf_counter())
 
 
@@ -773,7 +760,7 @@ async def run_cell(
         try:
             await t.connect(10.0)
             switches0 = await asyncio.to_thread(ctrl.device_reconfigurations)
-            c0, e0, g0 = proc_cpu_s(ctrl.pid), proc_cpu_s(etcd_pid(etcd)), time.process_time()
+            c0, e0, g0 = proc_cpu_s(ctrl.pid), proc_cpu_s(etcd.pid), time.process_time()
             w0 = time.perf_counter()
             try:
                 await gen.run(opts.cell_timeout_s)
@@ -782,7 +769,7 @@ async def run_cell(
                 result.wall_s = wall
                 ctrl_s = proc_cpu_s(ctrl.pid) - c0
                 result.controller_cpu_pct = ctrl_s / wall * 100
-                result.etcd_cpu_pct = (proc_cpu_s(etcd_pid(etcd)) - e0) / wall * 100
+                result.etcd_cpu_pct = (proc_cpu_s(etcd.pid) - e0) / wall * 100
                 gen_s = time.process_time() - g0
                 result.generator_cpu_pct = gen_s / wall * 100
                 total = max(1, gen.stop_at)  # warm-up included: no mark between
@@ -817,7 +804,7 @@ async def run_group(n: int, delay_ms: float, opts: Options, repeat: int) -> list
                     f"pid {ctrl.pid} up in {time.perf_counter() - t0:.2f} s")
                 cells = [(t, w) for t in opts.transports
                          for w in (opts.workloads if t.startswith("batch") else ("ring-pair",))
-                         if w != "mixed" or n >= 10]
+                         if w != "mixed" or n >= MIXED_MIN_N]
                 for transport, workload in cells:
                     if ctrl.proc is None or ctrl.proc.returncode is not None:
                         results.append(CellResult(transport, n, delay_ms, 0, repeat, workload,
@@ -953,7 +940,7 @@ def print_table(results: Sequence[CellResult], opts: Options, elapsed_s: float,
               "(strict)")
     print()
     print("ring-pair boundary = one ALL_REDUCE ring over all N ranks + one SEND_RECV pair "
-          "{0, 8} ({0, 4} for N=8); every phase reconfigures rail 0 (recfg/b = device "
+          "{0, 8} ({0, N/2} for N < 16); every phase reconfigures rail 0 (recfg/b = device "
           "reconfigurations per boundary from the controller's "
           "lightrail_reconfigurations_total, 2 expected; a phase provisioned at the release "
           "of the one before is switched while its enter is read, inside its latency). "
@@ -979,7 +966,7 @@ def print_table(results: Sequence[CellResult], opts: Options, elapsed_s: float,
               "holds at least one such round trip (enter: generator -> controller core; "
               "admission: back).")
     print(f"matrix took {elapsed_s:.1f} s ({'quick' if opts.quick else 'full'} counts, "
-          f"{opts.repeat} interleaved runs per cell)")
+          f"{opts.repeat} {'interleaved runs' if opts.repeat > 1 else 'run'} per cell)")
 
 
 WAKE_FLOOR = Path(__file__).resolve().parent / "wake_floor.py"
@@ -1039,7 +1026,8 @@ async def amain(opts: Options, floor: dict[str, Any] | None = None) -> int:
         os.sched_setaffinity(0, {opts.cpus[1]})  # etcd, started from here, inherits it
         log(f"pinned: controller -> core {opts.cpus[0]}, generator + etcd -> core "
             f"{opts.cpus[1]}")
-    log(f"batch cells' generator: {opts.generator}")
+    if any(t.startswith("batch") for t in opts.transports):
+        log(f"batch cells' generator: {opts.generator}")
     start = time.perf_counter()
     results: list[CellResult] = []
     for rep in range(opts.repeat):
@@ -1088,41 +1076,43 @@ def _wrapper(p: argparse.ArgumentParser, value: str) -> tuple[str, ...]:
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
     """Command line -> ``Options``."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
+    p = argparse.ArgumentParser(description=description(__doc__))
     p.add_argument("--quick", action="store_true", help="small counts")
-    p.add_argument("--n", type=int, nargs="+", default=list(DEFAULT_NS), metavar="N",
+    p.add_argument("--n", type=at_least(4), nargs="+", default=list(DEFAULT_NS), metavar="N",
                    help="world sizes (default 8 64 256 2048; N >= 4)")
-    p.add_argument("--delay-ms", type=float, nargs="+", default=list(DEFAULT_DELAYS_MS),
-                   metavar="MS", help="reconfiguration delays (default 0)")
+    p.add_argument("--delay-ms", type=nonnegative_ms, nargs="+",
+                   default=list(DEFAULT_DELAYS_MS), metavar="MS",
+                   help="reconfiguration delays (default 0)")
     p.add_argument("--transport", nargs="+", choices=TRANSPORTS,
                    default=list(DEFAULT_TRANSPORTS),
                    help="batch32 (default): EnterMany streams of 32 ranks, lean generator; "
                         "unary: a channel per rank; agent8 / agent32: a HostAgent stream per "
                         "8 / 32 ranks, a task per rank")
-    p.add_argument("--repeat", type=int, default=DEFAULT_REPEAT,
+    p.add_argument("--repeat", type=at_least(1), default=DEFAULT_REPEAT,
                    help=f"interleaved runs per cell (default {DEFAULT_REPEAT})")
     p.add_argument("--no-pin", action="store_true",
                    help="do not pin the controller and the generator to separate cores")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--workload", nargs="+", choices=WORKLOADS, default=list(WORKLOADS),
                    help="batch cells: ring-pair (the C++ reference's method) and/or mixed (DP "
-                        "ring, 4 PP pairs, EP all-to-all of 4 matchings; N >= 10)")
+                        "ring, 4 PP pairs, EP all-to-all of 4 matchings; N >= 10); default: "
+                        "both")
     p.add_argument("--generator", choices=GENERATORS, default=None,
                    help="batch cells' load side: cxx (bench/loadgen, the default when built: "
                         "make loadgen) or python (bench/lean_load.py)")
-    p.add_argument("--measured", type=int, default=None, metavar="B",
+    p.add_argument("--measured", type=at_least(1), default=None, metavar="B",
                    help="batch cells: measure B boundaries (with --max-measured-s: profiling)")
-    p.add_argument("--max-measured-s", type=float, default=None,
+    p.add_argument("--max-measured-s", type=positive_s, default=None,
                    help="stop a cell after this long past warm-up (default 6, quick 2)")
-    p.add_argument("--cell-timeout-s", type=float, default=90.0,
-                   help="give up on a cell after this long (a stall)")
+    p.add_argument("--cell-timeout-s", type=positive_s, default=90.0,
+                   help="give up on a cell after this long (a stall; default 90)")
     p.add_argument("--instances", type=Path, default=None, metavar="FILE",
                    help="append each batch cell's measured phase instances to FILE, a JSON "
                         "object per line (send and admission times, CLOCK_MONOTONIC s)")
     p.add_argument("--controller-wrapper", default=None, metavar="CMD",
                    help="run the controller under this command line (split as a shell would, "
                         "e.g. 'valgrind --tool=callgrind'): bench/controller_instructions.py")
-    p.add_argument("--controller-timeout-s", type=float, default=30.0, metavar="S",
+    p.add_argument("--controller-timeout-s", type=positive_s, default=30.0, metavar="S",
                    help="how long the controller may take to serve, and to exit after "
                         "SIGTERM (default 30; raise it under a slow wrapper)")
     p.add_argument("--pair-dependency", action="store_true",
@@ -1130,14 +1120,11 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
                         "next ring (the old workaround; not needed since the coordinator holds "
                         "a phase back until every rank of its group has entered it)")
     a = p.parse_args(argv)
-    if any(n < 4 for n in a.n):
-        p.error("--n: every N must be >= 4")
-    if any(d < 0 for d in a.delay_ms):
-        p.error("--delay-ms: must be >= 0")
-    if a.repeat < 1:
-        p.error("--repeat: must be >= 1")
-    if not a.controller_timeout_s > 0:
-        p.error(f"--controller-timeout-s: must be > 0, got {a.controller_timeout_s:g}")
+    small = [n for n in a.n if n < MIXED_MIN_N]
+    if a.workload == ["mixed"] and small and all(t.startswith("batch") for t in a.transport):
+        # nothing would run at these N (the default, both workloads, runs ring-pair there)
+        p.error(f"--workload mixed: needs every N >= {MIXED_MIN_N}, got --n "
+                f"{' '.join(map(str, small))}")
     wrapper = () if a.controller_wrapper is None else _wrapper(p, a.controller_wrapper)
     if a.instances is not None:
         try:  # fail before the first cell, not after it
@@ -1163,8 +1150,14 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point."""
     opts = parse_args(argv)
-    floor = measure_wake_floor(opts.cpus)  # before the loop, its threads and children
-    return uvloop.run(amain(opts, floor))
+    try:
+        floor = measure_wake_floor(opts.cpus)  # before the loop, its threads and children
+        return uvloop.run(amain(opts, floor))
+    except KeyboardInterrupt:
+        # the loop's runner cancelled the matrix first: etcd, the controller and the
+        # generator are stopped and their folders deleted by the time this runs
+        log("interrupted")
+        return 130
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 
 import uvloop
+from support import at_least, description
 
 from lightrail.controller.core.coordinator import PhaseCoordinator
 from lightrail.controller.core.decisions import Admit, Admitted, AdmittedBatch, Reject
@@ -120,10 +121,13 @@ async def run(n: int, boundaries: int) -> float:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
-    p.add_argument("--n", type=int, nargs="+", default=[8, 64, 256, 2048])
-    p.add_argument("--boundaries", type=int, default=200)
-    p.add_argument("--repeat", type=int, default=3)
+    p = argparse.ArgumentParser(description=description(__doc__))
+    p.add_argument("--n", type=at_least(4), nargs="+", default=[8, 64, 256, 2048], metavar="N",
+                   help="world sizes (default 8 64 256 2048; N >= 4, as bench/hot_path.py)")
+    p.add_argument("--boundaries", type=at_least(1), default=200, metavar="B",
+                   help="measured boundaries per run (default 200)")
+    p.add_argument("--repeat", type=at_least(1), default=3,
+                   help="runs per N; the median and range are printed (default 3)")
     a = p.parse_args(argv)
     configure_logging("warning", "console")
     print(f"{'N':>5} {'boundaries':>10} {'us/boundary':>24} {'us/rank-boundary':>24}")

@@ -37,6 +37,8 @@ from lightrail.controller.domain.model import Collective, PhaseKey, ProcessGroup
 from lightrail.v1 import agent_pb2, agent_pb2_grpc
 
 WORKLOADS = ("ring-pair", "mixed")
+MIXED_MIN_N = 10
+"""The smallest N of the ``mixed`` workload: its EP all-to-all takes five hosts N/5 apart."""
 
 
 class LoadError(RuntimeError):
@@ -97,7 +99,7 @@ class Workload:
     @staticmethod
     def build(name: str, n: int) -> Workload:
         """``ring-pair`` or ``mixed`` over N ranks. Raises ``ValueError`` for another name or
-        an N too small for it (mixed: N >= 10)."""
+        an N too small for it (mixed: N >= ``MIXED_MIN_N``)."""
         ring = PhaseKey(ProcessGroup.of(range(n)), Collective.ALL_REDUCE)
         if name == "ring-pair":
             pair = (0, pair_peer(n))
@@ -105,8 +107,9 @@ class Workload:
                             tuple((0, 1) if r in pair else (0,) for r in range(n)))
         if name != "mixed":
             raise ValueError(f"workload: {name!r} is not one of {', '.join(WORKLOADS)}")
-        if n < 10:
-            raise ValueError(f"workload mixed: needs N >= 10 (five EP hosts), not {n}")
+        if n < MIXED_MIN_N:
+            raise ValueError(f"workload mixed: needs N >= {MIXED_MIN_N} (five EP hosts), "
+                             f"not {n}")
         half, s = n // 2, n // 5
         pairs = [PhaseKey(ProcessGroup.of((i, i + half)), Collective.SEND_RECV)
                  for i in range(4)]

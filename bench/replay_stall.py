@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hot_path import LIGHTRAIL, ControllerProcess, proc_cpu_s
-from support import Child
+from hot_path import LIGHTRAIL, ControllerProcess
+from support import Child, proc_cpu_s
 
 from lightrail.controller.logs import configure_logging
 from lightrail.controller.store.etcd_server import EmbeddedEtcd

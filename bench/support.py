@@ -1,6 +1,7 @@
 """What the benchmark scripts share: children started for asyncio code without Python code in
-the forked process (``Child``), commands pinned to a core at exec (``pinned_argv``), and the
-nearest-rank ``percentile`` of their latency figures.
+the forked process (``Child``), commands pinned to a core at exec (``pinned_argv``), a child's
+CPU time (``proc_cpu_s``), the nearest-rank ``percentile`` of their latency figures, and their
+command lines' checks (``at_least``, ``positive_s``, ``description``).
 
 Every benchmark child started from a process that runs an event loop goes through ``Child``
 (``bench/hot_path.py``'s controller, ``bench/cxx_load.py``'s C++ generator,
@@ -9,13 +10,16 @@ Every benchmark child started from a process that runs an event loop goes throug
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import functools
 import math
 import os
 import shutil
 import subprocess
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 
@@ -116,4 +120,76 @@ def percentile(values: Sequence[float], q: float) -> float:
     s = sorted(values)
     return s[max(0, min(len(s) - 1, math.ceil(q * len(s)) - 1))]
 
+
+_CPUCLOCK_SCHED = 2
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu_s(pid: int | None) -> float:
+    """User + system CPU seconds of process ``pid``, every thread included (those that have
+    exited too), to the nanosecond: its process CPU-time clock, the clock id that glibc's
+    ``clock_getcpuclockid(3)`` computes (Linux ``MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)``:
+    ``(~pid << 3) | 2``). Falls back to ``/proc/PID/stat``'s utime + stime (in clock ticks,
+    1/``SC_CLK_TCK`` s) if the clock cannot be read; 0.0 if ``pid`` is None or gone."""
+    if pid is None:
+        return 0.0
+    try:
+        return time.clock_gettime((~pid << 3) | _CPUCLOCK_SCHED)
+    except OSError:
+        pass
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type``: an integer >= ``minimum``. A bad value fails the command line
+    as ``argument --OPTION: must be an integer >= MINIMUM, got VALUE``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"must be an integer >= {minimum}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def positive_s(text: str) -> float:
+    """An argparse ``type``: a finite number of seconds > 0 (``nan``, ``inf``, 0 and negative
+    values fail as ``argument --OPTION: must be a number > 0, got VALUE``)."""
+    return _finite(text, 0.0, strict=True)
+
+
+def nonnegative_ms(text: str) -> float:
+    """An argparse ``type``: a finite number of milliseconds >= 0 (``nan``, ``inf`` and
+    negative values fail as ``argument --OPTION: must be a number >= 0, got VALUE``)."""
+    return _finite(text, 0.0, strict=False)
+
+
+def _finite(text: str, bound: float, *, strict: bool) -> float:
+    what = f"a number {'>' if strict else '>='} {bound:g}"
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+    if not math.isfinite(value) or value < bound or (strict and value == bound):
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+    return value
+
+
+def description(doc: str | None) -> str | None:
+    """A script's ``--help`` description: the first paragraph of its module docstring, on one
+    line, with reST's double backquotes as single ones."""
+    if not doc:
+        return None
+    first = doc.strip().split("\n\n", 1)[0]
+    return " ".join(first.split()).replace("``", "`")
 

@@ -33,7 +33,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from support import percentile
+from support import description, percentile
 
 WARMUP_ROUNDS = 200
 
@@ -95,12 +95,13 @@ def measure(cpus: tuple[int, int], rounds: int) -> WakeFloor:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Measure across ``--cpus`` A B and on A alone; print a line each (or ``--json``)."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
+    p = argparse.ArgumentParser(description=description(__doc__))
     cores = sorted(os.sched_getaffinity(0))
     p.add_argument("--cpus", type=int, nargs=2, metavar=("A", "B"),
                    default=(cores[0], cores[1] if len(cores) > 1 else cores[0]),
                    help="the two cores (default: the first two this process may use)")
-    p.add_argument("--rounds", type=int, default=3000, help="measured round trips per figure")
+    p.add_argument("--rounds", type=int, default=3000,
+                   help="measured round trips per figure (default 3000)")
     p.add_argument("--json", action="store_true", help="print JSON")
     a = p.parse_args(argv)
     try:

@@ -1,0 +1,91 @@
+"""bench/support.py: a child's CPU time to the nanosecond, exited threads included
+(``proc_cpu_s``); the command lines' value checks; the ``--help`` description."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import support  # noqa: E402
+
+_SPIN_IN_A_THREAD = """
+import sys, threading, time
+def spin():
+    end = time.process_time() + 0.25
+    while time.process_time() < end:
+        pass
+t = threading.Thread(target=spin)
+t.start()
+t.join()  # the thread has exited: its CPU time must still count
+print("spun", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_proc_cpu_s_counts_an_exited_thread_and_agrees_with_proc_stat() -> None:
+    child = subprocess.Popen([sys.executable, "-c", _SPIN_IN_A_THREAD],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "spun\n"
+        precise = support.proc_cpu_s(child.pid)
+        fields = Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        assert precise >= 0.25  # the exited thread's 0.25 s of CPU is in
+        assert abs(precise - ticks) < 0.05  # the same figure; ticks are 10 ms coarse
+        assert precise != round(precise, 2)  # not in clock ticks
+    finally:
+        child.communicate("", timeout=30)
+    assert support.proc_cpu_s(child.pid) == 0.0  # reaped: gone
+    assert support.proc_cpu_s(None) == 0.0
+
+
+def test_proc_cpu_s_of_this_process_rises_with_its_work() -> None:
+    before = support.proc_cpu_s(os.getpid())
+    end = time.process_time() + 0.05
+    while time.process_time() < end:
+        pass
+    assert support.proc_cpu_s(os.getpid()) - before >= 0.05
+
+
+@pytest.mark.parametrize(("check", "text", "says"), [
+    (support.at_least(4), "3", "must be an integer >= 4, got 3"),
+    (support.at_least(1), "x", "must be an integer >= 1, got 'x'"),
+    (support.at_least(1), "1.5", "must be an integer >= 1, got '1.5'"),
+    (support.positive_s, "0", "must be a number > 0, got 0"),
+    (support.positive_s, "-0.5", "must be a number > 0, got -0.5"),
+    (support.positive_s, "nan", "must be a number > 0, got nan"),
+    (support.positive_s, "inf", "must be a number > 0, got inf"),
+    (support.positive_s, "soon", "must be a number > 0, got 'soon'"),
+    (support.nonnegative_ms, "-1", "must be a number >= 0, got -1"),
+    (support.nonnegative_ms, "nan", "must be a number >= 0, got nan"),
+])
+def test_a_bad_value_is_refused_naming_it(
+    check: object, text: str, says: str
+) -> None:
+    assert callable(check)
+    with pytest.raises(argparse.ArgumentTypeError, match="^" + says.replace("+", r"\+") + "$"):
+        check(text)
+
+
+def test_good_values_pass() -> None:
+    assert support.at_least(4)("4") == 4
+    assert support.positive_s("0.25") == 0.25
+    assert support.nonnegative_ms("0") == 0.0
+
+
+def test_the_description_is_the_whole_first_paragraph() -> None:
+    doc = """The first ``sentence`` runs
+    on to a second line.
+
+    Later paragraphs stay out."""
+    assert support.description(doc) == "The first `sentence` runs on to a second line."
+    assert support.description(None) is None
