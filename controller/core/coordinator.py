@@ -540,16 +540,25 @@ class PhaseCoordinator:
         route: int, fresh: list[int], out: list[Decision],
     ) -> None:
         """``rank`` is not idle: the same phase again (an agent whose stream broke, a client
-        retry) re-attaches: a held phase is answered at once; a waiting rank moves to the new
-        batch and route, appended to ``fresh``, and the request it waited in is answered
-        ``CANCELLED`` ("superseded"), on its own route, so that no caller waits for an answer
-        that will not come (the same request id on the same route is the same request: no
-        answer). Anything else is ``RANK_BUSY``."""
+        retry) re-attaches: a held phase on confirmed circuits is answered at once; one held
+        on circuits not confirmed (a ``resume_held`` the switches did not back, or a hold whose
+        switch raised an alarm since) is ``RANK_BUSY``: no admission without confirmed
+        circuits, not even an answer again; a waiting rank moves to the new batch and route,
+        appended to ``fresh``, and the request it waited in is answered ``CANCELLED``
+        ("superseded"), on its own route, so that no caller waits for an answer that will
+        not come (the same request id on the same route is the same request: no answer).
+        Anything else is ``RANK_BUSY``."""
         s = self._s
         rs = job.ranks[rank]
         inst = rs.instance
         if inst is not None and inst.phase == phase and inst.iteration == iteration:
             if rs.state is RankState.HOLDING:
+                if not (inst.verified and s.views.ready(inst.plan)):
+                    out.append(Reject(job.layout.job_id, rank, request_id,
+                                      ErrorCode.RANK_BUSY,
+                                      f"rank {rank} holds phase {phase} on circuits not "
+                                      "confirmed on the switches; release it first", route))
+                    return
                 rs.request_id = request_id  # a later cancel of this request may release it
                 out.append(Admitted(job.layout.job_id, phase, iteration, True, 0.0, 0.0,
                                     s.steps(job, phase),

@@ -492,6 +492,42 @@ def test_resumed_hold_on_missing_circuits_admits_nobody_blindly(
         coord.resume_held("job", 3, PP01)
 
 
+def test_a_reported_hold_without_its_circuits_is_not_admitted_again(
+    coord: PerRankCoordinator,
+) -> None:
+    """Found by an attack on the wire: a HeldPhase for a phase whose circuits the switches lack,
+    then the same rank's enter of that phase, was answered "admitted, noop" at once, with no
+    cross-connect made: an admission without confirmed circuits (the safety invariant)."""
+    coord.resume_held("job", 0, PP01)  # the pair's cross-connects do not exist
+    out = coord.enter("job", 0, PP01, 9, 0.1)
+    assert not only(out, Admit), out
+    (rej,) = only(out, Reject)
+    assert isinstance(rej, Reject)
+    assert (rej.rank, rej.request_id, rej.code) == (0, 9, ErrorCode.RANK_BUSY)
+    assert "not confirmed" in rej.message and "release it first" in rej.message
+    assert str(PP01) in rej.message
+    # released, the rank enters again as any other: switched, then admitted on the circuits
+    coord.release("job", 0, PP01, 0.2)
+    assert coord.enter("job", 2, PP01, 10, 0.3) == []
+    rec = only(coord.enter("job", 0, PP01, 11, 0.3), Reconfigure)[0]
+    assert isinstance(rec, Reconfigure)
+    adm = coord.reconfigured(rec.op_id, 0.4)
+    assert sorted((d.rank, d.noop) for d in adm if isinstance(d, Admit)) == [
+        (0, False), (2, False)]
+
+
+def test_a_hold_on_confirmed_circuits_is_answered_again_at_once(
+    coord: PerRankCoordinator,
+) -> None:
+    # the retry of an admitted rank (its stream broke) keeps its quick answer
+    coord.enter("job", 2, PP01, 1, 0.0)
+    rec = only(coord.enter("job", 0, PP01, 2, 0.0), Reconfigure)[0]
+    assert isinstance(rec, Reconfigure)
+    coord.reconfigured(rec.op_id, 0.1)
+    out = coord.enter("job", 0, PP01, 2, 0.2)
+    assert [(d.rank, d.noop) for d in out if isinstance(d, Admit)] == [(0, True)]
+
+
 def test_cancel_withdraws_a_waiter_or_a_ghost_hold(coord: PerRankCoordinator) -> None:
     rec = only(enter_all(coord, RING, WORLD, 0.0), Reconfigure)[0]
     assert isinstance(rec, Reconfigure)
