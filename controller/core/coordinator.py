@@ -34,6 +34,7 @@ schedule, switching ahead), ``rewiring`` (failover onto a spare), ``records`` (s
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -450,13 +451,11 @@ class PhaseCoordinator:
                 return fresh
         job_id = job.layout.job_id
         fresh = []
-        seen: set[int] = set()
+        ranks, repeated = _without_repeats(ranks)  # one answer per rank: a refusal
+        out.extend(Reject(job_id, r, request_id, ErrorCode.INVALID_RANK,
+                          f"ranks: rank {r} appears {times} times in the batch", route)
+                   for r, times in repeated)
         for r in ranks:
-            if r in seen:
-                out.append(Reject(job_id, r, request_id, ErrorCode.INVALID_RANK,
-                                  f"ranks: rank {r} appears more than once in the batch", route))
-                continue
-            seen.add(r)
             if not 0 <= r < world:
                 out.append(Reject(job_id, r, request_id, ErrorCode.INVALID_RANK,
                                   f"rank: {r} out of range 0..{world - 1}", route))
@@ -691,6 +690,10 @@ class PhaseCoordinator:
             if not fast.holders:
                 freed.append(fast)
             ranks = ()
+        ranks, repeated = _without_repeats(ranks)  # refused once each, and not released
+        refused.extend(RefusedRelease(r, ReleaseError(
+            ErrorCode.INVALID_RANK, f"ranks: rank {r} appears {times} times in the batch"))
+            for r, times in repeated)
         for r in ranks:
             if not 0 <= r < world:
                 refused.append(RefusedRelease(r, ReleaseError(
@@ -829,6 +832,18 @@ class PhaseCoordinator:
         if out:
             out.extend(schedule(s, now))
         return out
+
+
+def _without_repeats(
+    ranks: Sequence[int],
+) -> tuple[Sequence[int], list[tuple[int, int]]]:
+    """``ranks`` less those that appear in it more than once, and those as (rank, times), in
+    the order they first appear: a malformed batch whose repeated ranks are refused once each,
+    whole, so that no rank gets two answers to one request."""
+    if len(ranks) == len(set(ranks)):
+        return ranks, []
+    times = Counter(ranks)
+    return [r for r in ranks if times[r] == 1], [(r, k) for r, k in times.items() if k > 1]
 
 
 def _holders_of_one_instance(

@@ -93,19 +93,19 @@ def test_release_many_releases_the_holders_and_refuses_the_rest() -> None:
 
 def test_release_many_checks_rank_by_rank_when_the_batch_is_not_all_holders() -> None:
     # A batch of distinct holders of one instance is released with set operations; a
-    # repeated rank, another step or a rank that left already is refused exactly as rank by
-    # rank, and the rest of the batch is released.
+    # repeated rank (refused once, not released), another step or a rank that left already
+    # is refused exactly as rank by rank, and the rest of the batch is released.
     c = coordinator()
     complete(c, c.enter_many("job", WORLD, RING, 1, 0.0), 0.1)
     _, refused = c.release_many("job", [0, 1, 0], RING, 0.2, iteration=0)
-    assert [(r.rank, r.error.code) for r in refused] == [(0, ErrorCode.INVALID_PHASE)]
-    assert c.held_by_job("job") == 6
+    assert [(r.rank, r.error.code) for r in refused] == [(0, ErrorCode.INVALID_RANK)]
+    assert c.held_by_job("job") == 7
     _, refused = c.release_many("job", [2, 3], RING, 0.3, iteration=1)
     assert [(r.rank, r.error.code) for r in refused] == [
         (2, ErrorCode.INVALID_PHASE), (3, ErrorCode.INVALID_PHASE)]
-    assert c.held_by_job("job") == 6
-    _, refused = c.release_many("job", [2, 0, 3], RING, 0.4)
-    assert [r.rank for r in refused] == [0]
+    assert c.held_by_job("job") == 7
+    _, refused = c.release_many("job", [2, 0, 3, 1], RING, 0.4)
+    assert [(r.rank, r.error.code) for r in refused] == [(1, ErrorCode.INVALID_PHASE)]
     assert c.held_by_job("job") == 4
     out, refused = c.release_many("job", [4, 5, 6, 7], RING, 0.5, iteration=0)
     assert (out, refused, c.held_by_job("job")) == ([], [], 0)
@@ -126,15 +126,29 @@ def test_refusals_name_the_rank_and_carry_the_route() -> None:
             if isinstance(d, Reject) and d.code is ErrorCode.UNKNOWN_JOB] == [0, 1]
 
 
-def test_a_rank_twice_in_one_batch_is_refused_once_and_entered_once() -> None:
+def test_a_rank_twice_in_one_batch_gets_one_answer_a_refusal_and_does_not_enter() -> None:
+    # Found by an attack on the wire: [0, 4, 0] refused rank 0 (request 5) and admitted it
+    # (request 5) as well; a caller matching answers on (rank, request id) saw both
     c = coordinator()
     out = c.enter_many("job", [0, 4, 0], PAIR, 5, 0.0, route=2)
-    assert [(d.rank, d.code) for d in out if isinstance(d, Reject)] == [
-        (0, ErrorCode.INVALID_RANK)]
-    assert "appears more than once" in str(out[0])
-    (adm,) = only(complete(c, out, 0.1), Admitted)
-    assert isinstance(adm, Admitted) and adm.entries[0].ranks == (0, 4)
-    assert c.held_by_job("job") == 2
+    assert [(d.rank, d.request_id, d.code) for d in out if isinstance(d, Reject)] == [
+        (0, 5, ErrorCode.INVALID_RANK)]
+    assert "rank 0 appears 2 times in the batch" in str(out[0])
+    assert not only(complete(c, out, 0.1), Admitted)  # rank 4 waits for its peer
+    assert c.waiting_request("job", 0) is None and c.waiting_request("job", 4) == 5
+    (adm,) = only(complete(c, c.enter_many("job", [0], PAIR, 6, 0.2, route=2), 0.3), Admitted)
+    assert isinstance(adm, Admitted) and admitted_ranks([adm]) == [0, 4]
+
+
+def test_a_rank_twice_in_one_release_is_refused_once_and_stays_held() -> None:
+    c = coordinator()
+    complete(c, c.enter_many("job", [0, 4], PAIR, 5, 0.0, route=2), 0.1)
+    _, refused = c.release_many("job", [0, 4, 0], PAIR, 0.2)
+    assert [(f.rank, f.error.code) for f in refused] == [(0, ErrorCode.INVALID_RANK)]
+    assert "rank 0 appears 2 times in the batch" in str(refused[0].error)
+    assert c.held_by_job("job") == 1  # rank 4 left; rank 0 still holds the pair
+    _, refused = c.release_many("job", [0], PAIR, 0.3)
+    assert refused == [] and c.held_by_job("job") == 0
 
 
 def test_a_batch_times_out_together_on_its_route() -> None:
