@@ -153,6 +153,16 @@ MAX_PHASE_ID = 65535
 """The largest ``DefinePhase.phase_id`` (a stream defines at most 65536 phases)."""
 
 
+MAX_STREAM_RANKS = 1 << 22
+"""Ranks the groups one stream has bound (``DefineGroup`` ids and ``DefinePhase`` phases) may
+hold together (4,194,304: four groups of ``MAX_WORLD_SIZE``), counting only groups that are not
+interned (an interned group is shared by every stream and bounded by ``MAX_INTERNED_RANKS``).
+A stream's bindings live as long as the stream, and a group costs some 80 bytes per rank:
+without this bound, once the interner is full, one client could hold 65,536 groups of 10^6
+ranks (an attack on the wire found 80 MB per such group). Each distinct group counts once,
+however many bindings name it."""
+
+
 MAX_INTERNED_RANKS = 1 << 22
 """Ranks the interned groups of a server hold together (4,194,304: tens of MB): the tables live
 as long as the process and any client's request adds to them, so their size is bounded in
@@ -184,6 +194,10 @@ class Interner:
             self._interned.add(id(group))
             self._ranks += len(raw)
 
+    def holds(self, group: ProcessGroup) -> bool:
+        """Whether ``group`` is the interned object (shared, kept for the process's life)."""
+        return id(group) in self._interned
+
     def phase(self, key: PhaseKey) -> PhaseKey:
         """The canonical object equal to ``key``."""
         got = self._phases.get(key)
@@ -205,15 +219,21 @@ class PhaseKeyDecoder:
     distinct groups, so the hot path neither sorts nor hashes a rank list per call. Groups
     arrive by rank list or by ``group_id`` after a ``DefineGroup``; the id is a hash of the
     ranks, checked on definition. Phases arrive by ``phase_id`` after a ``DefinePhase``
-    (``phase``); ``phase_id_of`` maps back for the replies."""
+    (``phase``); ``phase_id_of`` maps back for the replies, so a phase has one id per stream.
+    The groups a stream binds that are not interned hold at most ``max_ranks`` ranks
+    together (``MAX_STREAM_RANKS``)."""
 
-    def __init__(self, max_groups: int = _MAX_GROUPS, interner: Interner | None = None) -> None:
+    def __init__(self, max_groups: int = _MAX_GROUPS, interner: Interner | None = None,
+                 max_ranks: int = MAX_STREAM_RANKS) -> None:
         self._max = max_groups
+        self._max_ranks = max_ranks
         self._interner = interner or Interner(max_groups)
         self._groups = self._interner.groups
         self._by_id: dict[int, ProcessGroup] = {}
         self._phases: dict[int, PhaseKey] = {}
         self._phase_ids: dict[PhaseKey, int] = {}
+        self._bound: dict[ProcessGroup, int] = {}  # each bound group: how many bindings
+        self._bound_ranks = 0
 
     def _group(self, raw: tuple[int, ...], field: str) -> ProcessGroup:
         group = self._groups.get(raw)
@@ -239,21 +259,70 @@ class PhaseKeyDecoder:
         if pb.group_id not in self._by_id and len(self._by_id) >= self._max:
             raise InvalidRequest(f"define_group: this stream already defined {self._max} "
                                  "groups; send the rank list instead")
+        self._rebind(group, self._by_id.get(pb.group_id), "define_group.ranks")
         self._by_id[pb.group_id] = group
 
     def define_phase(self, pb: agent_pb2.DefinePhase) -> None:
         """Bind ``pb.phase_id`` (<= ``MAX_PHASE_ID``) to ``pb.phase`` for this stream (a new
-        binding replaces an old one). Raises ``InvalidRequest`` naming the field."""
+        binding replaces an old one). Raises ``InvalidRequest`` naming the field: also for a
+        phase this stream bound to another id already (the replies name a phase by its one
+        id; a second would be answered under the first) and for a group past the stream's
+        ``max_ranks``; nothing bound before is changed then."""
         if pb.phase_id > MAX_PHASE_ID:
             raise InvalidRequest(f"define_phase.phase_id: {pb.phase_id} > {MAX_PHASE_ID}")
         if not pb.HasField("phase"):
             raise InvalidRequest("define_phase.phase: missing")
         phase = self.decode(pb.phase, "define_phase.phase")
+        other = self._phase_ids.get(phase)
+        if other is not None and other != pb.phase_id:
+            raise InvalidRequest(
+                f"define_phase.phase_id: {pb.phase_id}: phase {phase} is defined as id {other} "
+                "on this stream already (one id per phase: the replies name it)")
         old = self._phases.get(pb.phase_id)
+        self._rebind(phase.group, None if old is None else old.group, "define_phase.phase")
         if old is not None and self._phase_ids.get(old) == pb.phase_id:
             del self._phase_ids[old]
         self._phases[pb.phase_id] = phase
         self._phase_ids[phase] = pb.phase_id
+
+    def _rebind(self, group: ProcessGroup, old: ProcessGroup | None, field: str) -> None:
+        """Count a binding of ``group`` in place of one of ``old`` (None: a new binding).
+        Raises ``InvalidRequest`` naming ``field``, the counts unchanged, when the stream's
+        groups would then hold more than ``max_ranks`` ranks."""
+        self._bind(group)
+        if old is not None:
+            self._unbind(old)
+        if self._bound_ranks > self._max_ranks:
+            total = self._bound_ranks
+            if old is not None:
+                self._bind(old)
+            self._unbind(group)
+            raise InvalidRequest(
+                f"{field}: a group of {len(group.ranks)} ranks would take the groups this "
+                f"stream defined to {total} ranks, more than {self._max_ranks}")
+
+    def _bind(self, group: ProcessGroup) -> None:
+        if self._interner.holds(group):
+            return  # shared: the interner's bound covers it
+        n = self._bound.get(group, 0)
+        if not n:
+            self._bound_ranks += len(group.ranks)
+        self._bound[group] = n + 1
+
+    def _unbind(self, group: ProcessGroup) -> None:
+        if self._interner.holds(group):
+            return
+        n = self._bound[group] - 1
+        if n:
+            self._bound[group] = n
+        else:
+            del self._bound[group]
+            self._bound_ranks -= len(group.ranks)
+
+    @property
+    def bound_ranks(self) -> int:
+        """Ranks of the distinct groups, not interned, that this stream's bindings name."""
+        return self._bound_ranks
 
     def phase(self, phase_id: int, field: str = "phase_id") -> PhaseKey:
         """The phase bound to ``phase_id`` on this stream. Raises ``InvalidRequest`` naming
