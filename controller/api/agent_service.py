@@ -141,6 +141,11 @@ class _StreamSink:
         self._woken = True
         self._signal()
 
+    def rest(self) -> None:
+        """Undo ``wake``: ``take`` waits for a reply again (a half-closed stream whose
+        client still waits for answers)."""
+        self._woken = False
+
     @property
     def pending(self) -> bool:
         """True while replies wait for the writer."""
@@ -407,7 +412,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     ) -> None:
         """Reads with ``context.read`` in a reader task and writes with ``context.write`` here
         (cheaper per message than the async-iterator and generator forms); the request
-        iterator is not used."""
+        iterator is not used. When the client closes its side (half-close) the call goes on
+        until every rank still waiting on this stream is answered, then ends with OK; a
+        stream that breaks leaves its waits for a reconnect to re-attach."""
         metrics.PHASE_STREAMS.inc()
         # Group and phase ids are defined per stream: one client cannot crowd out another's.
         decoder = PhaseKeyDecoder(max_groups=4096, interner=self._interner)
@@ -423,7 +430,9 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                     await context.write(batch)
                 if reader.done():
                     reader.result()
-                    return
+                    if not self._service.waits_on(sink):
+                        return
+                    sink.rest()  # half-closed: sleep until the next answer
         finally:
             reader.cancel()
             self._service.detach(sink)

@@ -277,6 +277,12 @@ class PhaseService:
         if decisions:
             self._dispatch(decisions)
 
+    def waits_on(self, sink: ReplySink) -> bool:
+        """Whether a rank still waits for an answer on ``sink``'s route (a half-closed stream
+        stays open for it). O(waiting ranks): for the end of a stream, not the hot path."""
+        rid = self._route_of.get(sink)
+        return rid is not None and any(w.route == rid for w in self.coordinator.waiting())
+
     def detach(self, sink: ReplySink) -> None:
         """Forget ``sink`` (its stream or call ended): answers to its route are dropped; its
         ranks may re-attach from a new stream."""

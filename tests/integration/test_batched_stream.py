@@ -18,6 +18,7 @@ from lightrail.drivers.base import CrossConnect
 from lightrail.emulator.ocs import EmulatedFabricDevices
 from lightrail.v1 import agent_pb2, agent_pb2_grpc
 
+EOF = grpc.aio.EOF  # type: ignore[attr-defined]  # exported, not in the stubs
 PLACE = [RankPlacement(r, f"host{r // 2}", r % 2) for r in range(8)]
 RING = PhaseKey(ProcessGroup.of(range(8)), Collective.ALL_REDUCE)
 PAIR = PhaseKey(ProcessGroup.of([0, 2]), Collective.SEND_RECV)  # host0 <-> host1 on rail 0
@@ -165,3 +166,41 @@ async def test_an_admission_goes_out_before_the_rest_of_its_message_is_worked_th
         assert (refusal.error.rank, refusal.error.code) == (42, agent_pb2.INVALID_RANK)
     finally:
         await s.close()
+
+
+async def test_a_half_closed_stream_is_answered_before_it_ends(
+    ctl: RunningController, devices: EmulatedFabricDevices
+) -> None:
+    """Found by an attack on the wire: an agent that enters, then closes its sending side
+    (``done_writing``) and reads on, got the end of the call (status OK) at once; the
+    admission that came later was dropped, and its ranks held the phase with nobody told."""
+    a, b = Stream(ctl.grpc_target), Stream(ctl.grpc_target)
+    try:
+        await a.send(define(PAIR_ID, PAIR), enter(PAIR_ID, [0], 31))
+        await a.call.done_writing()
+        await asyncio.sleep(0.2)  # the server has read the end of a's requests
+        await b.send(define(PAIR_ID, PAIR), enter(PAIR_ID, [2], 32))
+        (ra,) = await a.replies(1)
+        assert list(ra.admitted_many.ranks) == [0] and list(ra.admitted_many.request_ids) == [31]
+        (rb,) = await b.replies(1)
+        assert list(rb.admitted_many.ranks) == [2]
+        assert CrossConnect(2, N + 1) in devices["ocs-rail0"].cross_connects
+        # nothing is left to answer on a: the call ends, with OK
+        assert await asyncio.wait_for(a.call.read(), 5.0) is EOF
+        assert await asyncio.wait_for(a.call.code(), 5.0) is grpc.StatusCode.OK
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_half_closed_stream_with_nothing_waiting_ends_at_once(
+    ctl: RunningController,
+) -> None:
+    a = Stream(ctl.grpc_target)
+    try:
+        await a.send(define(PAIR_ID, PAIR))
+        await a.call.done_writing()
+        assert await asyncio.wait_for(a.call.read(), 5.0) is EOF
+        assert await asyncio.wait_for(a.call.code(), 5.0) is grpc.StatusCode.OK
+    finally:
+        await a.close()
