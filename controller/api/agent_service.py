@@ -8,6 +8,7 @@ batch. Nothing here touches etcd except RegisterJob/UnregisterJob, which write t
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
 
 import grpc
@@ -74,26 +75,51 @@ MAX_BATCH_RANKS = 16384
 messages are refused whole, with one error."""
 
 
+MAX_REPLY_BYTES = 1 << 20
+"""About the most bytes one PhaseReplyBatch carries (1 MiB, a quarter of gRPC's default 4 MiB
+receive limit, ``grpc.max_receive_message_length``, so an estimate off by up to 4x still
+fits): past it the replies go on in the next message (an attack on the wire made one batch
+of 30 MB from 650 KB of requests, and the client's stream died of ``RESOURCE_EXHAUSTED``)."""
+
+_ADMITTED_RANK_BYTES = 13  # a rank (varint, < 2^21: 3 bytes) and its request id (<= 10)
+_REPLY_BYTES = 48  # a reply's fields and framing besides its strings and rank lists
+
+
 class _StreamSink:
     """Replies of one PhaseStream, written straight into the batch the writer sends next
     (no per-reply message copies). Ranks admitted into a phase the stream defined an id for
     (``DefinePhase``) are answered with one ``AdmitMany`` per phase instance and write; other
-    admissions with one ``Admission`` per rank.
+    admissions with one ``Admission`` per rank. A batch whose estimated size reaches
+    ``MAX_REPLY_BYTES`` is closed and the replies go on in the next one (an ``AdmitMany`` too:
+    its ranks then come in two messages).
 
     The writer waits in ``take`` on a bare future of the stream's loop, resolved by the first
     reply (or ``wake``) after it began to wait: no ``asyncio.Event`` (whose every wait looks
     the running loop up, a ``getpid`` system call, and keeps a list of waiters)."""
 
-    __slots__ = ("_batch", "_decoder", "_last", "_last_key", "_loop", "_waiter", "_woken")
+    __slots__ = ("_batch", "_bytes", "_decoder", "_full", "_last", "_last_key", "_loop",
+                 "_waiter", "_woken")
 
     def __init__(self, decoder: PhaseKeyDecoder) -> None:
         self._batch = agent_pb2.PhaseReplyBatch()
+        self._bytes = 0  # the estimated size of ``_batch``
+        self._full: deque[agent_pb2.PhaseReplyBatch] = deque()  # closed batches, in order
         self._decoder = decoder
         self._last: agent_pb2.AdmitMany | None = None
         self._last_key: tuple[str, int, int, bool, int] | None = None
         self._loop = asyncio.get_running_loop()
         self._waiter: asyncio.Future[None] | None = None
         self._woken = False
+
+    def _room(self, nbytes: int) -> None:
+        """Make room for a reply of about ``nbytes``: close the batch if it would then pass
+        ``MAX_REPLY_BYTES`` (an empty batch takes any reply)."""
+        if self._bytes + nbytes > MAX_REPLY_BYTES and self._batch.replies:
+            self._full.append(self._batch)
+            self._batch = agent_pb2.PhaseReplyBatch()
+            self._bytes = 0
+            self._last = None
+        self._bytes += nbytes
 
     def _signal(self) -> None:
         waiter = self._waiter
@@ -103,6 +129,8 @@ class _StreamSink:
                 waiter.set_result(None)
 
     def deliver(self, decision: Admit | Reject) -> None:
+        self._room(_REPLY_BYTES + len(decision.job_id)
+                   + (len(decision.message) if isinstance(decision, Reject) else 0))
         fill_reply(self._batch.replies.add(), decision)
         self._last = None
         self._signal()
@@ -111,11 +139,15 @@ class _StreamSink:
         phase_id = self._decoder.phase_id_of(decision.phase)
         if phase_id is None:
             for admit in decision.admits(entry):
+                self._room(_REPLY_BYTES + len(admit.job_id))
                 fill_reply(self._batch.replies.add(), admit)
             self._last = None
             self._signal()
             return
         key = (decision.job_id, phase_id, decision.iteration, decision.noop, decision.steps)
+        fresh = self._last is None or self._last_key != key
+        self._room(_ADMITTED_RANK_BYTES * len(entry.ranks)
+                   + (_REPLY_BYTES + len(decision.job_id) if fresh else 0))
         many = self._last
         if many is None or self._last_key != key:
             many = self._batch.replies.add().admitted_many
@@ -132,6 +164,7 @@ class _StreamSink:
         self._signal()
 
     def push(self, reply: agent_pb2.PhaseReply) -> None:
+        self._room(reply.ByteSize() + 8)
         self._batch.replies.add().CopyFrom(reply)
         self._last = None
         self._signal()
@@ -149,11 +182,13 @@ class _StreamSink:
     @property
     def pending(self) -> bool:
         """True while replies wait for the writer."""
-        return len(self._batch.replies) > 0
+        return len(self._batch.replies) > 0 or bool(self._full)
 
     async def take(self) -> agent_pb2.PhaseReplyBatch | None:
         """The replies accumulated since the last call (None if none), after waiting for
         at least one or a ``wake``."""
+        if self._full:
+            return self._full.popleft()
         while not self._batch.replies and not self._woken:
             waiter = self._loop.create_future()
             self._waiter = waiter
@@ -166,6 +201,7 @@ class _StreamSink:
         if not self._batch.replies:
             return None
         out, self._batch = self._batch, agent_pb2.PhaseReplyBatch()
+        self._bytes = 0
         self._last = None
         return out
 

@@ -461,7 +461,7 @@ class PhaseCoordinator:
                                   f"rank: {r} out of range 0..{world - 1}", route))
             elif not group.contains(r):
                 out.append(Reject(job_id, r, request_id, ErrorCode.INVALID_PHASE,
-                                  f"phase.group_ranks: rank {r} is not in group {group.ranks}",
+                                  f"phase.group_ranks: rank {r} is not in group {group}",
                                   route))
             elif slots[r].state is idle:
                 fresh.append(r)
@@ -630,7 +630,7 @@ class PhaseCoordinator:
         if not phase.group.contains(rank):
             raise ReleaseError(ErrorCode.INVALID_PHASE,
                                f"phase.group_ranks: rank {rank} is not in group "
-                               f"{phase.group.ranks}")
+                               f"{phase.group}")
         try:
             plan = s.plan(job, phase)
         except PlanError as exc:

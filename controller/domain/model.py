@@ -21,6 +21,10 @@ MAX_WORLD_SIZE = 1 << 20
 the wire (``controller.api.codec``) and of the world sizes the trace readers accept."""
 
 
+SHOWN_RANKS = 16
+"""The most ranks a group's ``str`` lists in full (messages, logs, events)."""
+
+
 class Collective(enum.Enum):
     """Collective operations (NCCL / torch.distributed names)."""
 
@@ -57,6 +61,16 @@ class ProcessGroup:
 
     def __hash__(self) -> int:
         return self._hash
+
+    def __str__(self) -> str:
+        """The ranks for messages and logs, ``[0,1,2]``; past ``SHOWN_RANKS`` the first ones,
+        the last and the count, ``[0,1,...,7,...,2047 (2048 ranks)]``: a message naming a
+        group must not grow with it (refusals go to every rank of a batch)."""
+        r = self.ranks
+        if len(r) <= SHOWN_RANKS:
+            return "[" + ",".join(map(str, r)) + "]"
+        head = ",".join(map(str, r[:SHOWN_RANKS - 1]))
+        return f"[{head},...,{r[-1]} ({len(r)} ranks)]"
 
     def __eq__(self, other: object) -> bool:
         # Hot path: interned groups compare by identity; different groups almost always
@@ -138,8 +152,7 @@ class PhaseKey:
         return self._order() < other._order()
 
     def __str__(self) -> str:
-        ranks = ",".join(map(str, self.group.ranks))
-        return f"{self.collective.value}[{ranks}]#{self.seq}.{self.step}"
+        return f"{self.collective.value}{self.group}#{self.seq}.{self.step}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -179,7 +179,7 @@ def test_validation_errors(coord: PerRankCoordinator) -> None:
     assert isinstance(r, Reject) and r.code is ErrorCode.INVALID_RANK
     (r,) = coord.enter("job", 1, PP01, 1, 0.0)
     assert isinstance(r, Reject) and r.code is ErrorCode.INVALID_PHASE
-    assert "rank 1 is not in group (0, 2)" in r.message
+    assert "rank 1 is not in group [0,2]" in r.message
     coord.enter("job", 0, RING, 1, 0.0)
     (r,) = coord.enter("job", 0, PP01, 2, 0.0)
     assert isinstance(r, Reject) and r.code is ErrorCode.RANK_BUSY
