@@ -562,7 +562,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                     decoder: PhaseKeyDecoder) -> None:
         try:
             phase = decoder.phase(e.phase_id, "enter_many.phase_id")
-            timeout_s = timeout_from_pb(e)
+            timeout_s = timeout_from_pb(e, "enter_many.timeout_s")
         except InvalidRequest as exc:
             for rank in e.ranks:
                 sink.deliver(Reject(e.job_id, rank, e.request_id, ErrorCode.INVALID_PHASE,
@@ -615,7 +615,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             e = req.enter
             try:
                 phase = decoder.decode(e.phase)
-                timeout_s = timeout_from_pb(e)
+                timeout_s = timeout_from_pb(e, "enter.timeout_s")
             except InvalidRequest as exc:
                 sink.deliver(Reject(e.job_id, e.rank, e.request_id,
                                     ErrorCode.INVALID_PHASE, str(exc)))

@@ -59,13 +59,14 @@ def check_timeout(timeout_s: float, field: str = "timeout_s") -> float:
     return timeout_s
 
 
-def timeout_from_pb(request: agent_pb2.EnterPhaseRequest | agent_pb2.EnterMany) -> float | None:
+def timeout_from_pb(request: agent_pb2.EnterPhaseRequest | agent_pb2.EnterMany,
+                    field: str = "timeout_s") -> float | None:
     """An EnterPhase's admission timeout, s, checked (``check_timeout``); None when the
     request gives none (the optional ``timeout_s`` is absent: the controller's default).
-    Raises ``InvalidRequest``."""
+    Raises ``InvalidRequest`` naming ``field`` (the path of ``timeout_s`` in the request)."""
     if not request.HasField("timeout_s"):
         return None
-    return check_timeout(request.timeout_s)
+    return check_timeout(request.timeout_s, field)
 
 ERROR_METADATA_KEY = "lightrail-error"
 """Trailing metadata key of a refused unary EnterPhase/ReleasePhase: the ``ErrorCode`` value,

@@ -204,3 +204,17 @@ async def test_a_half_closed_stream_with_nothing_waiting_ends_at_once(
         assert await asyncio.wait_for(a.call.code(), 5.0) is grpc.StatusCode.OK
     finally:
         await a.close()
+
+
+async def test_a_bad_timeout_is_refused_naming_its_field(ctl: RunningController) -> None:
+    s = Stream(ctl.grpc_target)
+    try:
+        bad = enter(PAIR_ID, [0, 2], 41)
+        bad.enter_many.timeout_s = float("nan")
+        await s.send(define(PAIR_ID, PAIR), bad)
+        replies = await s.replies(2)
+        assert [(r.error.rank, r.error.request_id, r.error.code) for r in replies] == [
+            (0, 41, agent_pb2.INVALID_PHASE), (2, 41, agent_pb2.INVALID_PHASE)]
+        assert replies[0].error.message.startswith("enter_many.timeout_s: nan is not")
+    finally:
+        await s.close()
