@@ -73,7 +73,8 @@ What is counted
 
 * The machine's floor: before the cells, ``bench/wake_floor.py`` times a one-byte pipe round
   trip between two processes pinned to the controller's and the generator's cores (and on one
-  core); the report prints it under the table (``wake_floor`` in ``--json``). Each phase's
+  core; not with ``--no-pin``, where the two sides have no cores of their own); the report
+  prints it under the table (``wake_floor`` in ``--json``). Each phase's
   latency holds at least one such wake there and back, which on a virtual machine costs tens
   of µs and swings with the host's load.
 * ``--instances FILE``: every batch cell's measured phase instances, one JSON object per cell
@@ -694,7 +695,8 @@ def append_instances(path: Path, record: dict[str, Any]) -> bool:
 
 def instances_record(load: LeanLoad, result: CellResult) -> dict[str, Any]:
     """One cell's measured phase instances for ``--instances``: the cell (transport, workload,
-    n, delay_ms, run) and per instance, in order, ``last_send_s`` / ``first_send_s`` (when
+    n, delay_ms, run: counted from 0, as ``--json``'s ``repeat``; the table's ``run`` column
+    counts from 1) and per instance, in order, ``last_send_s`` / ``first_send_s`` (when
     its last / its first enter was sent), ``admits`` (``[arrival_s, ranks]`` per ``AdmitMany``, in
     arrival order), ``switched`` and ``device_s``. Times are CLOCK_MONOTONIC seconds."""
     return {
@@ -978,6 +980,7 @@ def measure_wake_floor(cpus: tuple[int, int] | None, rounds: int = 3000) -> dict
     exists. None when not pinned, or when it fails (logged: the floor is context, not a
     result)."""
     if cpus is None:
+        log("wake floor not measured: not pinned (--no-pin, or one core)")
         return None
     try:
         proc = subprocess.run(
