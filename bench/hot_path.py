@@ -956,9 +956,10 @@ def print_table(results: Sequence[CellResult], opts: Options, elapsed_s: float,
               if opts.cpus else "not pinned")
     gen = ("cxx (bench/loadgen/loadgen.cc, its CPU in gen us/b and gen%)"
            if opts.generator == "cxx" else "python (bench/lean_load.py)")
-    print(f"cpu: {pinned} ({os.cpu_count()} cores); batch cells' generator: {gen}. ctrl us/b = "
-          "controller CPU per measured boundary (agent/unary cells: over the whole cell, "
-          "warm-up included).")
+    batch = (f"; batch cells' generator: {gen}"
+             if any(t.startswith("batch") for t in opts.transports) else "")
+    print(f"cpu: {pinned} ({os.cpu_count()} cores){batch}. ctrl us/b = controller CPU per "
+          "measured boundary (agent/unary cells: over the whole cell, warm-up included).")
     if floor is not None:
         across, one = floor["across"], floor["one_core"]
         print(f"machine floor (bench/wake_floor.py, {across['rounds']} pipe round trips): a "
