@@ -690,7 +690,8 @@ class PhaseCoordinator:
             if not fast.holders:
                 freed.append(fast)
             ranks = ()
-        ranks, repeated = _without_repeats(ranks)  # refused once each, and not released
+        # repeated ranks are refused once each, and not released (the fast path had none)
+        ranks, repeated = _without_repeats(ranks) if ranks else (ranks, [])
         refused.extend(RefusedRelease(r, ReleaseError(
             ErrorCode.INVALID_RANK, f"ranks: rank {r} appears {times} times in the batch"))
             for r, times in repeated)
