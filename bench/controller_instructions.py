@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cxx_load import BUILD_HINT, loadgen_built
+from support import description
 
 HOT_PATH = Path(__file__).resolve().with_name("hot_path.py")
 _SUMMARY = re.compile(rb"^summary:\s*(\d+)", re.MULTILINE)
@@ -92,7 +93,7 @@ def run_cell(n: int, boundaries: int, workdir: Path, timeout_s: float) -> tuple[
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
+    p = argparse.ArgumentParser(description=description(__doc__))
     p.add_argument("--n", type=int, nargs="+", default=[8, 256], metavar="N",
                    help="world sizes (default 8 256; N >= 4)")
     p.add_argument("--boundaries", type=int, nargs=2, default=[100, 400], metavar=("A", "B"),

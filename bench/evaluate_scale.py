@@ -39,6 +39,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from support import description
+
 from lightrail.agents.replay.trace.simai_scale import scale_simai
 from lightrail.controller.cli.common import shared_data_dir
 
@@ -103,7 +105,7 @@ def _per_rank_child(file: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--world", type=int, default=9216, help="GPUs (default 9216)")
     ap.add_argument("--pp", type=int, default=8,
                     help="pipeline stages, a divisor of the 32 layers (default 8)")

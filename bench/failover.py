@@ -29,6 +29,7 @@ import time
 from collections.abc import Sequence
 
 import grpc
+from support import description
 
 from lightrail.agents.client import ControllerClient
 from lightrail.controller.cli.embedded import embedded_config, running_controller, spawn_emulator
@@ -123,7 +124,7 @@ async def run(
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=description(__doc__))
     p.add_argument("--failures", type=int, default=40)
     p.add_argument("--delay-ms", type=float, default=25.0)
     p.add_argument("--heartbeat-ms", type=float, default=100.0)

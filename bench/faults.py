@@ -75,6 +75,7 @@ from rich.console import Console
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # tests/invariants.py, tests/etcd_cluster.py
     sys.path.insert(0, str(REPO))
+from support import description  # noqa: E402
 
 from lightrail.agents.client import ControllerClient  # noqa: E402
 from lightrail.agents.errors import PhaseError  # noqa: E402
@@ -829,7 +830,7 @@ def campaign_progress(plan: Plan, console: Console | None = None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p = argparse.ArgumentParser(description=description(__doc__))
     p.add_argument("--kills", type=int, default=50)
     p.add_argument("--pauses", type=int, default=3)
     p.add_argument("--device-faults", type=int, default=20)

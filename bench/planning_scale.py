@@ -45,6 +45,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TypeVar
 
+from support import description
+
 from lightrail.controller.core.coordinator import PhaseCoordinator
 from lightrail.controller.core.decisions import Admit, Decision, Reconfigure, Reject
 from lightrail.controller.core.planner import JobLayout, layout_job, plan_phase
@@ -284,7 +286,7 @@ CASES = (
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Parse arguments, run every case, print tables (or JSON)."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--repeat", type=int, default=3, help="runs per timing, best kept")
     ap.add_argument("--quick", action="store_true", help="2,048-GPU cases only, 1 run")
     ap.add_argument("--json", action="store_true", help="print JSON instead of tables")

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hot_path import LIGHTRAIL, ControllerProcess
-from support import Child, proc_cpu_s
+from support import Child, description, proc_cpu_s
 
 from lightrail.controller.logs import configure_logging
 from lightrail.controller.store.etcd_server import EmbeddedEtcd
@@ -102,7 +102,7 @@ async def replay_once(lightrail: Path, trace: Path, extra: list[str]) -> Run:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
+    p = argparse.ArgumentParser(description=description(__doc__))
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--lightrail", type=Path, default=LIGHTRAIL,
                    help="the lightrail entry point to run (default: this checkout's)")

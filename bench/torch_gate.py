@@ -35,6 +35,8 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from support import description
+
 from lightrail.controller.cli.embedded import embedded_config, spawn_controller
 from lightrail.controller.config import FabricSection
 from lightrail.controller.store.etcd_server import EmbeddedEtcd
@@ -148,7 +150,7 @@ async def run(calls: int, repeats: int, linger_ms: float) -> int:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=description(__doc__))
     p.add_argument("--calls", type=int, default=300, help="calls per timed cell (default 300)")
     p.add_argument("--repeats", type=int, default=5, help="interleaved repeats (default 5)")
     p.add_argument("--linger-ms", type=float, default=20.0,
