@@ -81,6 +81,10 @@ receive limit, ``grpc.max_receive_message_length``, so an estimate off by up to 
 fits): past it the replies go on in the next message (an attack on the wire made one batch
 of 30 MB from 650 KB of requests, and the client's stream died of ``RESOURCE_EXHAUSTED``)."""
 
+HALF_CLOSED_RECHECK_S = 1.0
+"""How often a half-closed PhaseStream looks whether a rank still waits on it, besides at each
+answer (s)."""
+
 _ADMITTED_RANK_BYTES = 13  # a rank (varint, < 2^21: 3 bytes) and its request id (<= 10)
 _REPLY_BYTES = 48  # a reply's fields and framing besides its strings and rank lists
 
@@ -460,15 +464,25 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                                      name="phase-stream-reader")
         reader.add_done_callback(lambda _t: sink.wake())
         try:
+            half_closed = False
             while True:
-                batch = await sink.take()
+                if half_closed:
+                    # a wait can also end without an answer here (a CancelEnter sent on
+                    # another stream): look again now and then, not only at each answer
+                    try:
+                        batch = await asyncio.wait_for(sink.take(), HALF_CLOSED_RECHECK_S)
+                    except TimeoutError:
+                        batch = None
+                else:
+                    batch = await sink.take()
                 if batch is not None:
                     await context.write(batch)
                 if reader.done():
                     reader.result()
                     if not self._service.waits_on(sink):
                         return
-                    sink.rest()  # half-closed: sleep until the next answer
+                    half_closed = True
+                    sink.rest()  # sleep until the next answer
         finally:
             reader.cancel()
             self._service.detach(sink)

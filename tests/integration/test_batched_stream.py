@@ -218,3 +218,21 @@ async def test_a_bad_timeout_is_refused_naming_its_field(ctl: RunningController)
         assert replies[0].error.message.startswith("enter_many.timeout_s: nan is not")
     finally:
         await s.close()
+
+
+async def test_a_half_closed_stream_ends_when_its_wait_is_cancelled_elsewhere(
+    ctl: RunningController,
+) -> None:
+    # the wait ends without an answer on the half-closed stream: it must not stay open
+    a, b = Stream(ctl.grpc_target), Stream(ctl.grpc_target)
+    try:
+        await a.send(define(PAIR_ID, PAIR), enter(PAIR_ID, [0], 51))
+        await a.call.done_writing()
+        await asyncio.sleep(0.2)
+        await b.send(agent_pb2.PhaseRequest(cancel_enter=agent_pb2.CancelEnter(
+            job_id="job", rank=0, request_id=51)))
+        assert await asyncio.wait_for(a.call.read(), 10.0) is EOF
+        assert await asyncio.wait_for(a.call.code(), 5.0) is grpc.StatusCode.OK
+    finally:
+        await a.close()
+        await b.close()
