@@ -585,7 +585,8 @@ Global___SyncDone: _TypeAlias = SyncDone  # noqa: Y015
 class DefinePhase(_message.Message):
     """Binds phase_id (a small integer chosen by the sender, < 65536) to a phase key for the rest
     of this stream (resent after a reconnect). EnterMany / ReleaseMany / AdmitMany name phases
-    by it: the hot path carries no rank lists of groups at all.
+    by it: the hot path carries no rank lists of groups at all. A phase has one id per stream:
+    binding a second id to a phase bound already is refused (PhaseError INVALID_PHASE).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -878,6 +879,7 @@ Global___PhaseError: _TypeAlias = PhaseError  # noqa: Y015
 class AdmitMany(_message.Message):
     """Ranks of one stream admitted into one phase instance together (the answer to EnterMany):
     ranks[i] was admitted with its request request_ids[i]. noop, steps, device_s as in Admission.
+    A very large admission (past about 1 MiB of ranks) comes as several AdmitMany, in order.
     """
 
     DESCRIPTOR: _descriptor.Descriptor

@@ -95,7 +95,10 @@ class AgentServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def PhaseStream(self, request_iterator, context):
-        """One per host agent; batches of requests up, batches of replies down.
+        """One per host agent; batches of requests up, batches of replies down (a reply batch holds
+        about 1 MiB at most; more replies come in the next ones). When the agent closes its side,
+        the call goes on until every rank still waiting on it is answered, then ends with OK; a
+        stream that breaks leaves its waits for a reconnect to re-attach.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

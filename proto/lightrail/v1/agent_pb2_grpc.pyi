@@ -45,7 +45,11 @@ class AgentServiceStub:
     RegisterJob: _grpc.UnaryUnaryMultiCallable[_agent_pb2.RegisterJobRequest, _agent_pb2.RegisterJobResponse]
     UnregisterJob: _grpc.UnaryUnaryMultiCallable[_agent_pb2.UnregisterJobRequest, _agent_pb2.UnregisterJobResponse]
     PhaseStream: _grpc.StreamStreamMultiCallable[_agent_pb2.PhaseRequestBatch, _agent_pb2.PhaseReplyBatch]
-    """One per host agent; batches of requests up, batches of replies down."""
+    """One per host agent; batches of requests up, batches of replies down (a reply batch holds
+    about 1 MiB at most; more replies come in the next ones). When the agent closes its side,
+    the call goes on until every rank still waiting on it is answered, then ends with OK; a
+    stream that breaks leaves its waits for a reconnect to re-attach.
+    """
     EnterPhase: _grpc.UnaryUnaryMultiCallable[_agent_pb2.EnterPhaseRequest, _agent_pb2.EnterPhaseResponse]
     """Blocks until admitted. gRPC status: DEADLINE_EXCEEDED on timeout, NOT_FOUND for an unknown
     job, INVALID_ARGUMENT for a bad rank or phase, FAILED_PRECONDITION when the rank is busy,
@@ -64,7 +68,11 @@ class AgentServiceAsyncStub(AgentServiceStub):
     RegisterJob: _aio.UnaryUnaryMultiCallable[_agent_pb2.RegisterJobRequest, _agent_pb2.RegisterJobResponse]  # type: ignore[assignment]
     UnregisterJob: _aio.UnaryUnaryMultiCallable[_agent_pb2.UnregisterJobRequest, _agent_pb2.UnregisterJobResponse]  # type: ignore[assignment]
     PhaseStream: _aio.StreamStreamMultiCallable[_agent_pb2.PhaseRequestBatch, _agent_pb2.PhaseReplyBatch]  # type: ignore[assignment]
-    """One per host agent; batches of requests up, batches of replies down."""
+    """One per host agent; batches of requests up, batches of replies down (a reply batch holds
+    about 1 MiB at most; more replies come in the next ones). When the agent closes its side,
+    the call goes on until every rank still waiting on it is answered, then ends with OK; a
+    stream that breaks leaves its waits for a reconnect to re-attach.
+    """
     EnterPhase: _aio.UnaryUnaryMultiCallable[_agent_pb2.EnterPhaseRequest, _agent_pb2.EnterPhaseResponse]  # type: ignore[assignment]
     """Blocks until admitted. gRPC status: DEADLINE_EXCEEDED on timeout, NOT_FOUND for an unknown
     job, INVALID_ARGUMENT for a bad rank or phase, FAILED_PRECONDITION when the rank is busy,
@@ -104,7 +112,11 @@ class AgentServiceServicer(metaclass=_abc_1.ABCMeta):
         request_iterator: _MaybeAsyncIterator[_agent_pb2.PhaseRequestBatch],
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_agent_pb2.PhaseReplyBatch], _abc.AsyncIterator[_agent_pb2.PhaseReplyBatch]]:
-        """One per host agent; batches of requests up, batches of replies down."""
+        """One per host agent; batches of requests up, batches of replies down (a reply batch holds
+        about 1 MiB at most; more replies come in the next ones). When the agent closes its side,
+        the call goes on until every rank still waiting on it is answered, then ends with OK; a
+        stream that breaks leaves its waits for a reconnect to re-attach.
+        """
 
     @_abc_1.abstractmethod
     def EnterPhase(
