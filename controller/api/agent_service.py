@@ -191,9 +191,7 @@ class _StreamSink:
     async def take(self) -> agent_pb2.PhaseReplyBatch | None:
         """The replies accumulated since the last call (None if none), after waiting for
         at least one or a ``wake``."""
-        if self._full:
-            return self._full.popleft()
-        while not self._batch.replies and not self._woken:
+        while not self._full and not self._batch.replies and not self._woken:
             waiter = self._loop.create_future()
             self._waiter = waiter
             try:
@@ -202,6 +200,8 @@ class _StreamSink:
                 if self._waiter is waiter:  # cancelled while waiting
                     self._waiter = None
         self._woken = False
+        if self._full:  # closed batches first: the replies stay in order
+            return self._full.popleft()
         if not self._batch.replies:
             return None
         out, self._batch = self._batch, agent_pb2.PhaseReplyBatch()
@@ -479,6 +479,8 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                     await context.write(batch)
                 if reader.done():
                     reader.result()
+                    if sink.pending:
+                        continue  # what was decided goes out before the call ends
                     if not self._service.waits_on(sink):
                         return
                     half_closed = True
@@ -548,7 +550,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
     @staticmethod
     def _not_leader(job_id: str, ranks: Iterable[int], request_id: int,
                     sink: _StreamSink) -> None:
-        for rank in ranks:
+        for rank in dict.fromkeys(ranks):  # one answer per rank
             sink.deliver(Reject(job_id, rank, request_id, ErrorCode.NOT_LEADER, "not the leader"))
 
     def _on_enter_many(self, e: agent_pb2.EnterMany, leader: bool, sink: _StreamSink,
@@ -578,7 +580,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
             phase = decoder.phase(e.phase_id, "enter_many.phase_id")
             timeout_s = timeout_from_pb(e, "enter_many.timeout_s")
         except InvalidRequest as exc:
-            for rank in e.ranks:
+            for rank in dict.fromkeys(e.ranks):  # one answer per rank
                 sink.deliver(Reject(e.job_id, rank, e.request_id, ErrorCode.INVALID_PHASE,
                                     str(exc)))
             return
@@ -590,7 +592,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
         try:
             phase = decoder.phase(r.phase_id, "release_many.phase_id")
         except InvalidRequest as exc:
-            for rank in r.ranks:
+            for rank in dict.fromkeys(r.ranks):  # one answer per rank
                 self._release_refused(sink, r.job_id, rank, ErrorCode.INVALID_PHASE, exc)
             return
         for refused in self._service.release_many(r.job_id, list(r.ranks), phase, r.iteration):

@@ -416,7 +416,8 @@ class PhaseCoordinator:
         job = self._s.jobs.get(job_id)
         if job is None:
             return [Reject(job_id, r, request_id, ErrorCode.UNKNOWN_JOB,
-                           f"job_id: unknown job {job_id!r}", route) for r in ranks]
+                           f"job_id: unknown job {job_id!r}", route)
+                    for r in dict.fromkeys(ranks)]  # one answer per rank
         out: list[Decision] = []
         fresh = self._entering(job, ranks, phase, iteration, request_id, route, out)
         if not fresh:
@@ -669,7 +670,7 @@ class PhaseCoordinator:
         job = s.jobs.get(job_id)
         if job is None:
             err = ReleaseError(ErrorCode.UNKNOWN_JOB, f"job_id: unknown job {job_id!r}")
-            return [], [RefusedRelease(r, err) for r in ranks]
+            return [], [RefusedRelease(r, err) for r in dict.fromkeys(ranks)]
         slots = job.ranks
         world = len(slots)
         refused: list[RefusedRelease] = []

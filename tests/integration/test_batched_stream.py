@@ -236,3 +236,44 @@ async def test_a_half_closed_stream_ends_when_its_wait_is_cancelled_elsewhere(
     finally:
         await a.close()
         await b.close()
+
+
+async def test_a_half_closed_stream_sends_every_decided_reply_before_it_ends(
+    ctl: RunningController,
+) -> None:
+    """Found by a second attack: replies already decided (refusals split over several messages
+    at the size bound) were dropped when the call ended after the half-close."""
+    a = Stream(ctl.grpc_target)
+    try:
+        await a.send(*[enter(99, list(range(16000)), 100 + k) for k in range(3)])  # undefined id
+        await a.call.done_writing()
+        answered: list[tuple[int, int]] = []
+        while True:
+            batch = await asyncio.wait_for(a.call.read(), 10.0)
+            if batch is EOF:
+                break
+            assert isinstance(batch, agent_pb2.PhaseReplyBatch)
+            answered += [(r.error.request_id, r.error.rank) for r in batch.replies]
+        assert answered == [(100 + k, r) for k in range(3) for r in range(16000)]
+        assert await asyncio.wait_for(a.call.code(), 5.0) is grpc.StatusCode.OK
+    finally:
+        await a.close()
+
+
+async def test_a_repeated_rank_is_answered_once_on_every_refusal_path(
+    ctl: RunningController,
+) -> None:
+    s = Stream(ctl.grpc_target)
+    try:
+        bad_timeout = enter(PAIR_ID, [0, 0, 2], 61)
+        bad_timeout.enter_many.timeout_s = -1.0
+        await s.send(define(PAIR_ID, PAIR), enter(99, [3, 3], 60), bad_timeout,
+                     enter(PAIR_ID, [0, 0, 2], 62, job_id="nope"), release(99, [3, 3]))
+        replies = await s.replies(6)
+        assert [(r.error.request_id, r.error.rank, r.error.code) for r in replies] == [
+            (60, 3, agent_pb2.INVALID_PHASE),
+            (61, 0, agent_pb2.INVALID_PHASE), (61, 2, agent_pb2.INVALID_PHASE),
+            (62, 0, agent_pb2.UNKNOWN_JOB), (62, 2, agent_pb2.UNKNOWN_JOB),
+            (0, 3, agent_pb2.INVALID_PHASE)]
+    finally:
+        await s.close()

@@ -4,6 +4,8 @@ gRPC's 4 MiB receive limit, that killed the client's stream)."""
 
 from __future__ import annotations
 
+import asyncio
+
 from lightrail.controller.api.agent_service import MAX_REPLY_BYTES, _StreamSink
 from lightrail.controller.api.codec import Interner, PhaseKeyDecoder, phase_key_to_pb
 from lightrail.controller.core.decisions import Admitted, AdmittedBatch, Reject
@@ -69,3 +71,19 @@ async def test_small_replies_share_one_message() -> None:
     sink.deliver(Reject("job", 3, 6, ErrorCode.RANK_BUSY, "busy"))
     (batch,) = await drain(sink)
     assert [r.WhichOneof("kind") for r in batch.replies] == ["admitted_many", "error"]
+
+
+async def test_a_writer_already_waiting_gets_the_oldest_batch_first() -> None:
+    # Found by a second attack: a take() waiting when the replies split returned the newest
+    # batch, so the client saw ranks 8004.. before 0..8003
+    sink = _StreamSink(PhaseKeyDecoder(interner=Interner()))
+    waiting = asyncio.create_task(sink.take())
+    await asyncio.sleep(0)  # the writer waits
+    for rank in range(10_000):
+        sink.deliver(Reject("job", rank, 7, ErrorCode.INVALID_PHASE, "x" * 300))
+    first = await asyncio.wait_for(waiting, 5.0)
+    assert first is not None and first.replies[0].error.rank == 0
+    rest = await drain(sink)
+    ranks = [r.error.rank for b in (first, *rest) for r in b.replies]
+    assert ranks == list(range(10_000))
+
