@@ -487,6 +487,7 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                     sink.rest()  # sleep until the next answer
         finally:
             reader.cancel()
+            decoder.close()  # its groups stop counting against the server's bound
             self._service.detach(sink)
             metrics.PHASE_STREAMS.dec()
             if self._liveness is not None:

@@ -164,6 +164,14 @@ ranks (an attack on the wire found 80 MB per such group). Each distinct group co
 however many bindings name it."""
 
 
+MAX_UNSHARED_RANKS = 1 << 23
+"""Ranks the groups bound on all the streams of a server, not interned, may hold together
+(8,388,608: two streams' ``MAX_STREAM_RANKS``): with one bound per stream only, a client that
+opens many streams could still hold any amount (a second attack held 1.3 GB with three).
+Together with ``MAX_INTERNED_RANKS`` this bounds what phase definitions can pin, about 1 GB at
+some 80 bytes per rank."""
+
+
 MAX_INTERNED_RANKS = 1 << 22
 """Ranks the interned groups of a server hold together (4,194,304: tens of MB): the tables live
 as long as the process and any client's request adds to them, so their size is bounded in
@@ -178,10 +186,16 @@ class Interner:
     only slower), and a phase is interned only with its group."""
 
     def __init__(self, max_entries: int = _MAX_GROUPS,
-                 max_ranks: int = MAX_INTERNED_RANKS) -> None:
+                 max_ranks: int = MAX_INTERNED_RANKS,
+                 max_unshared_ranks: int = MAX_UNSHARED_RANKS) -> None:
         self._max = max_entries
         self._max_ranks = max_ranks
         self._ranks = 0
+        self.max_unshared_ranks = max_unshared_ranks
+        """The bound of ``unshared_ranks``."""
+        self.unshared_ranks = 0
+        """Ranks of the groups, not interned, that the streams' decoders bind now (each
+        decoder adds and removes its own)."""
         self.groups: dict[tuple[int, ...], ProcessGroup] = {}
         """Interned groups by their rank list as received."""
         self._interned: set[int] = set()  # id() of each interned group (they live forever)
@@ -289,18 +303,25 @@ class PhaseKeyDecoder:
     def _rebind(self, group: ProcessGroup, old: ProcessGroup | None, field: str) -> None:
         """Count a binding of ``group`` in place of one of ``old`` (None: a new binding).
         Raises ``InvalidRequest`` naming ``field``, the counts unchanged, when the stream's
-        groups would then hold more than ``max_ranks`` ranks."""
+        groups would then hold more than ``max_ranks`` ranks, or all streams' groups more
+        than the interner's ``max_unshared_ranks``."""
         self._bind(group)
         if old is not None:
             self._unbind(old)
-        if self._bound_ranks > self._max_ranks:
-            total = self._bound_ranks
+        interner = self._interner
+        if self._bound_ranks > self._max_ranks or (
+                interner.unshared_ranks > interner.max_unshared_ranks):
+            stream, server = self._bound_ranks, interner.unshared_ranks
             if old is not None:
                 self._bind(old)
             self._unbind(group)
+            if stream > self._max_ranks:
+                raise InvalidRequest(
+                    f"{field}: a group of {len(group.ranks)} ranks would take the groups this "
+                    f"stream defined to {stream} ranks, more than {self._max_ranks}")
             raise InvalidRequest(
-                f"{field}: a group of {len(group.ranks)} ranks would take the groups this "
-                f"stream defined to {total} ranks, more than {self._max_ranks}")
+                f"{field}: a group of {len(group.ranks)} ranks would take the groups all "
+                f"streams defined to {server} ranks, more than {interner.max_unshared_ranks}")
 
     def _bind(self, group: ProcessGroup) -> None:
         if self._interner.holds(group):
@@ -308,6 +329,7 @@ class PhaseKeyDecoder:
         n = self._bound.get(group, 0)
         if not n:
             self._bound_ranks += len(group.ranks)
+            self._interner.unshared_ranks += len(group.ranks)
         self._bound[group] = n + 1
 
     def _unbind(self, group: ProcessGroup) -> None:
@@ -319,6 +341,17 @@ class PhaseKeyDecoder:
         else:
             del self._bound[group]
             self._bound_ranks -= len(group.ranks)
+            self._interner.unshared_ranks -= len(group.ranks)
+
+    def close(self) -> None:
+        """Forget every binding (the stream ended): its groups no longer count against the
+        server's ``max_unshared_ranks``. The decoder can be used again, with no bindings."""
+        self._interner.unshared_ranks -= self._bound_ranks
+        self._bound.clear()
+        self._bound_ranks = 0
+        self._by_id.clear()
+        self._phases.clear()
+        self._phase_ids.clear()
 
     @property
     def bound_ranks(self) -> int:

@@ -145,3 +145,28 @@ def test_the_interned_groups_are_bounded_in_ranks_not_only_in_entries() -> None:
     assert list(interner.groups) == [(0, 1, 2, 3)]  # 4 + 8 ranks would exceed 10
     assert ring(4) is small  # interned: one object
     assert ring(8) == big and ring(8) is not big  # used as decoded
+
+
+def test_the_groups_all_streams_bind_are_bounded_and_a_closed_stream_gives_its_share_back(
+) -> None:
+    """Found by a second attack: a bound per stream still let a client that opened three
+    streams pin 1.3 GB. The server's streams share ``max_unshared_ranks``."""
+    interner = Interner(max_ranks=0, max_unshared_ranks=10)
+    one, two = PhaseKeyDecoder(interner=interner), PhaseKeyDecoder(interner=interner)
+
+    def define(decoder: PhaseKeyDecoder, phase_id: int, ranks: range) -> None:
+        decoder.define_phase(agent_pb2.DefinePhase(phase_id=phase_id, phase=agent_pb2.PhaseKey(
+            group_ranks=ranks, collective=agent_pb2.ALL_REDUCE)))
+
+    define(one, 1, range(6))
+    with pytest.raises(InvalidRequest, match=(
+            r"^define_phase\.phase: a group of 6 ranks would take the groups all streams "
+            r"defined to 12 ranks, more than 10$")):
+        define(two, 1, range(10, 16))
+    assert (interner.unshared_ranks, two.bound_ranks) == (6, 0)  # the refusal changed nothing
+    one.close()  # its stream ended
+    assert interner.unshared_ranks == 0
+    with pytest.raises(InvalidRequest, match="unknown phase id 1"):
+        one.phase(1)
+    define(two, 1, range(10, 16))
+    assert (interner.unshared_ranks, two.bound_ranks) == (6, 6)
