@@ -234,12 +234,18 @@ def blocking_reason(state: CoordinatorState, inst: Instance) -> str:
             if state.views.held(t.switch_id, xc):
                 for job in state.jobs.values():
                     for other in [*job.instances.values(), *job.retired]:
+                        # held per ingress port (``SwitchViews.held``): a holder whose plan
+                        # uses the port holds whatever cross-connect is on it
                         if other.holders and any(
-                            ot.switch_id == t.switch_id and xc in ot.cross_connects
+                            ot.switch_id == t.switch_id and xc.ingress in ot.ingress
                             for ot in other.plan.targets
                         ):
                             ranks = sorted(other.holders)[:8]
-                            held_by.add(f"{other.job_id} ranks {ranks} in {other.phase}")
+                            unsure = ("" if other.verified else
+                                      " (on circuits not confirmed on the switches: they "
+                                      "release it first)")
+                            held_by.add(f"{other.job_id} ranks {ranks} in {other.phase}"
+                                        f"{unsure}")
     if held_by:
         return "cross-connects still held by " + "; ".join(sorted(held_by))
     return _port_wait(state, inst)

@@ -516,6 +516,29 @@ def test_a_reported_hold_without_its_circuits_is_not_admitted_again(
         (0, False), (2, False)]
 
 
+def test_a_peer_of_a_hold_without_its_circuits_is_told_who_holds_the_ports(
+    coord: PerRankCoordinator,
+) -> None:
+    """Found by a second attack: rank 0 reported it holds the pair (HeldPhase) whose ports the
+    ring's cross-connects still occupy; its peer waited to its deadline and was told "ports
+    claimed by an earlier waiting phase or being switched", though nothing else waited. The
+    hold covers the ports, so the ring's cross-connects stay until rank 0 releases."""
+    ring = only(enter_all(coord, RING, WORLD, 0.0), Reconfigure)[0]
+    assert isinstance(ring, Reconfigure)
+    coord.reconfigured(ring.op_id, 0.1)
+    for r in WORLD:
+        coord.release("job", r, RING, 0.2)
+    coord.resume_held("job", 0, PP01, 1)
+    assert coord.enter("job", 2, PP01, 12, 0.3, timeout_s=1.0, iteration=1) == []
+    (rej,) = only(coord.expire(1.3), Reject)
+    assert isinstance(rej, Reject) and (rej.rank, rej.code) == (2, ErrorCode.DEADLINE_EXCEEDED)
+    assert ("cross-connects still held by job ranks [0] in send_recv[0,2]#0.0 (on circuits "
+            "not confirmed on the switches: they release it first)") in rej.message
+    coord.release("job", 0, PP01, 1.4, iteration=1)  # then the pair switches
+    assert coord.enter("job", 2, PP01, 13, 1.5, iteration=2) == []
+    assert only(coord.enter("job", 0, PP01, 14, 1.5, iteration=2), Reconfigure)
+
+
 def test_a_hold_on_confirmed_circuits_is_answered_again_at_once(
     coord: PerRankCoordinator,
 ) -> None:
