@@ -15,6 +15,8 @@ on a standby, SERVING on the leader (``LeaderRoute.lead``).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn, TypeAlias
@@ -143,6 +145,11 @@ class LeaderRoute:
         return operator
 
 
+STREAM_REDIRECT_WAIT_S = 1.0
+"""How long a standby waits for a PhaseStream's first message before it redirects the stream
+anyway (s)."""
+
+
 class RoutedAgentService(agent_pb2_grpc.AgentServiceServicer):
     """AgentService of a replica: the leader's ``AgentServicer`` while it leads, else a
     redirect (``LeaderRoute``). A stream opened while leading stays with the servicer it
@@ -180,7 +187,16 @@ class RoutedAgentService(agent_pb2_grpc.AgentServiceServicer):
     async def PhaseStream(  # type: ignore[override]  # noqa: N802
         self, request_iterator: AsyncIterator[agent_pb2.PhaseRequestBatch], context: _Context
     ) -> None:
-        target = await self._route.agent_or_redirect(context)
+        """The leader's PhaseStream, or a redirect sent once the agent's opening message has
+        come (at most ``STREAM_REDIRECT_WAIT_S``): an asyncio client whose write meets the
+        abort reads ``INTERNAL: Internal error from Core`` instead of the redirect and its
+        leader metadata (grpc/grpc#36066, open in grpcio 1.85), and then tries the next
+        address instead of the leader it was told."""
+        target = self._route.agent
+        if target is None:
+            with contextlib.suppress(Exception):  # a timeout, or the client went away
+                await asyncio.wait_for(context.read(), STREAM_REDIRECT_WAIT_S)
+            await self._route.redirect(context)
         await target.PhaseStream(request_iterator, context)
 
     async def EnterPhase(  # noqa: N802
