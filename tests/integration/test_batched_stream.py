@@ -54,6 +54,12 @@ class Stream:
             out.extend(batch.replies)
         return out
 
+    async def ends_ok(self, timeout_s: float = 5.0) -> None:
+        """Asserts that nothing more comes and the call ends with OK (a half-closed stream
+        whose waits are all answered)."""
+        assert await asyncio.wait_for(self.call.read(), timeout_s) is EOF
+        assert await asyncio.wait_for(self.call.code(), 5.0) is grpc.StatusCode.OK
+
     async def close(self) -> None:
         self.call.cancel()
         await self.channel.close(grace=None)
@@ -185,9 +191,7 @@ async def test_a_half_closed_stream_is_answered_before_it_ends(
         (rb,) = await b.replies(1)
         assert list(rb.admitted_many.ranks) == [2]
         assert CrossConnect(2, N + 1) in devices["ocs-rail0"].cross_connects
-        # nothing is left to answer on a: the call ends, with OK
-        assert await asyncio.wait_for(a.call.read(), 5.0) is EOF
-        assert await asyncio.wait_for(a.call.code(), 5.0) is grpc.StatusCode.OK
+        await a.ends_ok()  # nothing is left to answer on a
     finally:
         await a.close()
         await b.close()
@@ -200,8 +204,7 @@ async def test_a_half_closed_stream_with_nothing_waiting_ends_at_once(
     try:
         await a.send(define(PAIR_ID, PAIR))
         await a.call.done_writing()
-        assert await asyncio.wait_for(a.call.read(), 5.0) is EOF
-        assert await asyncio.wait_for(a.call.code(), 5.0) is grpc.StatusCode.OK
+        await a.ends_ok()
     finally:
         await a.close()
 
@@ -231,8 +234,7 @@ async def test_a_half_closed_stream_ends_when_its_wait_is_cancelled_elsewhere(
         await asyncio.sleep(0.2)
         await b.send(agent_pb2.PhaseRequest(cancel_enter=agent_pb2.CancelEnter(
             job_id="job", rank=0, request_id=51)))
-        assert await asyncio.wait_for(a.call.read(), 10.0) is EOF
-        assert await asyncio.wait_for(a.call.code(), 5.0) is grpc.StatusCode.OK
+        await a.ends_ok(10.0)
     finally:
         await a.close()
         await b.close()
