@@ -64,7 +64,7 @@ class ProcessGroup:
 
     def __str__(self) -> str:
         """The ranks for messages and logs, ``[0,1,2]``; past ``SHOWN_RANKS`` the first ones,
-        the last and the count, ``[0,1,...,7,...,2047 (2048 ranks)]``: a message naming a
+        the last and the count, ``[0,1,...,14,...,2047 (2048 ranks)]``: a message naming a
         group must not grow with it (refusals go to every rank of a batch)."""
         r = self.ranks
         if len(r) <= SHOWN_RANKS:
