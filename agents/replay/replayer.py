@@ -382,12 +382,16 @@ class Replayer:
         try:
             for h in sorted({p.host for p in self.placements}):
                 await self._agent(h)
+            first: BaseException | None = None
             try:
                 async with asyncio.TaskGroup() as tg:
                     for p in self.placements:
                         tg.create_task(self._rank(p.rank), name=f"rank{p.rank}")
             except* PhaseError as eg:
                 first = eg.exceptions[0]
+            # raised here, not inside ``except*``: there CPython before 3.11.4 (Debian 12's
+            # 3.11.2) wraps it in an ExceptionGroup (gh-103590)
+            if first is not None:
                 raise ReplayError(f"replay failed: {first}") from first
         finally:
             watcher.cancel()
