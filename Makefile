@@ -3,15 +3,15 @@
 # the Debian packages they need (etcd-server; openssl, whose CLI makes the TLS certificates of
 # the etcd cluster tests; python3-venv, without which Debian's python3 cannot create the venv).
 
-# The interpreter .venv is made with: the distribution's /usr/bin/python3 when it is 3.11 or
-# newer and can make a venv (or python3-venv can be installed: root), else the first python3 on
-# PATH. Debian builds its python3 with profile-guided optimisation and LTO, libpython linked
+# The interpreter .venv is made with: the distribution's /usr/bin/python3 when it is 3.11 (the
+# version requirements.lock is tested on) and can make a venv (or python3-venv can be installed:
+# root), else the first python3 on PATH. Debian builds its python3 with profile-guided optimisation and LTO, libpython linked
 # into the executable; a default pyenv build (shared libpython, neither) runs the controller's
 # hot path with 12 % more instructions (README, "Benchmarks"). `make PYTHON=...` chooses another;
 # a .venv made with a different interpreter is made again (the stamp names the interpreter).
 SYSTEM_PYTHON := /usr/bin/python3
 ifeq ($(origin PYTHON),undefined)
-PYTHON := $(shell $(SYSTEM_PYTHON) -c 'import sys; raise SystemExit(sys.version_info < (3, 11))' \
+PYTHON := $(shell $(SYSTEM_PYTHON) -c 'import sys; raise SystemExit(sys.version_info[:2] != (3, 11))' \
 	>/dev/null 2>&1 && { $(SYSTEM_PYTHON) -c 'import ensurepip, venv' >/dev/null 2>&1 \
 	|| [ "$$(id -u)" = 0 ]; } && echo $(SYSTEM_PYTHON) || echo python3)
 endif

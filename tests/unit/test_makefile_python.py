@@ -1,5 +1,5 @@
 """The interpreter ``make`` builds ``.venv`` with (Makefile, README "Two commands"): the
-distribution's ``/usr/bin/python3`` when it is 3.11 or newer, whatever ``python3`` comes first on
+distribution's ``/usr/bin/python3`` when it is 3.11, whatever ``python3`` comes first on
 ``PATH``; ``PYTHON=...`` chooses another; the stamp names the interpreter, so that a ``.venv`` made
 with another one is made again. Runs ``make -pn`` (prints make's variables, runs no recipe)."""
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is no
 def _system_python_usable() -> bool:
     if not SYSTEM_PYTHON.exists():
         return False
-    check = "import sys, ensurepip, venv; raise SystemExit(sys.version_info < (3, 11))"
+    check = "import sys, ensurepip, venv; raise SystemExit(sys.version_info[:2] != (3, 11))"
     ok = subprocess.run([str(SYSTEM_PYTHON), "-c", check], check=False, capture_output=True,
                         timeout=60)
     return ok.returncode == 0
@@ -53,7 +53,7 @@ def stamp_for(interpreter: str) -> str:
 
 
 @pytest.mark.skipif(not _system_python_usable(),
-                    reason="no /usr/bin/python3 >= 3.11 with venv on this machine")
+                    reason="no /usr/bin/python3 3.11 with venv on this machine")
 def test_the_distribution_python_wins_over_the_first_python3_on_path(tmp_path: Path) -> None:
     shadow = tmp_path / "python3"  # e.g. a pyenv shim first on PATH
     shadow.symlink_to(sys.executable)
