@@ -1099,8 +1099,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     p.add_argument("--workload", nargs="+", choices=WORKLOADS, default=list(WORKLOADS),
                    help="batch cells: ring-pair (the C++ reference's method) and/or mixed (DP "
-                        "ring, 4 PP pairs, EP all-to-all of 4 matchings; N >= 10); default: "
-                        "both")
+                        f"ring, 4 PP pairs, EP all-to-all of 4 matchings; N >= {MIXED_MIN_N}); "
+                        "default: both")
     p.add_argument("--generator", choices=GENERATORS, default=None,
                    help="batch cells' load side: cxx (bench/loadgen, the default when built: "
                         "make loadgen) or python (bench/lean_load.py)")

@@ -152,8 +152,8 @@ class _StreamSink:
         fresh = self._last is None or self._last_key != key
         self._room(_ADMITTED_RANK_BYTES * len(entry.ranks)
                    + (_REPLY_BYTES + len(decision.job_id) if fresh else 0))
-        many = self._last
-        if many is None or self._last_key != key:
+        many = self._last  # None again if ``_room`` closed the batch
+        if fresh or many is None:
             many = self._batch.replies.add().admitted_many
             many.job_id = decision.job_id
             many.phase_id = phase_id

@@ -692,7 +692,7 @@ class PhaseCoordinator:
                 freed.append(fast)
             ranks = ()
         # repeated ranks are refused once each, and not released (the fast path had none)
-        ranks, repeated = _without_repeats(ranks) if ranks else (ranks, [])
+        ranks, repeated = _without_repeats(ranks)
         refused.extend(RefusedRelease(r, ReleaseError(
             ErrorCode.INVALID_RANK, f"ranks: rank {r} appears {times} times in the batch"))
             for r, times in repeated)
