@@ -60,6 +60,13 @@ class Stream:
         assert await asyncio.wait_for(self.call.read(), timeout_s) is EOF
         assert await asyncio.wait_for(self.call.code(), 5.0) is grpc.StatusCode.OK
 
+    async def wait_then_half_close(self, rank: int, request_id: int) -> None:
+        """Enter ``rank`` alone into the pair (it waits for its peer), then close the sending
+        side (``done_writing``) and give the server 0.2 s to read that end."""
+        await self.send(define(PAIR_ID, PAIR), enter(PAIR_ID, [rank], request_id))
+        await self.call.done_writing()
+        await asyncio.sleep(0.2)
+
     async def close(self) -> None:
         self.call.cancel()
         await self.channel.close(grace=None)
@@ -182,9 +189,7 @@ async def test_a_half_closed_stream_is_answered_before_it_ends(
     admission that came later was dropped, and its ranks held the phase with nobody told."""
     a, b = Stream(ctl.grpc_target), Stream(ctl.grpc_target)
     try:
-        await a.send(define(PAIR_ID, PAIR), enter(PAIR_ID, [0], 31))
-        await a.call.done_writing()
-        await asyncio.sleep(0.2)  # the server has read the end of a's requests
+        await a.wait_then_half_close(0, 31)
         await b.send(define(PAIR_ID, PAIR), enter(PAIR_ID, [2], 32))
         (ra,) = await a.replies(1)
         assert list(ra.admitted_many.ranks) == [0] and list(ra.admitted_many.request_ids) == [31]
@@ -229,9 +234,7 @@ async def test_a_half_closed_stream_ends_when_its_wait_is_cancelled_elsewhere(
     # the wait ends without an answer on the half-closed stream: it must not stay open
     a, b = Stream(ctl.grpc_target), Stream(ctl.grpc_target)
     try:
-        await a.send(define(PAIR_ID, PAIR), enter(PAIR_ID, [0], 51))
-        await a.call.done_writing()
-        await asyncio.sleep(0.2)
+        await a.wait_then_half_close(0, 51)
         await b.send(agent_pb2.PhaseRequest(cancel_enter=agent_pb2.CancelEnter(
             job_id="job", rank=0, request_id=51)))
         await a.ends_ok(10.0)
