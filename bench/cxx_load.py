@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -30,6 +31,14 @@ from lean_load import LeanLoad, LoadError, PhaseInstance, Workload
 from support import Child
 
 from lightrail.controller.api.codec import phase_key_to_pb
+
+
+def loadgen_environment() -> dict[str, str]:
+    """This process's environment without ``GRPC_EXPERIMENTS``: the binary links Debian's
+    gRPC C++ (1.51), whose experiments are not grpcio's, and would only log the ones of the
+    controller's setting (``lightrail.controller.cli.GRPC_ENVIRONMENT``, set in this process
+    too) as unknown. The generator runs on its library's defaults, as the C++ reference did."""
+    return {k: v for k, v in os.environ.items() if k != "GRPC_EXPERIMENTS"}
 
 LOADGEN = Path(__file__).resolve().parent / "loadgen" / "build" / "loadgen"
 """Where ``make loadgen`` puts the binary."""
@@ -168,7 +177,7 @@ class CxxLoad(LeanLoad):
             spec_path.write_text(self.spec(cell_timeout_s), encoding="utf-8")
             proc = await Child.start([str(self.binary), str(spec_path)],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE)
+                                     stderr=subprocess.PIPE, env=loadgen_environment())
             assert proc.stdout is not None and proc.stderr is not None
             stderr = asyncio.create_task(proc.stderr.read())
             lines: list[str] = []

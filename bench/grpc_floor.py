@@ -31,7 +31,11 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+from lightrail.controller.cli import grpc_environment
+
+# Before grpc is imported: the controller daemon's gRPC environment, so that the floor server
+# serves as the controller does.
+os.environ.update(grpc_environment(os.environ))
 
 import grpc
 import uvloop

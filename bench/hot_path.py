@@ -116,10 +116,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-# This process starts the controller, etcd and bench/loadgen while gRPC threads run in it;
-# gRPC's fork handlers are for fork-without-exec (they only log "skipping fork() handlers"
-# here). Set before grpc is imported, as tests/conftest.py does.
-os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+from lightrail.controller.cli import grpc_environment
+
+# Before grpc is imported: the daemon's gRPC environment, as tests/conftest.py does. This
+# process starts the controller, etcd and bench/loadgen while gRPC threads run in it.
+os.environ.update(grpc_environment(os.environ))
 
 import grpc
 import uvloop

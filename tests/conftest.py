@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import os
 
-# Tests spawn etcd and controller processes while gRPC threads run in this one; gRPC's fork
-# handlers are for fork-without-exec and only add risk here. Set before grpc is imported.
-os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+from lightrail.controller.cli import grpc_environment
+
+# Before grpc is imported: the daemon's gRPC environment (no fork handlers, as tests spawn etcd
+# and controller processes while gRPC threads run in this one; the server on iomgr), so that
+# the controllers run in-process here serve as the daemon does.
+os.environ.update(grpc_environment(os.environ))
 
 from collections.abc import AsyncIterator
 
