@@ -37,7 +37,7 @@ class _Client:
                                     ) -> rpc_pb2.LeaseKeepAliveResponse:
         self.keep_alives += 1
         if self.keep_alives == self.cancels_on:
-            self.store._keepers[lease_id].cancel()  # noqa: SLF001 (the task under test)
+            self.store._keepers[lease_id].cancel()  # the task under test
             self.cancelled.set()
         return rpc_pb2.LeaseKeepAliveResponse(ID=lease_id, TTL=1)
 
@@ -48,9 +48,9 @@ class _Client:
 async def test_a_cancel_that_meets_a_reply_stops_the_keep_alive_task() -> None:
     store = EtcdStore.connect("127.0.0.1:1")
     client = _Client(store)
-    store._client = client  # type: ignore[assignment]  # noqa: SLF001 (no etcd in a unit test)
+    store._client = client  # type: ignore[assignment]  # no etcd here
     lease = await store.grant_lease(1, renewals_per_ttl=3)  # a keep-alive every 1/3 s
-    keeper = store._keepers[lease.id]  # noqa: SLF001
+    keeper = store._keepers[lease.id]
     await asyncio.wait_for(client.cancelled.wait(), 5)
     # It stops at once; with the cancel lost it would sleep until the next keep-alive (1/3 s)
     # and go on renewing.
