@@ -148,8 +148,11 @@ class HealthReporter:
                             raise
                         break
                     changed.clear()
+                    # asyncio.timeout: 3.11's wait_for drops a cancel that comes as the wait
+                    # ends (CPython gh-86296), and this loop would then outlive its stop
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(changed.wait(), self.interval_s)
+                        async with asyncio.timeout(self.interval_s):
+                            await changed.wait()
                 reader.result()
             finally:
                 watcher.cancel()

@@ -469,8 +469,10 @@ class AgentServicer(agent_pb2_grpc.AgentServiceServicer):
                 if half_closed:
                     # a wait can also end without an answer here (a CancelEnter sent on
                     # another stream): look again now and then, not only at each answer
+                    # (asyncio.timeout: 3.11's wait_for can drop the call's cancel, gh-86296)
                     try:
-                        batch = await asyncio.wait_for(sink.take(), HALF_CLOSED_RECHECK_S)
+                        async with asyncio.timeout(HALF_CLOSED_RECHECK_S):
+                            batch = await sink.take()
                     except TimeoutError:
                         batch = None
                 else:
