@@ -40,6 +40,7 @@ def loadgen_environment() -> dict[str, str]:
     too) as unknown. The generator runs on its library's defaults, as the C++ reference did."""
     return {k: v for k, v in os.environ.items() if k != "GRPC_EXPERIMENTS"}
 
+
 LOADGEN = Path(__file__).resolve().parent / "loadgen" / "build" / "loadgen"
 """Where ``make loadgen`` puts the binary."""
 

@@ -12,7 +12,7 @@ import os
 from lightrail.controller.cli import grpc_environment
 
 # Before grpc is imported: the daemon's gRPC environment (no fork handlers, as tests spawn etcd
-# and controller processes while gRPC threads run in this one; the server on iomgr), so that
+# and controller processes while gRPC threads run in this one; connections on iomgr), so that
 # the controllers run in-process here serve as the daemon does.
 os.environ.update(grpc_environment(os.environ))
 
