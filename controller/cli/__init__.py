@@ -25,9 +25,10 @@ GRPC_ENVIRONMENT: Final = {
     # server (listener, accepted connections) and the clients (the agent's channel, etcd's).
     # Measured with bench/hot_path.py, interleaved, on a 2-core VM (README "Benchmarks"):
     # controller CPU per boundary -17 % at N=256 and -19 % at N=2048; the Python load
-    # generator's own CPU -10 to -45 %. The pinned grpcio keeps the iomgr endpoints; a release
-    # without them would reject the names ("Unknown experiment" in its log) and run on
-    # EventEngine, which tests/integration/test_grpc_environment.py would report.
+    # generator's own CPU -1 to -43 % (median -20 %). The pinned grpcio keeps the iomgr
+    # endpoints; a release without them would reject the names ("Unknown experiment" in its
+    # log) and run on EventEngine, which tests/integration/test_grpc_environment.py would
+    # report.
     "GRPC_EXPERIMENTS": "-event_engine_listener,-event_engine_for_all_other_endpoints,"
                         "-event_engine_client",
 }
