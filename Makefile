@@ -5,9 +5,10 @@
 
 # The interpreter .venv is made with: the distribution's /usr/bin/python3 when it is 3.11 (the
 # version requirements.lock is tested on) and can make a venv (or python3-venv can be installed:
-# root), else the first python3 on PATH. Debian builds its python3 with profile-guided optimisation and LTO, libpython linked
-# into the executable; a default pyenv build (shared libpython, neither) runs the controller's
-# hot path with 12 % more instructions (README, "Benchmarks"). `make PYTHON=...` chooses another;
+# root), else the first python3 on PATH. Debian builds its python3 with profile-guided
+# optimisation and LTO, libpython linked into the executable; a default pyenv build (shared
+# libpython, neither) runs the controller's hot path with 12 % more instructions (README,
+# "Benchmarks"). `make PYTHON=...` chooses another;
 # a .venv made with a different interpreter is made again (the stamp names the interpreter).
 SYSTEM_PYTHON := /usr/bin/python3
 ifeq ($(origin PYTHON),undefined)
