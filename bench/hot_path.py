@@ -70,6 +70,10 @@ What is counted
   ``time.process_time()`` (plus, for ``--generator cxx``, the binary's own CPU, all threads,
   as it reports it): as % of one core over the cell, and per measured boundary in µs (and per
   rank-boundary: divided by N) for the batch cells.
+* Steal: the hypervisor's steal time on the two pinned cores over each cell (``/proc/stat``,
+  ``support.cpu_steal_s``), % of one core (``steal%``; ``steal_pct`` in ``--json``). On this
+  kind of VM it ranges from 0 on a quiet host to tens of % when the host is overcommitted,
+  and a run's latency tail follows it: read a cell's figures together with its steal.
 
 * The machine's floor: before the cells, ``bench/wake_floor.py`` times a one-byte pipe round
   trip between two processes pinned to the controller's and the generator's cores (and on one
@@ -131,6 +135,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from support import (
     Child,
     at_least,
+    cpu_steal_s,
     description,
     nonnegative_ms,
     percentile,
@@ -226,6 +231,10 @@ class CellResult:
     controller_us_per_boundary: float = 0.0
     """Controller CPU over the measured boundaries, per boundary, µs."""
     generator_us_per_boundary: float = 0.0
+    steal_pct: float | None = None
+    """The hypervisor's steal time on the two pinned cores (every core when not pinned) over
+    the cell, % of one core (``support.cpu_steal_s``): time this VM's vCPUs wanted to run and
+    did not. None where ``/proc/stat`` has no steal."""
     error: str | None = None
 
     @property
@@ -618,11 +627,20 @@ class _CpuMark:
     etcd_s: float
     generator_s: float
     wall_s: float
+    steal_s: float | None
 
 
-def _mark(ctrl: ControllerProcess, etcd: EmbeddedEtcd) -> _CpuMark:
+def _mark(ctrl: ControllerProcess, etcd: EmbeddedEtcd, cpus: tuple[int, int] | None) -> _CpuMark:
     return _CpuMark(proc_cpu_s(ctrl.pid), proc_cpu_s(etcd.pid), time.process_time(),
-                    time.perf_counter())
+                    time.perf_counter(), cpu_steal_s(cpus))
+
+
+def steal_pct(start_s: float | None, end_s: float | None, wall_s: float) -> float | None:
+    """Steal seconds between two ``cpu_steal_s`` readings as % of one core over ``wall_s``;
+    None when either reading is missing or the wall is empty."""
+    if start_s is None or end_s is None or wall_s <= 0:
+        return None
+    return (end_s - start_s) / wall_s * 100
 
 
 async def run_lean_cell(
@@ -643,15 +661,15 @@ async def run_lean_cell(
     load = kind(ctrl.target, job_id, Workload.build(workload, n), per_stream,
                 counts.warmup, counts.measured, opts.max_measured_s)
     marks: list[_CpuMark] = []
-    load.on_measured = lambda: marks.append(_mark(ctrl, etcd))
+    load.on_measured = lambda: marks.append(_mark(ctrl, etcd, opts.cpus))
     try:
         await admin.register_job(job_id, [RankPlacement(r, f"host{r}", 0) for r in range(n)],
                                  tenant="bench")
         try:
             switches0 = await asyncio.to_thread(ctrl.device_reconfigurations)
-            start = _mark(ctrl, etcd)
+            start = _mark(ctrl, etcd, opts.cpus)
             await load.run(opts.cell_timeout_s)
-            end = _mark(ctrl, etcd)
+            end = _mark(ctrl, etcd, opts.cpus)
             switches = await asyncio.to_thread(ctrl.device_reconfigurations) - switches0
             result.reconfigurations_per_boundary = switches / max(1, load.stop_at)
         finally:
@@ -666,6 +684,7 @@ async def run_lean_cell(
         result.controller_cpu_pct = (end.controller_s - start.controller_s) / wall * 100
         result.etcd_cpu_pct = (end.etcd_s - start.etcd_s) / wall * 100
         result.generator_cpu_pct = (end.generator_s - start.generator_s) / wall * 100
+        result.steal_pct = steal_pct(start.steal_s, end.steal_s, wall)
         bs = load.measured()
         if marks and bs:
             m = marks[0]
@@ -764,7 +783,7 @@ async def run_cell(
             await t.connect(10.0)
             switches0 = await asyncio.to_thread(ctrl.device_reconfigurations)
             c0, e0, g0 = proc_cpu_s(ctrl.pid), proc_cpu_s(etcd.pid), time.process_time()
-            w0 = time.perf_counter()
+            s0, w0 = cpu_steal_s(opts.cpus), time.perf_counter()
             try:
                 await gen.run(opts.cell_timeout_s)
             finally:
@@ -775,6 +794,7 @@ async def run_cell(
                 result.etcd_cpu_pct = (proc_cpu_s(etcd.pid) - e0) / wall * 100
                 gen_s = time.process_time() - g0
                 result.generator_cpu_pct = gen_s / wall * 100
+                result.steal_pct = steal_pct(s0, cpu_steal_s(opts.cpus), wall)
                 total = max(1, gen.stop_at)  # warm-up included: no mark between
                 result.controller_us_per_boundary = ctrl_s / total * 1e6
                 result.generator_us_per_boundary = gen_s / total * 1e6
@@ -869,6 +889,13 @@ class CellSummary:
     controller_us_per_rank_boundary: Spread
     generator_us_per_boundary: Spread
     reconfigurations_per_boundary: Spread
+    steal_pct: Spread | None = None
+    """``CellResult.steal_pct`` over the runs that measured it; None when none did."""
+
+
+def _spread_or_none(values: Sequence[float | None]) -> Spread | None:
+    known = [v for v in values if v is not None]
+    return Spread.of(known) if known else None
 
 
 def summarize(results: Sequence[CellResult]) -> list[CellSummary]:
@@ -891,7 +918,8 @@ def summarize(results: Sequence[CellResult]) -> list[CellSummary]:
             Spread.of([r.controller_us_per_boundary for r in ok]),
             Spread.of([r.controller_us_per_rank_boundary for r in ok]),
             Spread.of([r.generator_us_per_boundary for r in ok]),
-            Spread.of([r.reconfigurations_per_boundary for r in ok])))
+            Spread.of([r.reconfigurations_per_boundary for r in ok]),
+            _spread_or_none([r.steal_pct for r in ok])))
     return out
 
 
@@ -902,7 +930,7 @@ def print_table(results: Sequence[CellResult], opts: Options, elapsed_s: float,
     head = (f"{'transport':<9} {'workload':<9} {'run':>3} {'N':>5} {'delay':>5} {'bounds':>6} "
             f"{'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'bound/s':>8} {'phases/s':>8} "
             f"{'recfg/b':>7} {'ctrl us/b':>9} {'us/rank-b':>9} {'gen us/b':>8} "
-            f"{'ctrl%':>5} {'gen%':>5} {'etcd%':>5}")
+            f"{'ctrl%':>5} {'gen%':>5} {'etcd%':>5} {'steal%':>6}")
     print(head)
     print("-" * len(head))
     for r in results:
@@ -916,7 +944,8 @@ def print_table(results: Sequence[CellResult], opts: Options, elapsed_s: float,
               f"{r.phases_per_s:>8.1f} {r.reconfigurations_per_boundary:>7.2f} "
               f"{r.controller_us_per_boundary:>9.0f} {r.controller_us_per_rank_boundary:>9.2f} "
               f"{r.generator_us_per_boundary:>8.0f} {r.controller_cpu_pct:>4.0f}% "
-              f"{r.generator_cpu_pct:>4.0f}% {r.etcd_cpu_pct:>4.0f}%")
+              f"{r.generator_cpu_pct:>4.0f}% {r.etcd_cpu_pct:>4.0f}% "
+              f"{'-' if r.steal_pct is None else f'{r.steal_pct:.0f}%':>6}")
     print()
     refs = {ref.n: ref for ref in REFERENCE}
     print("Medians [min-max] over the runs of each cell; C++ = the Opus artifact's controller "
@@ -929,7 +958,9 @@ def print_table(results: Sequence[CellResult], opts: Options, elapsed_s: float,
               f"phases/s, recfg/b {c.reconfigurations_per_boundary.median:.2f}")
         print(f"    controller CPU {c.controller_us_per_boundary.show('.0f')} us per boundary = "
               f"{c.controller_us_per_rank_boundary.show('.2f')} us per rank-boundary; "
-              f"generator {c.generator_us_per_boundary.show('.0f')} us per boundary")
+              f"generator {c.generator_us_per_boundary.show('.0f')} us per boundary"
+              + ("" if c.steal_pct is None else
+                 f"; host steal {c.steal_pct.show('.0f')} % of a core"))
         ref = refs.get(c.n)
         if ref is None or c.delay_ms != 0 or c.workload != "ring-pair":
             continue
@@ -959,8 +990,12 @@ def print_table(results: Sequence[CellResult], opts: Options, elapsed_s: float,
            if opts.generator == "cxx" else "python (bench/lean_load.py)")
     batch = (f"; batch cells' generator: {gen}"
              if any(t.startswith("batch") for t in opts.transports) else "")
+    cores = "those two cores" if opts.cpus else "every core"
     print(f"cpu: {pinned} ({os.cpu_count()} cores){batch}. ctrl us/b = controller CPU per "
-          "measured boundary (agent/unary cells: over the whole cell, warm-up included).")
+          "measured boundary (agent/unary cells: over the whole cell, warm-up included). "
+          f"steal% = the hypervisor's steal time on {cores}"
+          " over the cell (/proc/stat), % of one core: time the VM wanted the CPU and did not "
+          "get it; a run with steal ran on a contended host.")
     if floor is not None:
         across, one = floor["across"], floor["one_core"]
         print(f"machine floor (bench/wake_floor.py, {across['rounds']} pipe round trips): a "

@@ -1,6 +1,7 @@
 """What the benchmark scripts share: children started for asyncio code without Python code in
 the forked process (``Child``), commands pinned to a core at exec (``pinned_argv``), a child's
-CPU time (``proc_cpu_s``), the nearest-rank ``percentile`` of their latency figures, and their
+CPU time (``proc_cpu_s``), the hypervisor's steal time on given cores (``cpu_steal_s``), the
+nearest-rank ``percentile`` of their latency figures, and their
 command lines' checks (``at_least``, ``positive_s``, ``description``).
 
 Every benchmark child started from a process that runs an event loop goes through ``Child``
@@ -18,7 +19,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +144,42 @@ def proc_cpu_s(pid: int | None) -> float:
         return 0.0
     fields = stat.rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+
+
+STEAL_FIELD = 8
+"""Index of ``steal`` in a ``/proc/stat`` ``cpu`` line split on whitespace (the name is 0:
+user nice system idle iowait irq softirq steal; proc(5), kernels since 2.6.11)."""
+
+
+def cpu_steal_s(cpus: Iterable[int] | None = None, stat: str | None = None) -> float | None:
+    """Seconds the hypervisor ran something else while these virtual CPUs wanted to run: the
+    ``steal`` column of ``/proc/stat`` (proc(5), in ``USER_HZ`` = ``SC_CLK_TCK`` ticks),
+    summed over ``cpus`` (None: the ``cpu`` line, every CPU). ``stat``: the file's text (None:
+    read it). Returns None where the file cannot be read or has no steal column (not
+    virtualised, or an old kernel). Raises ``ValueError`` naming the line when a ``cpu`` line
+    is not numbers, and naming the CPU when ``cpus`` holds one the file lacks."""
+    if stat is None:
+        try:
+            stat = Path("/proc/stat").read_text(encoding="ascii")
+        except OSError:
+            return None
+    want = {"cpu"} if cpus is None else {f"cpu{c}" for c in cpus}
+    ticks = 0
+    for line in stat.splitlines():
+        fields = line.split()
+        if not fields or fields[0] not in want:
+            continue
+        want.discard(fields[0])
+        if len(fields) <= STEAL_FIELD:
+            return None
+        try:
+            ticks += int(fields[STEAL_FIELD])
+        except ValueError:
+            raise ValueError(f"/proc/stat: steal of {fields[0]!r} is not a number: "
+                             f"{line!r}") from None
+    if want:
+        raise ValueError(f"/proc/stat: no line for {', '.join(sorted(want))}")
+    return ticks / _CLK_TCK
 
 
 def at_least(minimum: int) -> Callable[[str], int]:

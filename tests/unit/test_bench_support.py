@@ -1,5 +1,6 @@
 """bench/support.py: a child's CPU time to the nanosecond, exited threads included
-(``proc_cpu_s``); the command lines' value checks; the ``--help`` description."""
+(``proc_cpu_s``); the hypervisor's steal time (``cpu_steal_s``); the command lines' value checks;
+the ``--help`` description."""
 
 from __future__ import annotations
 
@@ -89,3 +90,39 @@ def test_the_description_is_the_whole_first_paragraph() -> None:
     Later paragraphs stay out."""
     assert support.description(doc) == "The first `sentence` runs on to a second line."
     assert support.description(None) is None
+
+
+_STAT = """cpu  1812040 9 346849 7871235 150647 0 30224 52536 0 0
+cpu0 710100 9 142258 4216658 23520 0 13795 24647 0 0
+cpu1 1101940 0 204591 3654577 127127 0 16428 27888 0 0
+intr 1 2 3
+"""
+
+
+def test_cpu_steal_s_sums_the_steal_column_of_the_cores_asked() -> None:
+    tick = os.sysconf("SC_CLK_TCK")
+    assert support.cpu_steal_s((0,), _STAT) == pytest.approx(24647 / tick)
+    assert support.cpu_steal_s((0, 1), _STAT) == pytest.approx((24647 + 27888) / tick)
+    assert support.cpu_steal_s(None, _STAT) == pytest.approx(52536 / tick)
+
+
+def test_cpu_steal_s_without_a_steal_column_is_none() -> None:
+    old_kernel = "cpu  1 2 3 4 5 6 7\ncpu0 1 2 3 4 5 6 7\n"
+    assert support.cpu_steal_s((0,), old_kernel) is None
+    assert support.cpu_steal_s(None, old_kernel) is None
+
+
+def test_cpu_steal_s_refuses_a_malformed_line_or_a_missing_cpu_naming_it() -> None:
+    with pytest.raises(ValueError,
+                       match=r"steal of 'cpu1' is not a number: 'cpu1 1 2 3 4 5 6 7 x'"):
+        support.cpu_steal_s((1,), "cpu0 1 2 3 4 5 6 7 8\ncpu1 1 2 3 4 5 6 7 x\n")
+    with pytest.raises(ValueError, match=r"no line for cpu7"):
+        support.cpu_steal_s((0, 7), _STAT)
+
+
+def test_cpu_steal_s_reads_this_machine() -> None:
+    steal = support.cpu_steal_s((0,))
+    # this machine is a VM (README): /proc/stat has the column, and a counter never runs back
+    assert steal is not None and steal >= 0.0
+    later = support.cpu_steal_s((0,))
+    assert later is not None and later >= steal

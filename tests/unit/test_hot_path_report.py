@@ -1,0 +1,51 @@
+"""bench/hot_path.py's report: the hypervisor's steal per cell (``steal%``), its median over
+the runs, and a cell without it shown as such rather than as 0."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import hot_path  # noqa: E402
+
+
+def _run(repeat: int, steal: float | None) -> hot_path.CellResult:
+    return hot_path.CellResult("batch32", 8, 0.0, 8, repeat, boundaries=400, p50_ms=0.3,
+                               p99_ms=0.5, boundaries_per_s=1300.0, phases_per_s=2600.0,
+                               controller_us_per_boundary=700.0, steal_pct=steal)
+
+
+def _options() -> hot_path.Options:
+    return hot_path.Options(ns=(8,), delays_ms=(0.0,), transports=("batch32",), quick=False,
+                            json=False, pair_dependency=False, max_measured_s=6.0,
+                            cell_timeout_s=90.0, repeat=3, cpus=(0, 1))
+
+
+def test_steal_pct_is_the_steal_seconds_over_the_wall_and_none_without_a_reading() -> None:
+    assert hot_path.steal_pct(1.0, 1.25, 0.5) == pytest.approx(50.0)
+    assert hot_path.steal_pct(None, 1.25, 0.5) is None
+    assert hot_path.steal_pct(1.0, None, 0.5) is None
+    assert hot_path.steal_pct(1.0, 1.0, 0.0) is None
+
+
+def test_the_summary_takes_the_median_of_the_runs_that_measured_steal() -> None:
+    (cell,) = hot_path.summarize([_run(0, 30.0), _run(1, None), _run(2, 2.0), _run(3, 4.0)])
+    assert cell.steal_pct == hot_path.Spread(4.0, 2.0, 30.0)
+    (none,) = hot_path.summarize([_run(0, None), _run(1, None)])
+    assert none.steal_pct is None
+
+
+def test_the_table_prints_each_runs_steal_and_a_dash_where_it_was_not_measured(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    hot_path.print_table([_run(0, 12.4), _run(1, None), _run(2, 0.0)], _options(), 1.0)
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("batch32   ring-pair")]
+    assert [row.split()[-1] for row in rows] == ["12%", "-", "0%"]
+    assert "steal%" in out.splitlines()[0]
+    assert "host steal 6 [0-12] % of a core" in out
