@@ -891,6 +891,13 @@ class CellSummary:
     reconfigurations_per_boundary: Spread
     steal_pct: Spread | None = None
     """``CellResult.steal_pct`` over the runs that measured it; None when none did."""
+    contended_runs: int = 0
+    """Runs with ``steal_pct`` >= ``CONTENDED_STEAL_PCT``."""
+
+
+CONTENDED_STEAL_PCT = 10.0
+"""Host steal (% of a core over a cell) from which the report calls a run contended: on this
+kind of VM such runs had about twice the p50 and half the boundaries/s of a quiet one."""
 
 
 def _spread_or_none(values: Sequence[float | None]) -> Spread | None:
@@ -919,7 +926,9 @@ def summarize(results: Sequence[CellResult]) -> list[CellSummary]:
             Spread.of([r.controller_us_per_rank_boundary for r in ok]),
             Spread.of([r.generator_us_per_boundary for r in ok]),
             Spread.of([r.reconfigurations_per_boundary for r in ok]),
-            _spread_or_none([r.steal_pct for r in ok])))
+            _spread_or_none([r.steal_pct for r in ok]),
+            sum(1 for r in ok if r.steal_pct is not None
+                and r.steal_pct >= CONTENDED_STEAL_PCT)))
     return out
 
 
@@ -971,7 +980,8 @@ def print_table(results: Sequence[CellResult], opts: Options, elapsed_s: float,
               f"{c.p99_ms.median / ref.p99_ms:.2f}, boundaries/s vs its phases/s "
               f"{c.boundaries_per_s.median / ref.phases_per_s:.2f} (strict), phases/s ratio "
               f"{c.phases_per_s.median / ref.phases_per_s:.2f} -> {verdict} the C++ controller "
-              "(strict)")
+              "(strict)" + (f"; {c.contended_runs} of {c.runs - c.failed} runs had host steal "
+                            f">= {CONTENDED_STEAL_PCT:g} %" if c.contended_runs else ""))
     print()
     print("ring-pair boundary = one ALL_REDUCE ring over all N ranks + one SEND_RECV pair "
           "{0, 8} ({0, N/2} for N < 16); every phase reconfigures rail 0 (recfg/b = device "

@@ -36,6 +36,7 @@ def test_steal_pct_is_the_steal_seconds_over_the_wall_and_none_without_a_reading
 def test_the_summary_takes_the_median_of_the_runs_that_measured_steal() -> None:
     (cell,) = hot_path.summarize([_run(0, 30.0), _run(1, None), _run(2, 2.0), _run(3, 4.0)])
     assert cell.steal_pct == hot_path.Spread(4.0, 2.0, 30.0)
+    assert cell.contended_runs == 1  # 30 % only: 2 and 4 are below CONTENDED_STEAL_PCT
     (none,) = hot_path.summarize([_run(0, None), _run(1, None)])
     assert none.steal_pct is None
 
@@ -49,3 +50,13 @@ def test_the_table_prints_each_runs_steal_and_a_dash_where_it_was_not_measured(
     assert [row.split()[-1] for row in rows] == ["12%", "-", "0%"]
     assert "steal%" in out.splitlines()[0]
     assert "host steal 6 [0-12] % of a core" in out
+    assert "1 of 3 runs had host steal >= 10 %" in out
+
+
+def test_a_cell_without_contended_runs_says_nothing_of_steal_in_its_verdict(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    hot_path.print_table([_run(0, 0.0), _run(1, 9.9)], _options(), 1.0)
+    out = capsys.readouterr().out
+    verdict = next(line for line in out.splitlines() if "C++: p99" in line)
+    assert verdict.endswith("(strict)")
