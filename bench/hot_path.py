@@ -74,6 +74,14 @@ What is counted
   ``support.cpu_steal_s``), % of one core (``steal%``; ``steal_pct`` in ``--json``). On this
   kind of VM it ranges from 0 on a quiet host to tens of % when the host is overcommitted,
   and a run's latency tail follows it: read a cell's figures together with its steal.
+* Other processes: the CPU the same cores gave to any process but the cell's own (controller,
+  etcd, generator, this process) over each cell: their busy time in ``/proc/stat``
+  (``support.cpu_busy_s``, tick-sampled) less those processes' CPU (exact), % of one core,
+  floored at 0 (``other%``; ``other_pct`` in ``--json``). On a quiet machine the difference
+  is -13 to +4 % (ticks against exact clocks); from ``SHARED_OTHER_PCT`` on, the verdict line
+  counts the run as one that shared its cores with another job, whose figures are not the
+  controller's alone (a process spinning on the controller's core: 45 %, and the N=8 p99
+  went from 0.64 to 5.3 ms).
 
 * The machine's floor: before the cells, ``bench/wake_floor.py`` times a one-byte pipe round
   trip between two processes pinned to the controller's and the generator's cores (and on one
@@ -135,6 +143,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from support import (
     Child,
     at_least,
+    cpu_busy_s,
     cpu_steal_s,
     description,
     nonnegative_ms,
@@ -235,6 +244,10 @@ class CellResult:
     """The hypervisor's steal time on the two pinned cores (every core when not pinned) over
     the cell, % of one core (``support.cpu_steal_s``): time this VM's vCPUs wanted to run and
     did not. None where ``/proc/stat`` has no steal."""
+    other_pct: float | None = None
+    """CPU the cell's cores gave to other processes (neither the controller, its etcd, the
+    generator nor this process) over the cell, % of one core (``other_pct``): a run that
+    shared its cores with another job. None where ``/proc/stat`` could not be read."""
     error: str | None = None
 
     @property
@@ -628,11 +641,13 @@ class _CpuMark:
     generator_s: float
     wall_s: float
     steal_s: float | None
+    busy_s: float | None
+    """``support.cpu_busy_s`` of the cell's cores: every process's CPU on them."""
 
 
 def _mark(ctrl: ControllerProcess, etcd: EmbeddedEtcd, cpus: tuple[int, int] | None) -> _CpuMark:
     return _CpuMark(proc_cpu_s(ctrl.pid), proc_cpu_s(etcd.pid), time.process_time(),
-                    time.perf_counter(), cpu_steal_s(cpus))
+                    time.perf_counter(), cpu_steal_s(cpus), cpu_busy_s(cpus))
 
 
 def steal_pct(start_s: float | None, end_s: float | None, wall_s: float) -> float | None:
@@ -641,6 +656,33 @@ def steal_pct(start_s: float | None, end_s: float | None, wall_s: float) -> floa
     if start_s is None or end_s is None or wall_s <= 0:
         return None
     return (end_s - start_s) / wall_s * 100
+
+
+def other_pct(start_busy_s: float | None, end_busy_s: float | None, own_s: float,
+              wall_s: float) -> float | None:
+    """The cores' busy seconds between two ``cpu_busy_s`` readings less ``own_s`` (the CPU
+    seconds of the cell's own processes over the same span), as % of one core over
+    ``wall_s``, floored at 0 (the two come from different counters, each to a tick); None
+    when either reading is missing or the wall is empty."""
+    if start_busy_s is None or end_busy_s is None or wall_s <= 0:
+        return None
+    return max(0.0, (end_busy_s - start_busy_s - own_s) / wall_s * 100)
+
+
+def cpu_figures(result: CellResult, start: _CpuMark, end: _CpuMark) -> None:
+    """Fill ``result``'s wall, CPU %, steal and other-process figures for the span between two
+    marks (``end.generator_s`` with the C++ generator's own CPU added, where there is one)."""
+    wall = end.wall_s - start.wall_s
+    result.wall_s = wall
+    controller_s = end.controller_s - start.controller_s
+    etcd_s = end.etcd_s - start.etcd_s
+    generator_s = end.generator_s - start.generator_s
+    result.controller_cpu_pct = controller_s / wall * 100
+    result.etcd_cpu_pct = etcd_s / wall * 100
+    result.generator_cpu_pct = generator_s / wall * 100
+    result.steal_pct = steal_pct(start.steal_s, end.steal_s, wall)
+    result.other_pct = other_pct(start.busy_s, end.busy_s, controller_s + etcd_s + generator_s,
+                                 wall)
 
 
 async def run_lean_cell(
@@ -679,12 +721,7 @@ async def run_lean_cell(
             end.generator_s += load.cpu.end_s
             if marks and load.cpu.at_measured_s is not None:
                 marks[0].generator_s += load.cpu.at_measured_s
-        wall = end.wall_s - start.wall_s
-        result.wall_s = wall
-        result.controller_cpu_pct = (end.controller_s - start.controller_s) / wall * 100
-        result.etcd_cpu_pct = (end.etcd_s - start.etcd_s) / wall * 100
-        result.generator_cpu_pct = (end.generator_s - start.generator_s) / wall * 100
-        result.steal_pct = steal_pct(start.steal_s, end.steal_s, wall)
+        cpu_figures(result, start, end)
         bs = load.measured()
         if marks and bs:
             m = marks[0]
@@ -782,22 +819,17 @@ async def run_cell(
         try:
             await t.connect(10.0)
             switches0 = await asyncio.to_thread(ctrl.device_reconfigurations)
-            c0, e0, g0 = proc_cpu_s(ctrl.pid), proc_cpu_s(etcd.pid), time.process_time()
-            s0, w0 = cpu_steal_s(opts.cpus), time.perf_counter()
+            start = _mark(ctrl, etcd, opts.cpus)
             try:
                 await gen.run(opts.cell_timeout_s)
             finally:
-                wall = time.perf_counter() - w0
-                result.wall_s = wall
-                ctrl_s = proc_cpu_s(ctrl.pid) - c0
-                result.controller_cpu_pct = ctrl_s / wall * 100
-                result.etcd_cpu_pct = (proc_cpu_s(etcd.pid) - e0) / wall * 100
-                gen_s = time.process_time() - g0
-                result.generator_cpu_pct = gen_s / wall * 100
-                result.steal_pct = steal_pct(s0, cpu_steal_s(opts.cpus), wall)
+                end = _mark(ctrl, etcd, opts.cpus)
+                cpu_figures(result, start, end)
                 total = max(1, gen.stop_at)  # warm-up included: no mark between
-                result.controller_us_per_boundary = ctrl_s / total * 1e6
-                result.generator_us_per_boundary = gen_s / total * 1e6
+                result.controller_us_per_boundary = (
+                    (end.controller_s - start.controller_s) / total * 1e6)
+                result.generator_us_per_boundary = (
+                    (end.generator_s - start.generator_s) / total * 1e6)
             gen.summarize(result)
             switches = await asyncio.to_thread(ctrl.device_reconfigurations) - switches0
             result.reconfigurations_per_boundary = switches / max(1, gen.stop_at)
@@ -893,11 +925,21 @@ class CellSummary:
     """``CellResult.steal_pct`` over the runs that measured it; None when none did."""
     contended_runs: int = 0
     """Runs with ``steal_pct`` >= ``CONTENDED_STEAL_PCT``."""
+    other_pct: Spread | None = None
+    """``CellResult.other_pct`` over the runs that measured it; None when none did."""
+    shared_runs: int = 0
+    """Runs with ``other_pct`` >= ``SHARED_OTHER_PCT``."""
 
 
 CONTENDED_STEAL_PCT = 10.0
 """Host steal (% of a core over a cell) from which the report calls a run contended: on this
 kind of VM such runs had about twice the p50 and half the boundaries/s of a quiet one."""
+
+SHARED_OTHER_PCT = 10.0
+"""CPU of other processes on the cell's cores (% of a core over a cell) from which the report
+says a run shared its cores: above the accounting noise (-13 to +4 % on a quiet machine).
+Three stray single-threaded processes spinning on this 2-core machine took the N=8 cells
+from a p99 of 0.7 ms and 1180 boundaries/s to 8.5 ms and 480, with no steal."""
 
 
 def _spread_or_none(values: Sequence[float | None]) -> Spread | None:
@@ -928,7 +970,9 @@ def summarize(results: Sequence[CellResult]) -> list[CellSummary]:
             Spread.of([r.reconfigurations_per_boundary for r in ok]),
             _spread_or_none([r.steal_pct for r in ok]),
             sum(1 for r in ok if r.steal_pct is not None
-                and r.steal_pct >= CONTENDED_STEAL_PCT)))
+                and r.steal_pct >= CONTENDED_STEAL_PCT),
+            _spread_or_none([r.other_pct for r in ok]),
+            sum(1 for r in ok if r.other_pct is not None and r.other_pct >= SHARED_OTHER_PCT)))
     return out
 
 
@@ -939,7 +983,7 @@ def print_table(results: Sequence[CellResult], opts: Options, elapsed_s: float,
     head = (f"{'transport':<9} {'workload':<9} {'run':>3} {'N':>5} {'delay':>5} {'bounds':>6} "
             f"{'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'bound/s':>8} {'phases/s':>8} "
             f"{'recfg/b':>7} {'ctrl us/b':>9} {'us/rank-b':>9} {'gen us/b':>8} "
-            f"{'ctrl%':>5} {'gen%':>5} {'etcd%':>5} {'steal%':>6}")
+            f"{'ctrl%':>5} {'gen%':>5} {'etcd%':>5} {'steal%':>6} {'other%':>6}")
     print(head)
     print("-" * len(head))
     for r in results:
@@ -954,7 +998,8 @@ def print_table(results: Sequence[CellResult], opts: Options, elapsed_s: float,
               f"{r.controller_us_per_boundary:>9.0f} {r.controller_us_per_rank_boundary:>9.2f} "
               f"{r.generator_us_per_boundary:>8.0f} {r.controller_cpu_pct:>4.0f}% "
               f"{r.generator_cpu_pct:>4.0f}% {r.etcd_cpu_pct:>4.0f}% "
-              f"{'-' if r.steal_pct is None else f'{r.steal_pct:.0f}%':>6}")
+              f"{'-' if r.steal_pct is None else f'{r.steal_pct:.0f}%':>6} "
+              f"{'-' if r.other_pct is None else f'{r.other_pct:.0f}%':>6}")
     print()
     refs = {ref.n: ref for ref in REFERENCE}
     print("Medians [min-max] over the runs of each cell; C++ = the Opus artifact's controller "
@@ -969,19 +1014,26 @@ def print_table(results: Sequence[CellResult], opts: Options, elapsed_s: float,
               f"{c.controller_us_per_rank_boundary.show('.2f')} us per rank-boundary; "
               f"generator {c.generator_us_per_boundary.show('.0f')} us per boundary"
               + ("" if c.steal_pct is None else
-                 f"; host steal {c.steal_pct.show('.0f')} % of a core"))
+                 f"; host steal {c.steal_pct.show('.0f')} % of a core")
+              + ("" if c.other_pct is None else
+                 f"; other processes {c.other_pct.show('.0f')} % of a core"))
         ref = refs.get(c.n)
         if ref is None or c.delay_ms != 0 or c.workload != "ring-pair":
             continue
         p99_ok = c.p99_ms.median <= ref.p99_ms
         strict = c.boundaries_per_s.median >= ref.phases_per_s
         verdict = "BEATS" if p99_ok and strict else "does NOT beat"
+        done = c.runs - c.failed
+        caveats = "".join((
+            f"; {c.contended_runs} of {done} runs had host steal >= {CONTENDED_STEAL_PCT:g} %"
+            if c.contended_runs else "",
+            f"; {c.shared_runs} of {done} runs shared their cores with other processes "
+            f"(>= {SHARED_OTHER_PCT:g} % of a core)" if c.shared_runs else ""))
         print(f"    C++: p99 {ref.p99_ms:.2f} ms, {ref.phases_per_s:.0f} phases/s -> p99 ratio "
               f"{c.p99_ms.median / ref.p99_ms:.2f}, boundaries/s vs its phases/s "
               f"{c.boundaries_per_s.median / ref.phases_per_s:.2f} (strict), phases/s ratio "
               f"{c.phases_per_s.median / ref.phases_per_s:.2f} -> {verdict} the C++ controller "
-              "(strict)" + (f"; {c.contended_runs} of {c.runs - c.failed} runs had host steal "
-                            f">= {CONTENDED_STEAL_PCT:g} %" if c.contended_runs else ""))
+              "(strict)" + caveats)
     print()
     print("ring-pair boundary = one ALL_REDUCE ring over all N ranks + one SEND_RECV pair "
           "{0, 8} ({0, N/2} for N < 16); every phase reconfigures rail 0 (recfg/b = device "
@@ -1005,7 +1057,10 @@ def print_table(results: Sequence[CellResult], opts: Options, elapsed_s: float,
           "measured boundary (agent/unary cells: over the whole cell, warm-up included). "
           f"steal% = the hypervisor's steal time on {cores}"
           " over the cell (/proc/stat), % of one core: time the VM wanted the CPU and did not "
-          "get it; a run with steal ran on a contended host.")
+          "get it; a run with steal ran on a contended host. other% = CPU that other processes "
+          f"took on {cores} over the cell (their busy time in /proc/stat less the controller's, "
+          "etcd's, the generator's and this process's CPU), % of one core: a run with it "
+          "shared its cores with another job.")
     if floor is not None:
         across, one = floor["across"], floor["one_core"]
         print(f"machine floor (bench/wake_floor.py, {across['rounds']} pipe round trips): a "

@@ -1,8 +1,8 @@
 """What the benchmark scripts share: children started for asyncio code without Python code in
 the forked process (``Child``), commands pinned to a core at exec (``pinned_argv``), a child's
-CPU time (``proc_cpu_s``), the hypervisor's steal time on given cores (``cpu_steal_s``), the
-nearest-rank ``percentile`` of their latency figures, and their
-command lines' checks (``at_least``, ``positive_s``, ``description``).
+CPU time (``proc_cpu_s``), the hypervisor's steal time and the busy time of given cores
+(``cpu_steal_s``, ``cpu_busy_s``), the nearest-rank ``percentile`` of their latency figures,
+and their command lines' checks (``at_least``, ``positive_s``, ``description``).
 
 Every benchmark child started from a process that runs an event loop goes through ``Child``
 (``bench/hot_path.py``'s controller, ``bench/cxx_load.py``'s C++ generator,
@@ -150,6 +150,43 @@ STEAL_FIELD = 8
 """Index of ``steal`` in a ``/proc/stat`` ``cpu`` line split on whitespace (the name is 0:
 user nice system idle iowait irq softirq steal; proc(5), kernels since 2.6.11)."""
 
+BUSY_FIELDS = (1, 2, 3, 6, 7)
+"""Indexes of ``user``, ``nice``, ``system``, ``irq`` and ``softirq`` in a ``/proc/stat``
+``cpu`` line: the time the CPU was not idle, waiting on I/O or stolen (``user`` includes guest
+time, proc(5))."""
+
+
+def _cpu_seconds(cpus: Iterable[int] | None, stat: str | None, columns: Sequence[int],
+                 what: str) -> float | None:
+    """``columns`` of the ``cpu`` lines of ``/proc/stat`` (``stat``: its text; None: read it)
+    summed over ``cpus`` (None: the ``cpu`` line, every CPU), in seconds (``USER_HZ`` =
+    ``SC_CLK_TCK`` ticks). None where the file cannot be read or a line lacks a column.
+    Raises ``ValueError`` naming ``what`` and the line when a column is not a number, and
+    naming the CPU when ``cpus`` holds one the file lacks."""
+    if stat is None:
+        try:
+            stat = Path("/proc/stat").read_text(encoding="ascii")
+        except OSError:
+            return None
+    want = {"cpu"} if cpus is None else {f"cpu{c}" for c in cpus}
+    last = max(columns)
+    ticks = 0
+    for line in stat.splitlines():
+        fields = line.split()
+        if not fields or fields[0] not in want:
+            continue
+        want.discard(fields[0])
+        if len(fields) <= last:
+            return None
+        try:
+            ticks += sum(int(fields[i]) for i in columns)
+        except ValueError:
+            raise ValueError(f"/proc/stat: {what} of {fields[0]!r} is not a number: "
+                             f"{line!r}") from None
+    if want:
+        raise ValueError(f"/proc/stat: no line for {', '.join(sorted(want))}")
+    return ticks / _CLK_TCK
+
 
 def cpu_steal_s(cpus: Iterable[int] | None = None, stat: str | None = None) -> float | None:
     """Seconds the hypervisor ran something else while these virtual CPUs wanted to run: the
@@ -158,28 +195,18 @@ def cpu_steal_s(cpus: Iterable[int] | None = None, stat: str | None = None) -> f
     read it). Returns None where the file cannot be read or has no steal column (not
     virtualised, or an old kernel). Raises ``ValueError`` naming the line when a ``cpu`` line
     is not numbers, and naming the CPU when ``cpus`` holds one the file lacks."""
-    if stat is None:
-        try:
-            stat = Path("/proc/stat").read_text(encoding="ascii")
-        except OSError:
-            return None
-    want = {"cpu"} if cpus is None else {f"cpu{c}" for c in cpus}
-    ticks = 0
-    for line in stat.splitlines():
-        fields = line.split()
-        if not fields or fields[0] not in want:
-            continue
-        want.discard(fields[0])
-        if len(fields) <= STEAL_FIELD:
-            return None
-        try:
-            ticks += int(fields[STEAL_FIELD])
-        except ValueError:
-            raise ValueError(f"/proc/stat: steal of {fields[0]!r} is not a number: "
-                             f"{line!r}") from None
-    if want:
-        raise ValueError(f"/proc/stat: no line for {', '.join(sorted(want))}")
-    return ticks / _CLK_TCK
+    return _cpu_seconds(cpus, stat, (STEAL_FIELD,), "steal")
+
+
+def cpu_busy_s(cpus: Iterable[int] | None = None, stat: str | None = None) -> float | None:
+    """Seconds these CPUs were busy, with any process or interrupt (``BUSY_FIELDS`` of
+    ``/proc/stat``), summed over ``cpus`` (None: every CPU): over a benchmark cell, less the
+    CPU time of the cell's own processes, what other processes took from its cores. The
+    kernel samples these columns at each tick, while ``proc_cpu_s`` is exact: over a cell of a
+    few seconds the two differ by up to about 10 % of a core on this VM (the processes' sum
+    the larger). Returns None where the file cannot be read; raises ``ValueError`` as
+    ``cpu_steal_s``."""
+    return _cpu_seconds(cpus, stat, BUSY_FIELDS, "busy time")
 
 
 def at_least(minimum: int) -> Callable[[str], int]:

@@ -1,5 +1,6 @@
 """bench/support.py: a child's CPU time to the nanosecond, exited threads included
-(``proc_cpu_s``); the hypervisor's steal time (``cpu_steal_s``); the command lines' value checks;
+(``proc_cpu_s``); the hypervisor's steal time (``cpu_steal_s``) and the cores' busy time
+(``cpu_busy_s``); the command lines' value checks;
 the ``--help`` description."""
 
 from __future__ import annotations
@@ -118,6 +119,38 @@ def test_cpu_steal_s_refuses_a_malformed_line_or_a_missing_cpu_naming_it() -> No
         support.cpu_steal_s((1,), "cpu0 1 2 3 4 5 6 7 8\ncpu1 1 2 3 4 5 6 7 x\n")
     with pytest.raises(ValueError, match=r"no line for cpu7"):
         support.cpu_steal_s((0, 7), _STAT)
+
+
+def test_cpu_busy_s_sums_user_nice_system_irq_and_softirq_of_the_cores_asked() -> None:
+    tick = os.sysconf("SC_CLK_TCK")
+    cpu0 = 710100 + 9 + 142258 + 0 + 13795  # not idle (4216658), iowait (23520), steal
+    cpu1 = 1101940 + 0 + 204591 + 0 + 16428
+    assert support.cpu_busy_s((0,), _STAT) == pytest.approx(cpu0 / tick)
+    assert support.cpu_busy_s((0, 1), _STAT) == pytest.approx((cpu0 + cpu1) / tick)
+    assert support.cpu_busy_s(None, _STAT) == pytest.approx(
+        (1812040 + 9 + 346849 + 0 + 30224) / tick)
+
+
+def test_cpu_busy_s_refuses_a_malformed_line_naming_it_and_is_none_without_the_columns() -> None:
+    with pytest.raises(ValueError,
+                       match=r"busy time of 'cpu0' is not a number: 'cpu0 1 x 3 4 5 6 7 8'"):
+        support.cpu_busy_s((0,), "cpu0 1 x 3 4 5 6 7 8\n")
+    assert support.cpu_busy_s((0,), "cpu0 1 2 3 4\n") is None  # no irq, softirq columns
+    with pytest.raises(ValueError, match=r"no line for cpu3"):
+        support.cpu_busy_s((3,), _STAT)
+
+
+def test_cpu_busy_s_counts_a_process_spinning_on_the_core() -> None:
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    before = support.cpu_busy_s((cpu,))
+    spin = subprocess.run(
+        ["taskset", "-c", str(cpu), sys.executable, "-c",
+         "import time\nend = time.process_time() + 0.5\nwhile time.process_time() < end: pass"],
+        check=True)
+    after = support.cpu_busy_s((cpu,))
+    assert spin.returncode == 0 and before is not None and after is not None
+    # 0.5 s of CPU on that core, less the ticks sampling can miss (up to 10 % here)
+    assert after - before >= 0.4
 
 
 def test_cpu_steal_s_reads_this_machine() -> None:
