@@ -634,7 +634,8 @@ def log(msg: str) -> None:
 
 @dataclass(slots=True)
 class _CpuMark:
-    """CPU seconds of the controller, etcd and this process at one moment."""
+    """CPU seconds of the controller, etcd and this process, the wall clock, and the steal and
+    busy seconds of the cell's cores, at one moment."""
 
     controller_s: float
     etcd_s: float

@@ -143,12 +143,12 @@ def test_cpu_busy_s_refuses_a_malformed_line_naming_it_and_is_none_without_the_c
 def test_cpu_busy_s_counts_a_process_spinning_on_the_core() -> None:
     cpu = sorted(os.sched_getaffinity(0))[0]
     before = support.cpu_busy_s((cpu,))
-    spin = subprocess.run(
+    subprocess.run(  # check: a spinner that did not run fails here, not in the sum below
         ["taskset", "-c", str(cpu), sys.executable, "-c",
          "import time\nend = time.process_time() + 0.5\nwhile time.process_time() < end: pass"],
         check=True)
     after = support.cpu_busy_s((cpu,))
-    assert spin.returncode == 0 and before is not None and after is not None
+    assert before is not None and after is not None
     # 0.5 s of CPU on that core, less the ticks sampling can miss (up to 10 % here)
     assert after - before >= 0.4
 
