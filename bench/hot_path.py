@@ -78,7 +78,7 @@ What is counted
   etcd, generator, this process) over each cell: their busy time in ``/proc/stat``
   (``support.cpu_busy_s``, tick-sampled) less those processes' CPU (exact), % of one core,
   floored at 0 (``other%``; ``other_pct`` in ``--json``). On a quiet machine the difference
-  is -13 to +4 % (ticks against exact clocks); from ``SHARED_OTHER_PCT`` on, the verdict line
+  is -13 to +13 % (ticks against exact clocks); from ``SHARED_OTHER_PCT`` on, the verdict line
   counts the run as one that shared its cores with another job, whose figures are not the
   controller's alone (a process spinning on the controller's core: 45 %, and the N=8 p99
   went from 0.64 to 5.3 ms).
@@ -936,9 +936,10 @@ CONTENDED_STEAL_PCT = 10.0
 """Host steal (% of a core over a cell) from which the report calls a run contended: on this
 kind of VM such runs had about twice the p50 and half the boundaries/s of a quiet one."""
 
-SHARED_OTHER_PCT = 10.0
+SHARED_OTHER_PCT = 20.0
 """CPU of other processes on the cell's cores (% of a core over a cell) from which the report
-says a run shared its cores: above the accounting noise (-13 to +4 % on a quiet machine).
+says a run shared its cores: above the accounting noise (-13 to +13 % in quiet runs on this
+machine: 10 % flagged 2 of 105 quiet runs) and below one stray spinning process (45 %).
 Three stray single-threaded processes spinning on this 2-core machine took the N=8 cells
 from a p99 of 0.7 ms and 1180 boundaries/s to 8.5 ms and 480, with no steal."""
 

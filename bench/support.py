@@ -203,9 +203,8 @@ def cpu_busy_s(cpus: Iterable[int] | None = None, stat: str | None = None) -> fl
     ``/proc/stat``), summed over ``cpus`` (None: every CPU): over a benchmark cell, less the
     CPU time of the cell's own processes, what other processes took from its cores. The
     kernel samples these columns at each tick, while ``proc_cpu_s`` is exact: over a cell of a
-    few seconds the two differ by up to about 10 % of a core on this VM (the processes' sum
-    the larger). Returns None where the file cannot be read; raises ``ValueError`` as
-    ``cpu_steal_s``."""
+    few seconds the two differ by up to about 13 % of a core on this VM, either way. Returns
+    None where the file cannot be read; raises ``ValueError`` as ``cpu_steal_s``."""
     return _cpu_seconds(cpus, stat, BUSY_FIELDS, "busy time")
 
 

@@ -87,4 +87,4 @@ def test_runs_that_shared_their_cores_are_shown_and_counted_in_the_verdict(
     assert "other processes 34 [3-65] % of a core" in out
     verdict = next(line for line in out.splitlines() if "C++: p99" in line)
     assert verdict.endswith("1 of 3 runs shared their cores with other processes "
-                            "(>= 10 % of a core)")
+                            "(>= 20 % of a core)")
